@@ -1,0 +1,125 @@
+"""The interface every memory format implements.
+
+A trajectory is a sequence of LLM calls (DESIGN.md). A method decides three things here:
+
+* ``next_call(state)``  -> the context of the next call, as a list of :class:`Segment`
+  (context building: the axis the papers differ on);
+* ``parse(text, role)`` -> a :class:`Parsed` action or a parse error with its reason
+  (tolerant: never raises);
+* ``apply(state, parsed, env)`` -> executes the action (search, prune&write, answer) and
+  returns the observation text that followed the call.
+
+``oracle(state, rng)`` is a scripted policy that writes the text a perfect (or, with the
+imperfection knobs, slightly sloppy) agent would write for ``next_call(state)``.
+
+Segments carry ``ref=(call_index, "output"|"observation")`` when they are a verbatim copy of
+an earlier call's generated tokens or observation: the rollout engine then reuses those
+exact token ids (so MEM1's packed trajectory is exact) instead of re-tokenising the text.
+"""
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from memkit.world.schema import Task
+
+# Tags used for span colouring and token accounting.
+SPAN_TAGS = ("mem", "think", "memory", "search", "tool_call", "answer", "information", "note", "records")
+
+
+@dataclass
+class Segment:
+    """A piece of a call's context.
+
+    ``kind`` names what it is for colouring/accounting: "system", "question", "memory",
+    "think", "search", "answer", "information", "record", "hint", "chat"...
+    """
+
+    kind: str
+    text: str
+    ref: tuple[int, str] | None = None  # (call index, "output" | "observation")
+
+
+@dataclass
+class CallSpec:
+    """What the engine needs to run one LLM call."""
+
+    segments: list[Segment]
+    role: str = "act"  # "act" | "memory" (MemSearcher's second generation per turn)
+    max_new_tokens: int = 128
+    stop: tuple[str, ...] = ("</search>", "</answer>")
+
+    @property
+    def text(self) -> str:
+        return "".join(s.text for s in self.segments)
+
+
+@dataclass
+class Parsed:
+    """A parsed model output. ``ok=False`` means an invalid turn; ``error`` says why."""
+
+    ok: bool
+    action: str | None = None  # "search" | "answer" | "prune_write" | "memory"
+    argument: str | None = None  # query, answer text, or memory text
+    fields: dict[str, str] = field(default_factory=dict)  # tag -> content
+    prune_ids: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass
+class OracleConfig:
+    """Imperfection knobs of the scripted policy (so SFT leaves room for RL)."""
+
+    p_drop_fact: float = 0.0  # chance a found fact is left out of memory (forcing a re-search or a wrong answer)
+    p_wasted_search: float = 0.0  # chance of a search with an uninformative query before the right one
+    p_wrong_answer: float = 0.0  # chance an answer slot is replaced by a distractor
+
+
+@dataclass
+class AgentState:
+    """Everything a method needs between calls. Methods keep their own keys in ``memory``."""
+
+    task: Task
+    max_turns: int
+    turn: int = 0  # number of tool-using turns taken so far
+    calls: list = field(default_factory=list)  # list[rollout.Call], filled by the engine
+    memory: dict = field(default_factory=dict)  # method-specific state (last think, records, ...)
+    oracle: dict = field(default_factory=dict)  # scripted-policy progress (never shown to models)
+    answer: str | None = None
+    done: bool = False
+    valid: bool = True
+    reason: str | None = None
+
+    def fail(self, reason: str) -> None:
+        self.done, self.valid, self.reason = True, False, reason
+
+
+class Env(Protocol):
+    def search(self, query: str) -> str:
+        """Return the observation text (``<information>...</information>``) for a query."""
+
+
+class Method(ABC):
+    """One memory format (ReAct, MEM1, MemSearcher, MemPO, MemAct)."""
+
+    name: str = "base"
+    #: reward of an episode that ends in an invalid turn (the paper's format penalty)
+    format_penalty: float = 0.0
+
+    def new_state(self, task: Task, max_turns: int = 12) -> AgentState:
+        return AgentState(task=task, max_turns=max_turns)
+
+    @abstractmethod
+    def next_call(self, state: AgentState) -> CallSpec: ...
+
+    @abstractmethod
+    def parse(self, text: str, role: str = "act") -> Parsed: ...
+
+    @abstractmethod
+    def apply(self, state: AgentState, parsed: Parsed, env: Env) -> str | None:
+        """Update ``state`` after a valid call; return the observation text (or None)."""
+
+    @abstractmethod
+    def oracle(self, state: AgentState, rng: random.Random, cfg: OracleConfig) -> str: ...
