@@ -28,6 +28,9 @@ class Call:
     output_text: str = ""
     # kind -> token spans in the context (from the method's Segments), e.g. {"memory": [(12, 40)]}
     context_spans: dict[str, list[Span]] = field(default_factory=dict)
+    # the same spans in characters of context_text / output_text (for viewers without a tokenizer)
+    context_char_spans: dict[str, list[Span]] = field(default_factory=dict)
+    output_char_spans: dict[str, list[Span]] = field(default_factory=dict)
     # context segments that copy an earlier call: [(start, end, call_index, "output"|"observation")]
     context_refs: list[tuple[int, int, int, str]] = field(default_factory=list)
     # tag -> token spans in the output, e.g. {"think": [(0, 15)], "search": [(15, 22)]}
@@ -76,6 +79,8 @@ class Trajectory:
             c = dict(c)
             c["context_spans"] = {k: [tuple(s) for s in v] for k, v in c.get("context_spans", {}).items()}
             c["output_spans"] = {k: [tuple(s) for s in v] for k, v in c.get("output_spans", {}).items()}
+            for key in ("context_char_spans", "output_char_spans"):
+                c[key] = {k: [tuple(s) for s in v] for k, v in c.get(key, {}).items()}
             c["context_refs"] = [tuple(r) for r in c.get("context_refs", [])]
             calls.append(Call(**c))
         return cls(calls=calls, **d)
