@@ -1,0 +1,155 @@
+"""The kit's glue: world + retrieval env + tokenizer + policy -> rollouts and tables.
+
+The CLI and the notebooks both call these functions, so a number printed by ``memkit eval``
+and a number recorded by a notebook come from the same code.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from memkit.agents import METHODS, get_method
+from memkit.agents.base import OracleConfig
+from memkit.rollout.engine import ModelPolicy, OraclePolicy, RolloutConfig, run_rollouts
+
+POLICY_SPECS = ("oracle", "tiny", "tiny-sft", "smollm2-135m", "<local checkpoint dir>", "<HF model id>")
+
+
+def cache_dir() -> Path:
+    path = Path(os.environ.get("MEMKIT_CACHE", Path.home() / ".cache" / "memkit"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@dataclass
+class Kit:
+    """Everything a rollout needs besides the policy."""
+
+    world: object
+    env: object
+    tokenizer: object
+    world_seed: int
+
+
+def load_kit(world_seed: int = 0, retriever: str = "bm25", k_docs: int = 3, vocab_size: int = 2048) -> Kit:
+    """The default synthetic world, a search env over its passages, and the tiny tokenizer."""
+    from memkit.envs import SearchEnv, make_retriever
+    from memkit.world import make_world
+
+    world = make_world(seed=world_seed)
+    env = SearchEnv(make_retriever(retriever, world.passages), k=k_docs)
+    return Kit(world=world, env=env, tokenizer=world_tokenizer(world, world_seed, vocab_size), world_seed=world_seed)
+
+
+def world_tokenizer(world, world_seed: int, vocab_size: int = 2048):
+    """BPE trained on the world's passages, questions and every method's prompts (cached)."""
+    from transformers import AutoTokenizer
+
+    from memkit.models import train_tokenizer
+    from memkit.world import make_tasks, world_texts
+
+    path = cache_dir() / f"tokenizer-w{world_seed}-v{vocab_size}"
+    if (path / "tokenizer.json").exists():
+        return AutoTokenizer.from_pretrained(path)
+    tasks = make_tasks(world, n=200, k=2, seed=world_seed + 1)
+    prompts = [get_method(m).next_call(get_method(m).new_state(t)).text for m in METHODS for t in tasks[:20]]
+    tok = train_tokenizer(list(world_texts(world, tasks)) + prompts, vocab_size=vocab_size)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tok.save_pretrained(tmp)
+    os.replace(tmp, path) if not path.exists() else None
+    return AutoTokenizer.from_pretrained(path)
+
+
+def sft_checkpoint_path(method: str, world_seed: int = 0, tag: str = "default") -> Path:
+    return cache_dir() / f"tiny-sft-{method}-w{world_seed}-{tag}"
+
+
+def resolve_policy(spec: str, method, kit: Kit, temperature: float = 0.0, seed: int = 0,
+                   oracle_cfg: OracleConfig | None = None):
+    """Return ``(engine_policy, tokenizer, wrap, loaded)``; ``loaded`` is the models.Policy or None."""
+    if spec == "oracle":
+        return OraclePolicy(method, kit.tokenizer, oracle_cfg, seed=seed), kit.tokenizer, None, None
+    import torch
+
+    from memkit.models import HFBackend, load_policy
+
+    if spec == "tiny-sft":
+        path = sft_checkpoint_path(method.name, kit.world_seed)
+        if not path.exists():
+            raise FileNotFoundError(f"no SFT'd tiny model for method {method.name!r} at {path}; "
+                                    f"train it first with `memkit sft --method {method.name}`")
+        spec = str(path)
+    loaded = load_policy(spec, texts=None) if spec != "tiny" else load_policy("tiny", tokenizer=kit.tokenizer)
+    gen = torch.Generator().manual_seed(seed)
+    backend = HFBackend(loaded.model, loaded.tokenizer)
+    return ModelPolicy(backend, temperature=temperature, generator=gen), loaded.tokenizer, loaded.wrap, loaded
+
+
+def rollout(method_name: str, tasks, kit: Kit, policy: str = "oracle", n: int = 1, max_turns: int | None = None,
+            temperature: float = 0.0, seed: int = 0, oracle_cfg: OracleConfig | None = None,
+            max_context_tokens: int = 4096, progress: bool = False, method_kwargs: dict | None = None):
+    """Roll out ``n`` trajectories per task with a policy spec; returns trajectories."""
+    method = get_method(method_name, **(method_kwargs or {}))
+    engine_policy, tok, wrap, _ = resolve_policy(policy, method, kit, temperature, seed, oracle_cfg)
+    k = max(t.k for t in tasks)
+    cfg = RolloutConfig(n=n, max_turns=max_turns or default_max_turns(k), max_context_tokens=max_context_tokens, seed=seed)
+    return run_rollouts(method, tasks, kit.env, engine_policy, tok, cfg, wrap=wrap, progress=progress)
+
+
+def default_max_turns(k: int) -> int:
+    """Room for ~2 hops per question plus slack (bridge / comparison need two searches)."""
+    return 2 * k + 4
+
+
+def evaluate(method_name: str, kit: Kit, objectives=(1, 2, 4, 8), n_tasks: int = 50, policy: str = "oracle",
+             seed: int = 1000, kinds=("1hop", "bridge", "comparison"), **rollout_kw):
+    """Run held-out tasks at each objective count; returns ``{k: (summary_dict, trajectories)}``."""
+    from memkit.metrics import summarize
+    from memkit.world import make_tasks
+
+    results = {}
+    for k in objectives:
+        tasks = make_tasks(kit.world, n=n_tasks, k=k, seed=seed + k, kinds=kinds)
+        t0 = time.perf_counter()
+        trajs = rollout(method_name, tasks, kit, policy=policy, seed=seed, **rollout_kw)
+        summary = summarize(trajs)
+        summary["wall_seconds"] = time.perf_counter() - t0
+        results[k] = (summary, trajs)
+    return results
+
+
+def config_hash(obj) -> str:
+    blob = json.dumps(asdict(obj) if hasattr(obj, "__dataclass_fields__") else obj, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+def training_tasks(kit: Kit, objectives, n_tasks: int, seed: int, kinds=("1hop", "bridge", "comparison")):
+    """Training tasks, disjoint in seed from :func:`evaluate`'s held-out tasks (seed >= 1000)."""
+    from memkit.world import make_tasks
+
+    per_k = max(1, n_tasks // len(objectives))
+    return [t for k in objectives for t in make_tasks(kit.world, n=per_k, k=k, seed=seed * 100 + k, kinds=kinds)]
+
+
+def train_sft_model(method_name: str, kit: Kit, cfg=None, progress: bool = True, log=None, path: Path | None = None):
+    """Clone the method's (imperfect) oracle into a fresh tiny model; save and return it.
+
+    Returns ``(path, history, n_examples)``.
+    """
+    from memkit.models import load_policy
+    from memkit.sft import SFTConfig, collect_examples, save_checkpoint, train_sft
+
+    cfg = cfg or SFTConfig(method=method_name)
+    tasks = training_tasks(kit, cfg.objectives, cfg.n_tasks, cfg.seed)
+    trajs = rollout(method_name, tasks, kit, policy="oracle", oracle_cfg=cfg.oracle, seed=cfg.seed)
+    examples, dropped = collect_examples([t for t in trajs if t.valid], cfg.max_len)
+    policy = load_policy("tiny", tokenizer=kit.tokenizer, seed=cfg.seed)
+    history = train_sft(policy.model, kit.tokenizer, examples, cfg, log=log, progress=progress)
+    path = path or sft_checkpoint_path(method_name, kit.world_seed)
+    meta = {"sft": asdict(cfg), "n_examples": len(examples), "n_dropped_too_long": dropped, "history": history}
+    save_checkpoint(policy.model, kit.tokenizer, path, meta)
+    return path, history, len(examples)

