@@ -1,0 +1,7 @@
+"""Notebook viewers: trajectories (TraceViewer, to_html) and attention masks (MaskViewer, plot_mask)."""
+from memkit.viz.colors import PALETTE, color_for
+from memkit.viz.html import render_call_html, to_html
+from memkit.viz.mask import MaskViewer, plot_mask
+from memkit.viz.trace import TraceViewer
+
+__all__ = ["TraceViewer", "to_html", "render_call_html", "MaskViewer", "plot_mask", "PALETTE", "color_for"]
