@@ -1,0 +1,15 @@
+"""RL core: losses (PPO clip, KL, value, entropy), advantages (GRPO, GAE, multi-context
+broadcast) and packing of LLM calls into training tensors (separate, MEM1 mask, exact)."""
+from memkit.rl.advantages import (broadcast_to_calls, discounted_returns, gae, grpo_advantages,
+                                  masked_whiten)
+from memkit.rl.losses import (aggregate, entropy_from_logits, kl_penalty, masked_mean, ppo_clip_loss,
+                              token_logprobs, value_loss)
+from memkit.rl.packing import (PackedBatch, model_attention_mask, pack, packed_token_logprobs,
+                               packing_gap, recompute_call_logprobs)
+
+__all__ = [
+    "aggregate", "masked_mean", "ppo_clip_loss", "value_loss", "kl_penalty", "entropy_from_logits",
+    "token_logprobs", "grpo_advantages", "gae", "discounted_returns", "masked_whiten",
+    "broadcast_to_calls", "PackedBatch", "pack", "packed_token_logprobs", "model_attention_mask",
+    "recompute_call_logprobs", "packing_gap",
+]

@@ -1,0 +1,335 @@
+"""Packing calls into training tensors: one row per call, or one row per trajectory with a
+2D attention mask (MEM1 §3.2, App. B.7).
+
+Conventions (all modes)
+-----------------------
+- Everything per token is ``[B, L]`` and *token aligned*: ``loss_mask[b, i]``,
+  ``old_logprobs[b, i]`` and ``call_ids[b, i]`` describe token ``input_ids[b, i]`` itself.
+  The logits that predict token i sit at position ``pred_index[b, i]`` (i - 1 in a causal
+  row; elsewhere in a 2D-masked row), -1 where nothing predicts it.
+  :func:`packed_token_logprobs` returns log-probs in the same layout.
+- ``attention_mask`` is bool, True = may attend: ``[B, L]`` (padding, causal implied) for
+  ``separate``; ``[B, 1, L, L]`` (query x key, no causal implied) for the 2D modes. Every
+  row attends at least to itself (padding too) so no softmax row is empty.
+- Rows are right-padded with ``pad_id``; padding has loss_mask 0, call_ids -1, position 0.
+
+Mask convention verified in transformers 5.x (``masking_utils._preprocess_mask_arguments``):
+a 4D mask is returned as-is, untouched. The ``sdpa`` backend then hands it to
+``scaled_dot_product_attention``: bool True = attend, float = *added* to the scores. The
+``eager`` backend always *adds* it (``attn_weights + attention_mask``), so there a bool mask
+becomes +1/+0 and masks nothing. A 0/1 float mask masks nothing on either backend (the MEM1
+reference code's bug). :func:`model_attention_mask` therefore passes bool to ``sdpa`` and an
+additive 0/-inf float mask to ``eager``; tests pin all four behaviours.
+
+Modes
+-----
+``separate``
+    Row = ``context_ids + output_ids`` of one call; positions 0..n-1 (exact by construction).
+    ``traj_index``/``call_index`` give each row's trajectory and call.
+``mem1_mask`` (the paper's masked trajectory)
+    One row per trajectory: every token stored once, ``(prompt, out_1, obs_1, [chat], out_2,
+    obs_2, ...)``. Call t's context is resolved through ``context_refs``: a ref to an earlier
+    output reuses the stitched tokens; an observation is placed at its first reference;
+    non-ref context pieces (chat suffixes, any literal text) are placed as new tokens, except the
+    literal prefix identical to call 0's (the fixed prompt), which is shared (exactly). Tokens
+    placed for call t attend to the stitched copies of call t's context before them and to
+    themselves (MEM1's Attn_t); tokens reused from earlier calls keep their own attention row.
+    Position ids are contiguous over the stitched row (App. B.7). Approximate: a reused state
+    out_{t-1} sits at other positions and (less obviously) carries hidden states computed while
+    *generating* it, where it attended to ctx_{t-1}, not to what preceded it in ctx_t. Calls 1
+    and 2 of a MEM1 trajectory are exact; the gap appears from call 3 on.
+``mem1_exact``
+    A token's key/value depends on its position *and* on everything it attends to, so exactness
+    needs every context token of call t to have call t's full causal history, not just the
+    right position id. Two tokens can be shared iff they have the same ids at the same positions
+    with the same history, i.e. share a prefix. So the row is a prefix trie of the calls'
+    sequences ``context_ids + output_ids``: each trie node is one token, with position = its
+    depth (the rollout position) and attention = its ancestors + itself. Output tokens always get
+    fresh nodes (each is trained once) but later contexts may walk through them. For MEM1 this
+    is App. B.7's duplication: ``(q, S1A1, [S1A1]', O1, S2A2, [S2A2]', O2, ...)``: the prompt
+    once, each state twice (generated copy, trained; context copy at the next call's
+    positions), each observation once. For ReAct (context t+1 extends context t + output t)
+    it collapses to one plain causal sequence. Refs are not needed (only checked).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from memkit.rl.losses import token_logprobs
+from memkit.rollout.trajectory import Call, Trajectory
+
+MODES = ("separate", "mem1_mask", "mem1_exact")
+
+
+@dataclass
+class PackedBatch:
+    mode: str
+    input_ids: torch.Tensor  # [B, L] long
+    attention_mask: torch.Tensor  # bool: [B, L] (separate) or [B, 1, L, L] (2D modes), True = attend
+    position_ids: torch.Tensor  # [B, L] long
+    pred_index: torch.Tensor  # [B, L] long, position whose logits predict token i; -1 = none
+    loss_mask: torch.Tensor  # [B, L] float 0/1, 1 on trained output tokens (token aligned)
+    old_logprobs: torch.Tensor  # [B, L] float, sampling log-prob of each output token, 0 elsewhere
+    call_ids: torch.Tensor  # [B, L] long, call index of each trained token, -1 elsewhere
+    traj_index: torch.Tensor  # [B] long, trajectory of each row
+    call_index: torch.Tensor  # [B] long, call of each row (separate), -1 for per-trajectory rows
+    lengths: torch.Tensor  # [B] long, non-padding tokens per row
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens processed by the forward pass (padding excluded)."""
+        return int(self.lengths.sum())
+
+    @property
+    def n_attention_pairs(self) -> int:
+        """(query, key) pairs attended, a proxy for attention FLOPs (padding excluded)."""
+        if self.attention_mask.dim() == 2:
+            return int(sum(n * (n + 1) // 2 for n in self.lengths.tolist()))
+        valid = torch.arange(self.input_ids.shape[1]) < self.lengths[:, None]  # [B, L]
+        m = self.attention_mask[:, 0] & valid[:, :, None] & valid[:, None, :]
+        return int(m.sum())
+
+    def token_advantages(self, traj_advantages: torch.Tensor) -> torch.Tensor:
+        """Outcome advantage of each row's trajectory on its trained tokens: ``[N] -> [B, L]``
+        (multi-context GRPO, MemSearcher eq. 8: A_{i,j} = A_i)."""
+        return traj_advantages[self.traj_index].unsqueeze(-1).to(self.loss_mask.dtype) * self.loss_mask
+
+
+# ----------------------------------------------------------------------------- helpers
+def _ref_source(calls: list[Call], t: int, ref) -> tuple[int, str, int]:
+    """Resolve a context ref of call t to (call j, kind, offset into j's ids); checks it is a
+    verbatim copy."""
+    s, e, j, kind = ref
+    if not 0 <= j < t:
+        raise ValueError(f"call {t}: context ref {ref} points to call {j}, not an earlier call")
+    if kind not in ("output", "observation"):
+        raise ValueError(f"call {t}: context ref kind {kind!r} is not 'output' or 'observation'")
+    src = calls[j].output_ids if kind == "output" else calls[j].observation_ids
+    piece = list(calls[t].context_ids[s:e])
+    n = len(piece)
+    for off in range(0, len(src) - n + 1):
+        if list(src[off:off + n]) == piece:
+            return j, kind, off
+    raise ValueError(f"call {t}: context[{s}:{e}] is not a verbatim copy of call {j}'s {kind}")
+
+
+def _check_call(call: Call, t: int) -> None:
+    if len(call.logprobs) != len(call.output_ids):
+        raise ValueError(f"call {t}: {len(call.logprobs)} logprobs for {len(call.output_ids)} output ids")
+
+
+class _Row:
+    """One packed row under construction: tokens plus, per call, the row indices of its full
+    sequence (context + output) and which of them this call placed."""
+
+    def __init__(self):
+        self.ids: list[int] = []
+        self.pos: list[int] = []
+        self.calls: list[tuple[list[int], list[bool], int]] = []  # (full indices, placed_here, n_ctx)
+
+    def new(self, tok: int, pos: int = -1) -> int:
+        self.ids.append(int(tok))
+        self.pos.append(pos)
+        return len(self.ids) - 1
+
+
+def _layout_mem1_mask(calls: list[Call]) -> _Row:
+    row = _Row()
+    placed: dict[tuple[int, str], list] = {}
+    prompt_idx: list[int] = []  # call 0's literal prefix, shareable by later calls
+    for t, c in enumerate(calls):
+        _check_call(c, t)
+        kinds = [None] * len(c.context_ids)
+        for ref in c.context_refs:
+            j, kind, off = _ref_source(calls, t, ref)
+            for p in range(ref[0], ref[1]):
+                kinds[p] = (j, kind, off + p - ref[0])
+        full, here = [], []
+        sharing = True
+        for p, tok in enumerate(c.context_ids):
+            src = kinds[p]
+            if src is None:
+                sharing = sharing and p < len(prompt_idx) and row.ids[prompt_idx[p]] == tok
+                if sharing:
+                    full.append(prompt_idx[p]); here.append(False)
+                else:
+                    i = row.new(tok); full.append(i); here.append(True)
+                    if t == 0 and len(prompt_idx) == p:
+                        prompt_idx.append(i)
+                continue
+            sharing = False
+            j, kind, k = src
+            slots = placed.setdefault((j, kind), [None] * len(calls[j].observation_ids))
+            if slots[k] is None:  # an observation seen for the first time (outputs are placed)
+                slots[k] = row.new(tok); full.append(slots[k]); here.append(True)
+            else:
+                full.append(slots[k]); here.append(False)
+        outs = [row.new(tok) for tok in c.output_ids]
+        placed[(t, "output")] = outs
+        row.calls.append((full + outs, here + [True] * len(outs), len(c.context_ids)))
+    row.pos = list(range(len(row.ids)))  # contiguous over the stitched row (App. B.7)
+    return row
+
+
+def _layout_trie(calls: list[Call]) -> _Row:
+    row = _Row()
+    children: dict[tuple[int, int], int] = {}  # (parent index or -1, token) -> node index
+    for t, c in enumerate(calls):
+        _check_call(c, t)
+        for ref in c.context_refs:
+            _ref_source(calls, t, ref)  # validation only
+        full, here, parent = [], [], -1
+        for p, tok in enumerate(c.context_ids):
+            key = (parent, int(tok))
+            node = children.get(key)
+            if node is None:
+                node = children[key] = row.new(tok, p)
+                here.append(True)
+            else:
+                here.append(False)
+            full.append(node); parent = node
+        for k, tok in enumerate(c.output_ids):
+            node = row.new(tok, len(c.context_ids) + k)  # always fresh: trained once
+            children.setdefault((parent, int(tok)), node)
+            full.append(node); here.append(True); parent = node
+        row.calls.append((full, here, len(c.context_ids)))
+    return row
+
+
+def _fill_2d(row: _Row, calls: list[Call], b: int, out: dict) -> None:
+    """Write one 2D-mode row into the batch tensors ``out`` (vectorised per call)."""
+    n = len(row.ids)
+    out["input_ids"][b, :n] = torch.tensor(row.ids)
+    out["position_ids"][b, :n] = torch.tensor(row.pos)
+    mask = out["attention_mask"][b, 0]
+    for t, (full, here, n_ctx) in enumerate(row.calls):
+        idx = torch.tensor(full, dtype=torch.long)
+        q = torch.tensor([k for k, h in enumerate(here) if h], dtype=torch.long)
+        if len(q):
+            tri = torch.ones(len(full), len(full), dtype=torch.bool).tril()
+            mask[idx[q].unsqueeze(-1), idx.unsqueeze(0)] |= tri[q]
+        o = idx[n_ctx:]
+        if len(o):
+            out["call_ids"][b, o] = t
+            out["old_logprobs"][b, o] = torch.tensor(calls[t].logprobs, dtype=torch.float32)
+            out["pred_index"][b, o] = idx[n_ctx - 1:-1] if n_ctx > 0 else torch.cat([idx.new_tensor([-1]), idx[:-1]])
+            out["loss_mask"][b, o] = (out["pred_index"][b, o] >= 0).float()
+
+
+# ----------------------------------------------------------------------------- public API
+def pack(trajectories: list[Trajectory], mode: str = "separate", pad_id: int = 0) -> PackedBatch:
+    """Pack trajectories into a :class:`PackedBatch` (see the module docstring for the modes).
+
+    Shapes: ``separate``: B = total calls, L = max(n_ctx + n_out); 2D modes: B = number of
+    trajectories, L = longest packed row.
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown packing mode {mode!r}; choose one of {MODES}")
+    if mode == "separate":
+        seqs = [(i, t, c) for i, tr in enumerate(trajectories) for t, c in enumerate(tr.calls)]
+        for _, t, c in seqs:
+            _check_call(c, t)
+        lengths = [c.n_context + c.n_output for _, _, c in seqs]
+    else:
+        layout = _layout_mem1_mask if mode == "mem1_mask" else _layout_trie
+        rows = [layout(tr.calls) for tr in trajectories]
+        lengths = [len(r.ids) for r in rows]
+    B, L = len(lengths), max(lengths, default=0)
+    ar = torch.arange(L)
+    out = {
+        "input_ids": torch.full((B, L), pad_id, dtype=torch.long),
+        "position_ids": torch.zeros(B, L, dtype=torch.long),
+        "pred_index": torch.full((B, L), -1, dtype=torch.long),
+        "loss_mask": torch.zeros(B, L),
+        "old_logprobs": torch.zeros(B, L),
+        "call_ids": torch.full((B, L), -1, dtype=torch.long),
+    }
+    if mode == "separate":
+        out["attention_mask"] = ar.unsqueeze(0) < torch.tensor(lengths).unsqueeze(-1)
+        for b, (i, t, c) in enumerate(seqs):
+            n, nc = lengths[b], c.n_context
+            out["input_ids"][b, :n] = torch.tensor(list(c.context_ids) + list(c.output_ids), dtype=torch.long)
+            out["position_ids"][b, :n] = ar[:n]
+            out["pred_index"][b, :n] = ar[:n] - 1
+            out["call_ids"][b, nc:n] = t
+            out["old_logprobs"][b, nc:n] = torch.tensor(c.logprobs, dtype=torch.float32)
+            out["loss_mask"][b, max(nc, 1):n] = 1.0
+        traj_index = [i for i, _, _ in seqs]
+        call_index = [t for _, t, _ in seqs]
+    else:
+        eye = torch.eye(L, dtype=torch.bool)
+        out["attention_mask"] = eye.expand(B, 1, L, L).clone()  # padding attends to itself
+        for b, (row, tr) in enumerate(zip(rows, trajectories)):
+            _fill_2d(row, tr.calls, b, out)
+        traj_index, call_index = list(range(B)), [-1] * B
+    return PackedBatch(mode=mode, traj_index=torch.tensor(traj_index, dtype=torch.long),
+                       call_index=torch.tensor(call_index, dtype=torch.long),
+                       lengths=torch.tensor(lengths, dtype=torch.long), **out)
+
+
+def model_attention_mask(mask: torch.Tensor, model) -> torch.Tensor:
+    """Convert memkit's bool mask (True = attend) into what ``model``'s attention backend
+    expects. ``[B, L]`` padding masks pass through (transformers builds causal + padding).
+    4D: ``sdpa`` gets the bool mask; ``eager`` an additive float mask, 0 where allowed and -inf
+    elsewhere (never 0/1: added to the scores, a 0/1 mask masks nothing)."""
+    if mask.dim() == 2:
+        return mask
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", "sdpa") or "sdpa"
+    if impl == "sdpa":
+        return mask
+    if impl == "eager":
+        dtype = next(model.parameters()).dtype
+        add = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+        return add.masked_fill(~mask, float("-inf"))
+    raise NotImplementedError(f"2D packed masks need attn_implementation 'sdpa' or 'eager', not {impl!r}")
+
+
+def packed_token_logprobs(model, batch: PackedBatch, with_entropy: bool = False):
+    """Token-aligned log-probs ``[B, L]`` of ``batch.input_ids`` under ``model`` (same layout as
+    ``batch.old_logprobs``); compare / train only where ``batch.loss_mask`` is 1. With
+    ``with_entropy`` also returns the entropy ``[B, L]`` of each predicting distribution."""
+    dev = next(model.parameters()).device
+    return token_logprobs(model, batch.input_ids.to(dev), model_attention_mask(batch.attention_mask.to(dev), model),
+                          batch.position_ids.to(dev), batch.pred_index.to(dev), with_entropy=with_entropy)
+
+
+@torch.no_grad()
+def recompute_call_logprobs(model, call: Call) -> torch.Tensor:
+    """Log-probs ``[n_output]`` of a call's output ids given exactly its context (one plain
+    causal forward of ``context_ids + output_ids``): the reference every packing is judged by."""
+    dev = next(model.parameters()).device
+    ids = torch.tensor([list(call.context_ids) + list(call.output_ids)], dtype=torch.long, device=dev)
+    return token_logprobs(model, ids)[0, call.n_context:]
+
+
+@torch.no_grad()
+def packing_gap(model, trajectories: list[Trajectory], mode: str, pad_id: int = 0) -> dict:
+    """Measure how far a packing's output-token log-probs are from per-call recomputation.
+
+    Returns ``{"max_abs", "mean_abs", "per_call_max": [[...] per trajectory], "n_tokens"}``.
+    """
+    batch = pack(trajectories, mode, pad_id)
+    logp = packed_token_logprobs(model, batch)
+    diffs, per_call = [], []
+    for i, tr in enumerate(trajectories):
+        row_max = []
+        for t, c in enumerate(tr.calls):
+            ref = recompute_call_logprobs(model, c)
+            if mode == "separate":
+                b = int(((batch.traj_index == i) & (batch.call_index == t)).nonzero()[0])
+                sel = (batch.call_ids[b] == t) & (batch.loss_mask[b] > 0)
+            else:
+                b = i
+                sel = (batch.call_ids[b] == t) & (batch.loss_mask[b] > 0)
+            ok = ref.new_ones(len(ref), dtype=torch.bool)
+            if c.n_context == 0 and len(ok):
+                ok[0] = False
+            d = (logp[b][sel].cpu() - ref[ok].cpu()).abs()
+            diffs.append(d)
+            row_max.append(float(d.max()) if len(d) else 0.0)
+        per_call.append(row_max)
+    d = torch.cat(diffs) if diffs else torch.zeros(0)
+    return {"max_abs": float(d.max()) if len(d) else 0.0, "mean_abs": float(d.mean()) if len(d) else 0.0,
+            "per_call_max": per_call, "n_tokens": batch.n_tokens}
