@@ -1,0 +1,213 @@
+"""Batched sampling with a hand-written decoding loop, recording each token's log-prob.
+
+Why not ``model.generate``: RL needs, for every generated token, the log-prob the *sampling
+policy* gave it (PPO's ``old_logprobs``), exact stop-string handling (the rollout engine
+parses ``</search>`` / ``</answer>`` and must train on exactly the ids it generated), and a
+loop students can read in one screen. The loop is the textbook one:
+
+1. **Left padding.** Prompts of different lengths are right-aligned in a (B, L) tensor so
+   every row's next token is at column -1. ``attention_mask`` (B, L) is 0 on pads.
+2. **Position ids = cumsum(mask) - 1.** Each row's first real token gets position 0, as in
+   an unbatched forward, so padding does not shift RoPE (this is what makes batched
+   output equal unbatched output). Pads get position 0; they are masked anyway.
+3. **KV cache.** One prefill forward over (B, L) fills a ``DynamicCache``; every later
+   step feeds only the (B', 1) new tokens, the mask grows by one column, positions by 1.
+4. **Sampling.** ``temperature == 0`` -> greedy argmax; else sample from
+   softmax(logits / T), optionally restricted to the top-p nucleus.
+5. **Finishing.** A row ends on an EOS id ("eos", the EOS id is kept in ``ids`` because the
+   policy chose it and must be trained on it), when its decoded text contains a stop string
+   ("stop", ids end with the token that completed the stop string), or at
+   ``max_new_tokens`` ("length"). Finished rows are dropped from the batch and the cache
+   (``DynamicCache.batch_select_indices``), so long and short answers do not cost the same.
+
+**Which log-prob is recorded.** For every sampled token we store
+``log_softmax(logits / T)[token]`` with ``T = temperature`` (``T = 1`` for greedy). This is
+the quantity a trainer recomputes with a fresh forward (:func:`sequence_logprobs`) for the
+PPO ratio ``exp(logp_new - logp_old)``: at the first update the ratio is exactly 1 (up to
+float noise). It is *not* the top-p renormalised probability: top-p is treated as a sampler
+detail, as in verl/OpenRLHF; recording the truncated distribution would make old and new
+log-probs come from different distributions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+
+@dataclass
+class Generation:
+    """One generated continuation.
+
+    ``ids``/``logprobs`` have equal length (one log-prob per generated id); ``text`` is
+    ``decode(ids, skip_special_tokens=True)`` so it matches ``ids`` exactly (it can run a few
+    characters past a stop string if the last token does).
+    """
+
+    ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish: Literal["stop", "eos", "length"]
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    for src in (getattr(tokenizer, "eos_token_id", None), getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
+        if src is None:
+            continue
+        ids.update([src] if isinstance(src, int) else list(src))
+    return ids
+
+
+def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
+                generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick one token per row.
+
+    Args:
+        logits: (B, V) next-token logits.
+    Returns:
+        tokens (B,) long and their log-probs (B,) float32 under ``log_softmax(logits / T)``
+        (``T = 1`` when ``temperature == 0``, i.e. greedy).
+    """
+    logits = logits.float()
+    if temperature == 0:
+        logp = F.log_softmax(logits, dim=-1)
+        tok = logits.argmax(dim=-1)
+        return tok, logp.gather(-1, tok[:, None])[:, 0]
+    logp = F.log_softmax(logits / temperature, dim=-1)
+    probs = logp.exp()
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        # drop a token when the mass strictly before it already reaches top_p (keeps >= 1 token)
+        sorted_p = sorted_p.masked_fill(sorted_p.cumsum(-1) - sorted_p >= top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+    gen_device = generator.device if generator is not None else probs.device
+    tok = torch.multinomial(probs.to(gen_device), 1, generator=generator)[:, 0].to(probs.device)
+    return tok, logp.gather(-1, tok[:, None])[:, 0]
+
+
+class HFBackend:
+    """Generation backend over any ``transformers`` causal LM (tiny, SmolLM2, Qwen ...).
+
+    ``generate`` takes token ids (the engine tokenises contexts so it controls ids exactly)
+    and returns one :class:`Generation` per prompt, in order.
+    """
+
+    def __init__(self, model, tokenizer):
+        self.model, self.tokenizer = model, tokenizer
+        self.eos_ids = _eos_ids(model, tokenizer)
+        pad = tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else (min(self.eos_ids) if self.eos_ids else 0)
+        self.max_positions = getattr(model.config, "max_position_embeddings", None)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _check(self, prompts, max_new_tokens, temperature, top_p):
+        if isinstance(prompts, (str, bytes)) or (prompts and isinstance(prompts[0], int)):
+            raise TypeError("generate(prompts=...) wants a list of token-id lists, e.g. [tokenizer.encode(text)]")
+        for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise ValueError(f"prompt {i} is empty; start it with at least one token (e.g. tokenizer.bos_token_id)")
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0")
+        if temperature < 0:
+            raise ValueError(f"temperature={temperature} must be >= 0 (0 means greedy)")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p={top_p} must be in (0, 1]; 1.0 disables nucleus sampling")
+        longest = max(len(p) for p in prompts)
+        if self.max_positions and longest + max_new_tokens > self.max_positions:
+            raise ValueError(f"prompt of {longest} tokens + max_new_tokens={max_new_tokens} exceeds the model's "
+                             f"max_position_embeddings={self.max_positions}; shorten the context or max_new_tokens")
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, stop: Sequence[str] = (),
+                 temperature: float = 1.0, top_p: float = 1.0,
+                 generator: torch.Generator | None = None) -> list[Generation]:
+        """Sample continuations of ``prompts`` (B lists of ids) in one batch; see module doc."""
+        if not prompts:
+            return []
+        self._check(prompts, max_new_tokens, temperature, top_p)
+        stop = tuple(s for s in stop if s)
+        if max_new_tokens == 0:
+            return [Generation([], [], "", "length") for _ in prompts]
+        model, dev = self.model, self.device
+        was_training = model.training
+        model.eval()  # dropout off: the recorded log-probs must be those of the policy itself
+        try:
+            return self._loop(prompts, max_new_tokens, stop, temperature, top_p, generator, dev)
+        finally:
+            model.train(was_training)
+
+    def _loop(self, prompts, max_new_tokens, stop, temperature, top_p, generator, dev):
+        B, L = len(prompts), max(len(p) for p in prompts)
+        input_ids = torch.full((B, L), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((B, L), dtype=torch.long)
+        for i, p in enumerate(prompts):  # right-align = left padding
+            input_ids[i, L - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[i, L - len(p):] = 1
+        input_ids, mask = input_ids.to(dev), mask.to(dev)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, L); first real token -> 0
+
+        cache = DynamicCache(config=self.model.config)
+        logits = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                            past_key_values=cache, use_cache=True).logits[:, -1, :]
+        next_pos = positions[:, -1] + 1  # (B,)
+        active = list(range(B))  # original row index of each batch row still generating
+        out_ids: list[list[int]] = [[] for _ in range(B)]
+        out_lp: list[list[float]] = [[] for _ in range(B)]
+        finish: list[str] = ["length"] * B
+        window = 4 * max((len(s) for s in stop), default=0) + 8  # tokens that can hold a stop string
+
+        for _ in range(max_new_tokens):
+            tok, lp = sample_next(logits, temperature, top_p, generator)
+            keep = []
+            for j, (row, t, l) in enumerate(zip(active, tok.tolist(), lp.tolist())):
+                out_ids[row].append(t)
+                out_lp[row].append(l)
+                if t in self.eos_ids:
+                    finish[row] = "eos"
+                elif stop and any(s in self.tokenizer.decode(out_ids[row][-window:]) for s in stop):
+                    finish[row] = "stop"
+                elif len(out_ids[row]) < max_new_tokens:
+                    keep.append(j)
+            if not keep:
+                break
+            if len(keep) < len(active):  # drop finished rows from the batch and the cache
+                idx = torch.tensor(keep, device=dev)
+                cache.batch_select_indices(idx)
+                mask, tok, next_pos = mask[idx], tok[idx], next_pos[idx]
+                active = [active[j] for j in keep]
+            mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
+            logits = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
+                                past_key_values=cache, use_cache=True).logits[:, -1, :]
+            next_pos = next_pos + 1
+
+        return [Generation(out_ids[i], out_lp[i], self.tokenizer.decode(out_ids[i], skip_special_tokens=True), finish[i])
+                for i in range(B)]
+
+
+@torch.no_grad()
+def sequence_logprobs(model, context_ids: Sequence[int], output_ids: Sequence[int],
+                      temperature: float = 1.0) -> torch.Tensor:
+    """Log-probs of ``output_ids`` given ``context_ids`` from one fresh (uncached) forward.
+
+    Returns a float32 tensor of shape (len(output_ids),): entry k is
+    ``log_softmax(logits[len(context)-1+k] / T)[output_ids[k]]``, the same quantity
+    :class:`HFBackend` records (``temperature=0`` is treated as ``T=1``, like greedy).
+    Use it to check recorded ``old_logprobs`` or to score a fixed answer.
+    """
+    if len(context_ids) == 0:
+        raise ValueError("context_ids is empty; a log-prob needs at least one token of context (e.g. BOS)")
+    if len(output_ids) == 0:
+        return torch.zeros(0)
+    T = temperature if temperature > 0 else 1.0
+    dev = next(model.parameters()).device
+    ids = torch.tensor([list(context_ids) + list(output_ids)], dtype=torch.long, device=dev)
+    logits = model(input_ids=ids).logits[0, len(context_ids) - 1:-1].float()  # (n_out, V)
+    logp = F.log_softmax(logits / T, dim=-1)
+    return logp.gather(-1, ids[0, len(context_ids):, None])[:, 0].cpu()

@@ -1,0 +1,69 @@
+"""The tiny policy: a ~4M-parameter Llama built from a config, trained from scratch.
+
+Why Llama: it is the architecture of the papers' Qwen/Llama policies (RoPE, RMSNorm, SwiGLU),
+so everything downstream (KV cache, LoRA target names ``q_proj``..., position ids) is the
+same code path as for a 7B model. Why this size: 4 layers x hidden 256 learns the synthetic
+extract-and-answer tasks by SFT in minutes on 2 CPU cores (DESIGN.md, Models).
+
+Parameter count for vocab V: embeddings V*256 (tied with the LM head) + 4 layers x
+(4*256*256 attention + 3*256*688 MLP) ~= 3.2M + V*256, i.e. ~3.7M at V=2048.
+
+Attention implementation: ``"sdpa"`` (PyTorch scaled_dot_product_attention). It accepts the
+boolean / additive 4D masks that MEM1's packed trajectories need, and is what transformers
+picks by default; ``"eager"`` gives the same numbers (tested to 1e-5) and is slower.
+"""
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+def tiny_config(vocab_size: int, *, pad_token_id: int = 0, bos_token_id: int = 1,
+                eos_token_id: int = 2, attn_implementation: str = "sdpa") -> LlamaConfig:
+    """The tiny model's config (defaults match :func:`train_tokenizer`'s special ids)."""
+    if vocab_size < 8:
+        raise ValueError(f"vocab_size={vocab_size} is not a real vocabulary; pass len(tokenizer)")
+    cfg = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=256,
+        intermediate_size=688,  # ~8/3 * 256 rounded to a multiple of 16 (SwiGLU sizing)
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        hidden_act="silu",
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        attention_bias=False,
+        pad_token_id=pad_token_id,
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
+        initializer_range=0.02,
+    )
+    cfg._attn_implementation = attn_implementation
+    return cfg
+
+
+def build_tiny(tokenizer, seed: int = 0, attn_implementation: str = "sdpa") -> LlamaForCausalLM:
+    """A freshly initialised float32 tiny Llama sized to ``tokenizer`` (same seed -> same weights).
+
+    ``len(tokenizer)`` (not ``tokenizer.vocab_size``) is used so the added tag tokens get rows.
+    The global torch RNG is restored afterwards so building a model does not shift other
+    seeded code.
+    """
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        if getattr(tokenizer, name, None) is None:
+            raise ValueError(f"tokenizer has no {name[:-3]}; build it with memkit.models.train_tokenizer")
+    cfg = tiny_config(len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                      eos_token_id=tokenizer.eos_token_id, attn_implementation=attn_implementation)
+    state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(cfg).to(torch.float32)
+    finally:
+        torch.random.set_rng_state(state)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    return model.eval()

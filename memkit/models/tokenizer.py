@@ -1,0 +1,85 @@
+"""A small byte-level BPE tokenizer for the tiny model, trained on the synthetic world.
+
+Why train one: the tiny model learns from scratch on a 2-core CPU, so every vocabulary row
+costs parameters and steps. A 2k-token BPE fitted to the world's own text (fictional names,
+attribute words) gives short sequences; every XML-ish tag the methods use (``<think>``,
+``<mem>``, ``<information>`` ...) is one *added* token, so
+
+* a tag is always exactly one id (span detection and masks are exact, never "half a tag");
+* tags are **not special**: ``decode(..., skip_special_tokens=True)`` keeps them, which the
+  output parsers need. Only ``<pad> <bos> <eos>`` are special.
+
+Byte-level means any string (other alphabets, emoji, typos) encodes without ``<unk>``.
+No BOS/EOS is added automatically: the rollout engine decides what a context starts with.
+"""
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+#: Every tag used by any method (MEM1, MemSearcher, MemPO, MemAct, Mem-T). Order fixes their ids.
+TAG_NAMES = ("think", "search", "answer", "information", "mem", "memory", "question",
+             "tool_call", "note", "records")
+TAGS: tuple[str, ...] = tuple(t for name in TAG_NAMES for t in (f"<{name}>", f"</{name}>"))
+PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
+SPECIAL_TOKENS = (PAD, BOS, EOS)  # ids 0, 1, 2
+
+_TAG_RE = re.compile("|".join(re.escape(t) for t in sorted(TAGS, key=len, reverse=True)))
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE on ``texts`` and add the tag vocabulary.
+
+    Args:
+        texts: training corpus (passages, questions, oracle traces ...). Tags inside it are
+            removed before training so no merges are wasted on pieces like ``"</th"``.
+        vocab_size: total vocabulary including the 256 byte symbols, the 3 specials and the
+            20 tags; must be > 256 + 3 + 20 to leave room for merges.
+
+    Returns:
+        a ``PreTrainedTokenizerFast`` with ``pad/bos/eos`` set and ``padding_side="left"``
+        (decoder-only batched generation pads on the left). Deterministic: the same texts
+        in the same order give the same vocabulary and merges.
+    """
+    if isinstance(texts, str):
+        raise TypeError("train_tokenizer(texts) wants an iterable of strings, got one string; wrap it: [text]")
+    corpus = [_TAG_RE.sub(" ", t) for t in texts]
+    if not any(s.strip() for s in corpus):
+        raise ValueError("train_tokenizer got no text; pass world_texts(make_world(seed)) or your own corpus")
+    n_fixed = 256 + len(SPECIAL_TOKENS) + len(TAGS)
+    if vocab_size <= n_fixed:
+        raise ValueError(f"vocab_size={vocab_size} is too small: bytes+specials+tags already take {n_fixed}; use >= 512")
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - len(TAGS),  # the tags are appended after training
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        min_frequency=2,
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    # normalized=False: match the literal tag; special=False: decode keeps it.
+    tok.add_tokens([AddedToken(t, normalized=False, special=False, single_word=False) for t in TAGS])
+
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS,
+        padding_side="left", clean_up_tokenization_spaces=False,
+    )
+    return fast
+
+
+def tag_ids(tokenizer) -> dict[str, int]:
+    """Map every tag to its single id; raises if the tokenizer splits one (not a memkit tokenizer)."""
+    out = {}
+    for t in TAGS:
+        ids = tokenizer.encode(t, add_special_tokens=False)
+        if len(ids) != 1:
+            raise ValueError(f"tag {t!r} is {len(ids)} tokens in this tokenizer; train it with memkit.models.train_tokenizer")
+        out[t] = ids[0]
+    return out
