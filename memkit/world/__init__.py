@@ -1,0 +1,48 @@
+"""Worlds and tasks: the synthetic generator, the shared task schema, and file IO/loaders.
+
+Typical use::
+
+    from memkit.world import make_world, make_tasks, save_tasks_jsonl
+    world = make_world(seed=0)
+    tasks = make_tasks(world, n=200, k=2, seed=0)   # MEM1 2-objective tasks
+"""
+from memkit.world.generator import (
+    ATTRS,
+    KINDS,
+    TYPES,
+    Attr,
+    Entity,
+    World,
+    aliases,
+    make_questions,
+    make_tasks,
+    make_world,
+)
+from memkit.world.loaders import (
+    load_dpr_topics,
+    load_flashrag_jsonl,
+    load_hotpotqa_json,
+    load_tasks_jsonl,
+    load_wiki_summaries,
+    save_corpus_jsonl,
+    save_tasks_jsonl,
+    tasks_from_dataset,
+    tasks_to_dataset,
+    world_texts,
+)
+from memkit.world.schema import (
+    MULTI_OBJECTIVE_TEMPLATE,
+    Passage,
+    Question,
+    SubQuestion,
+    Task,
+    compose_prompt,
+)
+
+__all__ = [
+    "ATTRS", "KINDS", "TYPES", "Attr", "Entity", "World", "aliases", "make_questions", "make_tasks",
+    "make_world", "load_dpr_topics", "load_flashrag_jsonl", "load_hotpotqa_json", "load_tasks_jsonl",
+    "load_wiki_summaries", "save_corpus_jsonl", "save_tasks_jsonl", "tasks_from_dataset",
+    "tasks_to_dataset", "world_texts", "MULTI_OBJECTIVE_TEMPLATE", "Passage", "Question", "SubQuestion",
+    "Task", "compose_prompt",
+]
