@@ -91,6 +91,13 @@ class PackedBatch:
         m = self.attention_mask[:, 0] & valid[:, :, None] & valid[:, None, :]
         return int(m.sum())
 
+    def at_pred(self, per_position: torch.Tensor) -> torch.Tensor:
+        """Read a per-position quantity at each token's predicting position, ``[B, L] -> [B, L]``
+        (0 where nothing predicts). E.g. critic values: V(s_t) for action token t is the value
+        head's output at ``pred_index[t]`` (verl reads it at t - 1)."""
+        out = per_position.gather(1, self.pred_index.clamp(min=0).to(per_position.device))
+        return out * (self.pred_index >= 0).to(per_position.device, per_position.dtype)
+
     def token_advantages(self, traj_advantages: torch.Tensor) -> torch.Tensor:
         """Outcome advantage of each row's trajectory on its trained tokens: ``[N] -> [B, L]``
         (multi-context GRPO, MemSearcher eq. 8: A_{i,j} = A_i)."""
