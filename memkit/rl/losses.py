@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 KL_KINDS = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
