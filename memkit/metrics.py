@@ -1,0 +1,300 @@
+"""Accuracy and efficiency metrics of the papers, and the table ``memkit eval`` prints.
+
+Accuracy (MEM1 App. B.4.1, MemPO §5.1, all following SQuAD's official script):
+
+* ``normalize_answer``: lower-case, drop punctuation, drop the articles a/an/the, collapse
+  whitespace.
+* EM = 1 if the normalised prediction equals any normalised gold alias, else 0.
+* F1 = max over gold aliases of 2pr/(p+r), with p = c/l, r = c/g, c the size of the
+  multiset intersection of prediction and gold tokens, l and g their token counts.
+* Multi-objective QA (MEM1 §3.3): k questions in one task, answers separated by ``;``;
+  each question is scored on its own slot; a task's score is the sum over its questions.
+  If the number of answers is not k, no slot can be aligned, so every question scores 0.
+
+Efficiency, per trajectory (a trajectory is a list of LLM calls; call i has n_p(i) context
+tokens and n_o(i) generated tokens). Context tokens of the kinds in ``exclude`` (default
+the system prompt) are not counted, as MEM1 App. B.4.1 does for peak tokens and
+dependency; we apply the same convention to MemPO's TT/PT so all columns are comparable.
+
+* peak tokens (MEM1 App. B.4.1: "the maximum number of tokens in any single sequence
+  throughout the agent's entire trajectory") = max_i n_p(i) + n_o(i).
+* TT (MemPO §5.1: "total number of tokens consumed to solve a question") = sum_i n_p(i) +
+  n_o(i): every call re-reads its whole context, as an API bills it. (MemPO Table 2 is
+  consistent with this reading: ReAct's TT is ~5x its PT, which a once-counted history
+  could not give.)
+* PT (MemPO §5.1: "maximum number of tokens consumed in a single step") = max over turns t
+  of sum_{i in turn t} n_p(i) + n_o(i). A step is one interaction turn (``Call.turn``); it
+  equals peak tokens except where a turn makes two calls (MemSearcher's memory update).
+* dependency: see :func:`dependency`.
+"""
+from __future__ import annotations
+
+import math
+import re
+import string
+from collections import Counter
+from typing import Sequence
+
+import numpy as np
+
+from memkit.rollout.trajectory import Call, Trajectory
+
+EXCLUDE = ("system",)
+#: output tags counted as one tool call each
+TOOL_TAGS = ("search", "tool_call")
+#: output tags counted as one memory action each (MemPO <mem>, MEM1/MemSearcher memory,
+#: MemAct notes and prune records)
+MEMORY_TAGS = ("mem", "memory", "note", "prune", "prune_write")
+_PRUNE = re.compile(r"prune", re.I)
+_PUNCT = frozenset(string.punctuation)
+
+
+# ----------------------------------------------------------------------------- accuracy
+def normalize_answer(s: str) -> str:
+    """SQuAD normalisation: lower, strip punctuation, drop a/an/the, collapse whitespace."""
+    s = "".join(ch for ch in str(s).lower() if ch not in _PUNCT)
+    s = re.sub(r"\b(a|an|the)\b", " ", s)
+    return " ".join(s.split())
+
+
+def _golds(golds) -> list[str]:
+    if isinstance(golds, str):
+        golds = [golds]
+    golds = [g for g in (golds or []) if isinstance(g, str)]
+    if not golds:
+        raise ValueError("no gold answer given: pass a str or a non-empty list of gold aliases")
+    return golds
+
+
+def exact_match(pred: str | None, golds) -> float:
+    """1.0 if normalised ``pred`` equals any normalised gold alias; None/empty pred -> 0."""
+    golds = _golds(golds)
+    if not pred or not normalize_answer(pred):
+        return 0.0
+    p = normalize_answer(pred)
+    return float(any(p == normalize_answer(g) for g in golds))
+
+
+def f1(pred: str | None, golds) -> float:
+    """Token-multiset F1, max over gold aliases (module docstring); None/empty pred -> 0."""
+    golds = _golds(golds)
+    pt = normalize_answer(pred).split() if pred else []
+    if not pt:
+        return 0.0
+    best = 0.0
+    for g in golds:
+        gt = normalize_answer(g).split()
+        c = sum((Counter(pt) & Counter(gt)).values())
+        if c:
+            p, r = c / len(pt), c / len(gt)
+            best = max(best, 2 * p * r / (p + r))
+    return best
+
+
+def split_answers(text: str | None) -> list[str]:
+    """Answers of a multi-objective task: ``text`` split on ``;``, each stripped.
+
+    A single trailing ``;`` ("a; b;") is tolerated; None/empty text -> [].
+    """
+    if not text or not text.strip():
+        return []
+    parts = [p.strip() for p in text.split(";")]
+    if len(parts) > 1 and parts[-1] == "":
+        parts.pop()
+    return parts
+
+
+_METRICS = {"em": exact_match, "f1": f1}
+
+
+def score_multi(pred: str | None, golds: Sequence[Sequence[str]], metric: str = "em") -> dict:
+    """Score a k-question answer: ``{"per_question": [...], "sum": s, "mean": s / k}``.
+
+    ``golds[j]`` holds the aliases of question j. With k == 1 the whole prediction is the
+    answer (plain QA: a ';' inside it is not a separator). With k > 1 the prediction is
+    split on ';' and slot j is scored against question j; if the number of answers is not
+    k, every question scores 0 (MEM1 §3.3: answers are matched by position).
+    """
+    if metric not in _METRICS:
+        raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(_METRICS)}")
+    if isinstance(golds, str) or not golds or any(isinstance(g, str) for g in golds):
+        raise ValueError("golds must be a non-empty list of alias lists, one per question, "
+                         "e.g. [['Paris'], ['1999', 'nineteen ninety-nine']] (Task.golds)")
+    fn, k = _METRICS[metric], len(golds)
+    answers = [pred] if k == 1 else split_answers(pred)
+    per = [fn(a, g) for a, g in zip(answers, golds)] if len(answers) == k else [0.0] * k
+    return {"per_question": per, "sum": float(sum(per)), "mean": float(sum(per)) / k}
+
+
+# --------------------------------------------------------------------------- efficiency
+def _excluded(call: Call, exclude: Sequence[str]) -> int:
+    n = sum(max(0, min(e, call.n_context) - max(s, 0)) for kind in exclude for s, e in call.context_spans.get(kind, ()))
+    return min(n, call.n_context)
+
+
+def _sizes(traj: Trajectory, exclude: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-call (n_p, n_o) with ``exclude`` kinds taken out of the context."""
+    n_p = np.array([c.n_context - _excluded(c, exclude) for c in traj.calls], dtype=np.int64)
+    n_o = np.array([c.n_output for c in traj.calls], dtype=np.int64)
+    return n_p, n_o
+
+
+def peak_tokens(traj: Trajectory, exclude: Sequence[str] = EXCLUDE) -> int:
+    """MEM1 peak token usage: max over calls of context + output tokens (0 for no calls)."""
+    n_p, n_o = _sizes(traj, exclude)
+    return int((n_p + n_o).max(initial=0))
+
+
+def total_tokens(traj: Trajectory, exclude: Sequence[str] = EXCLUDE) -> int:
+    """MemPO TT: sum over calls of context + output tokens."""
+    n_p, n_o = _sizes(traj, exclude)
+    return int((n_p + n_o).sum())
+
+
+def step_peak_tokens(traj: Trajectory, exclude: Sequence[str] = EXCLUDE) -> int:
+    """MemPO PT: max over turns of the tokens consumed by that turn's calls."""
+    n_p, n_o = _sizes(traj, exclude)
+    if not traj.calls:
+        return 0
+    _, turn = np.unique([c.turn for c in traj.calls], return_inverse=True)
+    return int(np.bincount(turn, weights=n_p + n_o).max())
+
+
+def dependency(trajs: Trajectory | Sequence[Trajectory], exclude: Sequence[str] = EXCLUDE,
+               formula: str = "paper"):
+    """MEM1 dependency length (App. B.4.1, after Zhang et al. 2025), vectorised over all calls.
+
+    "The total number of historical tokens on which each generated token effectively
+    depends." With n_p(i) prefix and n_o(i) output tokens at step i, the paper prints
+
+        formula="paper":   Dependency = sum_i (2 n_o(i) + n_p(i)) * n_o(i) / 2.
+
+    Counting literally (the j-th generated token, j = 0..n_o-1, sees n_p + j tokens) gives
+
+        formula="causal":  Dependency = sum_i sum_j (n_p(i) + j) = sum_i (2 n_p(i) + n_o(i) - 1) n_o(i) / 2,
+
+    i.e. the printed formula has n_p and n_o swapped; we default to the printed one so
+    numbers are comparable with the paper's tables and offer the literal count to compare.
+    The system prompt is excluded (``exclude``), as in the paper. Returns a float for one
+    trajectory, a list of floats for a sequence. :func:`dependency_loop` is the reference.
+    """
+    single = isinstance(trajs, Trajectory)
+    trajs = [trajs] if single else list(trajs)
+    if formula not in ("paper", "causal"):
+        raise ValueError(f"unknown dependency formula {formula!r}; choose 'paper' or 'causal'")
+    sizes = [_sizes(t, exclude) for t in trajs]
+    owner = np.repeat(np.arange(len(trajs)), [len(t.calls) for t in trajs])
+    n_p = np.concatenate([s[0] for s in sizes] + [np.zeros(0, np.int64)]).astype(np.float64)
+    n_o = np.concatenate([s[1] for s in sizes] + [np.zeros(0, np.int64)]).astype(np.float64)
+    per_call = (2 * n_o + n_p) * n_o / 2 if formula == "paper" else (2 * n_p + n_o - 1) * n_o / 2
+    out = np.bincount(owner, weights=per_call, minlength=len(trajs)).tolist()
+    return out[0] if single else out
+
+
+def dependency_loop(traj: Trajectory, exclude: Sequence[str] = EXCLUDE, formula: str = "paper") -> float:
+    """Naive reference for :func:`dependency` on one trajectory: Python loops over calls
+    (and, for ``"causal"``, over every generated token and what it attends to)."""
+    total = 0.0
+    for call in traj.calls:
+        n_p = call.n_context - _excluded(call, exclude)
+        n_o = call.n_output
+        if formula == "paper":
+            total += (2 * n_o + n_p) * n_o / 2
+        else:
+            for j in range(n_o):
+                total += n_p + j
+    return total
+
+
+def _span_text(call: Call, tag: str, k: int) -> str:
+    spans = call.output_char_spans.get(tag, [])
+    return call.output_text[spans[k][0]:spans[k][1]] if k < len(spans) else ""
+
+
+def _is_prune_call(call: Call, k: int) -> bool:
+    """A MemAct Prune&Write issued as the k-th ``<tool_call>`` (by name in its text)."""
+    return bool(_PRUNE.search(_span_text(call, "tool_call", k)))
+
+
+def tool_calls(traj: Trajectory) -> int:
+    """Output spans tagged ``search`` or ``tool_call``, except ``tool_call``s whose text names a
+    prune (MemAct's Prune&Write is a memory action, counted by :func:`memory_actions`)."""
+    n = 0
+    for c in traj.calls:
+        n += len(c.output_spans.get("search", []))
+        n += sum(not _is_prune_call(c, k) for k in range(len(c.output_spans.get("tool_call", []))))
+    return n
+
+
+def memory_actions(traj: Trajectory) -> int:
+    """Memory edits: output spans tagged ``mem``/``memory``/``note``/``prune``/``prune_write``,
+    plus prune ``tool_call``s; a ``role="memory"`` call with none of these tags (a bare
+    MemSearcher memory update) counts as one."""
+    n = 0
+    for c in traj.calls:
+        m = sum(len(c.output_spans.get(t, [])) for t in MEMORY_TAGS)
+        m += sum(_is_prune_call(c, k) for k in range(len(c.output_spans.get("tool_call", []))))
+        n += m if (m or c.role != "memory") else 1
+    return n
+
+
+# ------------------------------------------------------------------------------ summary
+COLUMNS = ("method", "k", "n", "em", "f1", "peak_tokens", "pt", "tt", "dependency", "tool_calls",
+           "memory_actions", "seconds", "wall_seconds", "invalid_rate")
+
+
+def summarize(trajs: Sequence[Trajectory], exclude: Sequence[str] = EXCLUDE) -> dict:
+    """One row of the eval table: means over trajectories of every metric above.
+
+    ``em``/``f1`` are means per *question* (a k-question task contributes k scores, so the
+    numbers are comparable across k; multiply by k for MEM1's per-task sums). ``seconds`` is
+    the mean per trajectory of its calls' wall time; ``invalid_rate`` the fraction of
+    trajectories that ended in an invalid turn.
+    """
+    trajs = list(trajs)
+    if not trajs:
+        raise ValueError("summarize() got no trajectories; roll some out first (memkit.pipeline.rollout)")
+    em, f1s = [], []
+    for t in trajs:
+        if not t.golds:
+            raise ValueError(f"trajectory {t.task_id!r} has no golds; set Trajectory.golds = task.golds")
+        em += score_multi(t.answer, t.golds, "em")["per_question"]
+        f1s += score_multi(t.answer, t.golds, "f1")["per_question"]
+    mean = lambda xs: float(np.mean(xs))  # noqa: E731
+    return {
+        "n": len(trajs),
+        "em": mean(em),
+        "f1": mean(f1s),
+        "peak_tokens": mean([peak_tokens(t, exclude) for t in trajs]),
+        "pt": mean([step_peak_tokens(t, exclude) for t in trajs]),
+        "tt": mean([total_tokens(t, exclude) for t in trajs]),
+        "dependency": mean(dependency(trajs, exclude)),
+        "tool_calls": mean([tool_calls(t) for t in trajs]),
+        "memory_actions": mean([memory_actions(t) for t in trajs]),
+        "seconds": mean([sum(c.seconds for c in t.calls) for t in trajs]),
+        "invalid_rate": mean([not t.valid for t in trajs]),
+    }
+
+
+def _fmt(v) -> str:
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.number)):
+        return str(v)
+    if isinstance(v, (int, np.integer)):
+        return str(int(v))
+    if not math.isfinite(v):
+        return str(v)
+    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3f}"
+
+
+def format_table(rows: Sequence[dict]) -> str:
+    """Plain-text table of summary rows (known columns first, in :data:`COLUMNS` order)."""
+    rows = list(rows)
+    if not rows:
+        return "(no rows)"
+    cols = [c for c in COLUMNS if any(c in r for r in rows)]
+    for r in rows:
+        cols += [c for c in r if c not in cols]
+    cells = [[_fmt(r.get(c, "")) for c in cols] for r in rows]
+    width = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    line = lambda xs: "  ".join(x.rjust(w) for x, w in zip(xs, width))  # noqa: E731
+    return "\n".join([line(cols), line(["-" * w for w in width])] + [line(r) for r in cells])

@@ -1,0 +1,166 @@
+"""Accuracy and efficiency metrics on hand-computed cases and hand-built trajectories."""
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memkit.metrics import (
+    dependency, dependency_loop, exact_match, f1, format_table, memory_actions, normalize_answer, peak_tokens,
+    score_multi, split_answers, step_peak_tokens, summarize, tool_calls, total_tokens,
+)
+from memkit.rollout.trajectory import Call, Trajectory
+
+
+# ---------------------------------------------------------------------------- accuracy
+def test_normalize_answer():
+    assert normalize_answer("  The  Cat!! ") == "cat"
+    assert normalize_answer("An apple, a day") == "apple day"
+    assert normalize_answer("Theodore") == "theodore"  # articles only as whole words
+
+
+def test_exact_match_hand_cases():
+    assert exact_match("The Cat", ["cat"]) == 1.0
+    assert exact_match("cats", ["cat"]) == 0.0
+    assert exact_match("NYC", ["New York City", "nyc"]) == 1.0
+    assert exact_match("Paris", "paris.") == 1.0
+    assert exact_match(None, ["x"]) == 0.0 and exact_match("", ["x"]) == 0.0 and exact_match("the", ["x"]) == 0.0
+    with pytest.raises(ValueError, match="gold"):
+        exact_match("x", [])
+
+
+def test_f1_hand_cases():
+    assert f1("x b c", ["b c d"]) == pytest.approx(2 / 3)  # p = r = 2/3
+    assert f1("a b c", ["b c d"]) == pytest.approx(0.8)  # 'a' is an article: p = 1, r = 2/3
+    assert f1("b b", ["b"]) == pytest.approx(2 / 3)  # multiset: c = 1, p = 1/2, r = 1
+    assert f1("new york", ["York", "New York City"]) == pytest.approx(0.8)  # max(2/3, 0.8)
+    assert f1("zzz", ["b"]) == 0.0 and f1(None, ["b"]) == 0.0 and f1("  ", ["b"]) == 0.0
+
+
+def test_split_answers():
+    assert split_answers("Paris; 1999 ;Bob") == ["Paris", "1999", "Bob"]
+    assert split_answers("a; b;") == ["a", "b"]
+    assert split_answers("a;;b") == ["a", "", "b"]
+    assert split_answers(None) == [] and split_answers("  ") == []
+
+
+def test_score_multi_hand_cases():
+    golds = [["Paris"], ["1999", "nineteen ninety-nine"], ["Oto Brell"]]
+    r = score_multi("paris; Nineteen ninety-nine; Bob", golds, "em")
+    assert r["per_question"] == [1.0, 1.0, 0.0] and r["sum"] == 2.0 and r["mean"] == pytest.approx(2 / 3)
+    r = score_multi("paris; 1999; Oto", golds, "f1")
+    assert r["per_question"] == pytest.approx([1.0, 1.0, 2 / 3])
+    # count mismatch: answers cannot be aligned, so every question scores 0
+    assert score_multi("paris; 1999", golds, "em") == {"per_question": [0.0, 0.0, 0.0], "sum": 0.0, "mean": 0.0}
+    assert score_multi("paris; 1999; Oto Brell; extra", golds, "f1")["sum"] == 0.0
+    assert score_multi(None, golds)["sum"] == 0.0
+    # k == 1: the whole answer is one slot, a ';' inside it is no separator
+    assert score_multi("Smith; John", [["Smith; John"]])["sum"] == 1.0
+    with pytest.raises(ValueError, match="em, f1"):
+        score_multi("x", [["x"]], metric="bleu")
+    with pytest.raises(ValueError, match="alias lists"):
+        score_multi("x", ["x"])
+
+
+# -------------------------------------------------------------------------- efficiency
+def call(turn, n_ctx, n_out, system=0, role="act", spans=None, text="", char_spans=None, seconds=0.0):
+    return Call(turn=turn, role=role, context_ids=[5] * n_ctx, output_ids=[7] * n_out, logprobs=[0.0] * n_out,
+                context_spans={"system": [(0, system)]} if system else {}, output_spans=spans or {},
+                output_text=text, output_char_spans=char_spans or {}, seconds=seconds)
+
+
+def traj(calls, answer=None, golds=(("x",),), valid=True):
+    return Trajectory(task_id="t", method="m", calls=calls, answer=answer, golds=[list(g) for g in golds], valid=valid)
+
+
+def test_token_metrics_by_hand():
+    # MemSearcher-like: turn 1 = act (ctx 30 incl. 10 system, out 5) + memory update (ctx 20, out 8);
+    # turn 2 = act (ctx 25 incl. 10 system, out 4)
+    t = traj([call(1, 30, 5, system=10), call(1, 20, 8, role="memory"), call(2, 25, 4, system=10)])
+    # per call (system excluded): 20+5=25, 20+8=28, 15+4=19
+    assert peak_tokens(t) == 28
+    assert peak_tokens(t, exclude=()) == 35
+    assert total_tokens(t) == 25 + 28 + 19
+    assert step_peak_tokens(t) == 25 + 28  # turn 1 makes two calls
+    # paper: sum (2 n_o + n_p) n_o / 2 = (10+20)*5/2 + (16+20)*8/2 + (8+15)*4/2 = 75 + 144 + 46
+    assert dependency(t) == 265.0 == dependency_loop(t)
+    # causal: sum (2 n_p + n_o - 1) n_o / 2 = (44*5 + 47*8 + 33*4) / 2
+    assert dependency(t, formula="causal") == (44 * 5 + 47 * 8 + 33 * 4) / 2 == dependency_loop(t, formula="causal")
+    empty = traj([])
+    assert peak_tokens(empty) == total_tokens(empty) == step_peak_tokens(empty) == 0 and dependency(empty) == 0.0
+    with pytest.raises(ValueError, match="causal"):
+        dependency(t, formula="quadratic")
+
+
+def test_dependency_causal_counts_attended_tokens_one_by_one():
+    # 3 prefix tokens, 2 outputs: token 1 sees 3, token 2 sees 4 -> 7
+    assert dependency(traj([call(1, 3, 2)]), formula="causal") == 7.0
+
+
+@st.composite
+def random_trajs(draw):
+    out = []
+    for _ in range(draw(st.integers(0, 4))):
+        calls = []
+        for i in range(draw(st.integers(0, 5))):
+            n_ctx = draw(st.integers(0, 60))
+            calls.append(call(i + 1, n_ctx, draw(st.integers(0, 40)), system=draw(st.integers(0, n_ctx))))
+        out.append(traj(calls))
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(random_trajs(), st.sampled_from(["paper", "causal"]), st.sampled_from([(), ("system",)]))
+def test_dependency_vectorised_matches_loop(trajs, formula, exclude):
+    vec = dependency(trajs, exclude=exclude, formula=formula)
+    assert vec == pytest.approx([dependency_loop(t, exclude=exclude, formula=formula) for t in trajs])
+    for t, v in zip(trajs, vec):
+        assert dependency(t, exclude=exclude, formula=formula) == pytest.approx(v)
+
+
+def test_tool_calls_and_memory_actions():
+    text = '<tool_call>{"name": "prune_write", "ids": [1]}</tool_call><tool_call>{"name": "search"}</tool_call>'
+    memact = call(2, 10, 10, spans={"tool_call": [(0, 5), (5, 10)]}, text=text,
+                  char_spans={"tool_call": [(0, 48), (48, len(text))]})
+    t = traj([
+        call(1, 10, 10, spans={"think": [(0, 3)], "mem": [(3, 6)], "search": [(6, 9)]}),  # MemPO turn
+        memact,
+        call(2, 10, 5, role="memory"),  # bare memory update (MemSearcher)
+        call(3, 10, 5, role="memory", spans={"memory": [(0, 5)]}),
+        call(4, 10, 5, spans={"answer": [(0, 5)]}),
+    ])
+    assert tool_calls(t) == 2  # the search + the non-prune tool_call
+    assert memory_actions(t) == 4  # <mem>, the prune_write, the bare update, <memory>
+
+
+def test_summarize_and_table():
+    good = traj([call(1, 10, 4, seconds=0.5), call(2, 20, 2, seconds=0.25)], answer="Paris; 1999",
+                golds=[["paris"], ["1999"]])
+    half = traj([call(1, 40, 6)], answer="Paris; 2000", golds=[["paris"], ["1999"]])
+    bad = traj([call(1, 5, 1)], answer=None, golds=[["x"]], valid=False)
+    s = summarize([good, half, bad])
+    assert s["n"] == 3
+    assert s["em"] == pytest.approx(3 / 5)  # per question: 1, 1, 1, 0, 0
+    assert s["f1"] == pytest.approx(3 / 5)
+    assert s["peak_tokens"] == pytest.approx((22 + 46 + 6) / 3)
+    assert s["tt"] == pytest.approx((36 + 46 + 6) / 3)
+    assert s["dependency"] == pytest.approx(sum(dependency([good, half, bad])) / 3)
+    assert s["seconds"] == pytest.approx(0.75 / 3)
+    assert s["invalid_rate"] == pytest.approx(1 / 3)
+    table = format_table([{"method": "mem1", "k": 2, **s}])
+    head, rule, row = table.splitlines()
+    assert head.split()[:4] == ["method", "k", "n", "em"] and row.split()[:4] == ["mem1", "2", "3", "0.600"]
+    with pytest.raises(ValueError, match="no trajectories"):
+        summarize([])
+    with pytest.raises(ValueError, match="golds"):
+        summarize([traj([], golds=[])])
+
+
+def test_summarize_round_trips_through_jsonl(tmp_path):
+    from memkit.rollout.trajectory import load_jsonl, save_jsonl
+
+    rng = random.Random(3)
+    trajs = [traj([call(i + 1, rng.randint(1, 50), rng.randint(1, 20), system=1) for i in range(4)],
+                  answer="x", golds=[["x"]]) for _ in range(3)]
+    save_jsonl(trajs, tmp_path / "t.jsonl")
+    assert summarize(load_jsonl(tmp_path / "t.jsonl")) == summarize(trajs)
