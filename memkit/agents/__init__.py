@@ -1,0 +1,38 @@
+"""Memory formats: one module per paper (context builder + parser + oracle policy).
+
+=============  ======================================================  ===================
+name           context of call t                                       module
+=============  ======================================================  ===================
+react          question + every output and observation (baseline)      ``react.py``
+mem1           question + last ``<think>``/action + last observation   ``mem1.py``
+memsearcher    ``<question>`` + ``<memory>`` (memory rewritten per turn) ``memsearcher.py``
+mempo          question + last ``<mem>``/``<think>``/action + obs        ``mempo.py``
+memact         question + live ``[id]`` records (Prune&Write edits)    ``memact.py``
+=============  ======================================================  ===================
+
+``get_method(name, **kw)`` builds one; keyword arguments go to its constructor
+(``memsearcher``: ``memory_budget_words``, ``on_over_budget``; ``memact``: ``prune_after``).
+"""
+from __future__ import annotations
+
+from memkit.agents.base import AgentState, CallSpec, Env, Method, OracleConfig, Parsed, Segment
+from memkit.agents.mem1 import MEM1
+from memkit.agents.memact import MemAct
+from memkit.agents.mempo import MemPO
+from memkit.agents.memsearcher import MemSearcher
+from memkit.agents.react import ReAct
+
+METHODS = ("react", "mem1", "memsearcher", "mempo", "memact")
+_CLASSES = {"react": ReAct, "mem1": MEM1, "memsearcher": MemSearcher, "mempo": MemPO, "memact": MemAct}
+
+
+def get_method(name: str, **kw) -> Method:
+    """The memory format called ``name`` (case-insensitive); unknown names list the choices."""
+    key = str(name).strip().lower()
+    if key not in _CLASSES:
+        raise ValueError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
+    return _CLASSES[key](**kw)
+
+
+__all__ = ["METHODS", "get_method", "Method", "AgentState", "CallSpec", "Env", "OracleConfig", "Parsed",
+           "Segment", "ReAct", "MEM1", "MemSearcher", "MemPO", "MemAct"]

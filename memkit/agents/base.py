@@ -19,7 +19,10 @@ exact token ids (so MEM1's packed trajectory is exact) instead of re-tokenising 
 from __future__ import annotations
 
 import random
+import re
+import string
 from abc import ABC, abstractmethod
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -123,3 +126,78 @@ class Method(ABC):
 
     @abstractmethod
     def oracle(self, state: AgentState, rng: random.Random, cfg: OracleConfig) -> str: ...
+
+    def reward(self, state: AgentState) -> float:
+        """Outcome reward of a finished episode. Default: mean slot EM, ``format_penalty`` if invalid.
+
+        Each method overrides this with its paper's reward (MEM1 summed EM, MemSearcher eq. 9, ...).
+        """
+        if not state.valid or state.answer is None:
+            return self.format_penalty
+        em = slot_scores(state, exact_match)
+        return sum(em) / len(em) if em else 0.0
+
+    def trajectory_info(self, state: AgentState) -> dict:
+        """Method extras stored in ``Trajectory.info`` (e.g. MemAct's pruned record ids)."""
+        return {}
+
+    # ---- shared execution of the two QA actions (every format has them) -------------------
+    def search_or_answer(self, state: AgentState, parsed: Parsed, env: Env) -> str | None:
+        """``answer``: check the answer count (MEM1 App. B.4: k answers separated by ";",
+        otherwise the episode is invalid) and finish; ``search``: return the observation
+        wrapped as ``\n<information>...</information>\n`` (Search-R1 / MEM1 Alg. 1)."""
+        from memkit.agents.tags import split_answers
+
+        if parsed.action == "answer":
+            k = state.task.k
+            slots = split_answers(parsed.argument or "", k)
+            state.answer = parsed.argument
+            if len(slots) != k:
+                state.fail(f"wrong answer count ({len(slots)} answers for {k} questions)")
+            else:
+                state.done = True
+            return None
+        return wrap_information(env.search(parsed.argument or ""))
+
+
+def wrap_information(obs: str, hint: str = "") -> str:
+    """``\n<information>{hint}{docs}</information>\n`` whatever the env wrapped it in."""
+    body = (obs or "").strip()
+    if body.startswith("<information>") and body.endswith("</information>"):
+        body = body[len("<information>"): -len("</information>")].strip()
+    return f"\n<information>{hint}{body}</information>\n"
+
+
+# ---- answer scoring (SQuAD normalisation; MEM1 App. B.4 EM and F1 per slot) ---------------
+def normalize_answer(s: str) -> str:
+    s = s.lower()
+    s = "".join(ch for ch in s if ch not in set(string.punctuation))
+    s = re.sub(r"\b(a|an|the)\b", " ", s)
+    return " ".join(s.split())
+
+
+def exact_match(pred: str, golds: list[str]) -> float:
+    p = normalize_answer(pred)
+    return float(any(p == normalize_answer(g) for g in golds))
+
+
+def f1_score(pred: str, golds: list[str]) -> float:
+    best = 0.0
+    pt = normalize_answer(pred).split()
+    for g in golds:
+        gt = normalize_answer(g).split()
+        common = sum((Counter(pt) & Counter(gt)).values())
+        if common:
+            p, r = common / len(pt), common / len(gt)
+            best = max(best, 2 * p * r / (p + r))
+    return best
+
+
+def slot_scores(state: AgentState, metric=exact_match) -> list[float]:
+    """Per-question scores of ``state.answer`` (empty when the answer count is wrong)."""
+    from memkit.agents.tags import split_answers
+
+    slots = split_answers(state.answer or "", state.task.k)
+    if len(slots) != state.task.k:
+        return []
+    return [metric(a, g) for a, g in zip(slots, state.task.golds)]

@@ -1,0 +1,118 @@
+"""MEM1: the internal state ``<think>`` *is* the memory (MEM1 §3.1, App. B.3, Alg. 1).
+
+Context of call t (Alg. 1 line 14 "all previous context removed", line 19):
+
+    instruction + questions  |  S_{t-1} A_{t-1}  (last output, verbatim)  |  O_{t-1}
+
+where ``O_{t-1} = <information>You have N turns left.\\n docs</information>`` carries the hint
+of Alg. 1 line 18. The agent must copy everything it still needs into the new ``<think>``,
+because the old one disappears with the next turn: "at most two S's, two A's and one O"
+(§3.1). Both earlier pieces are ``ref`` segments, so the engine reuses their exact token ids
+and the packed trajectory ``(q, S1 A1 O1, S2 A2 O2, ...)`` with the 2D mask of §3.2 sees
+exactly the tokens each call saw.
+
+Prompts: App. B.3 Prompt 1 (k > 1) and Prompt 2 (k = 1), verbatim.
+Reward (App. B.4.1): 1 point per correct answer (EM), 0 if tags are broken or the number of
+answers differs from the number of questions; no format penalty (§4.4, App. F.2).
+
+Deviation: Alg. 1 writes ``T - t`` turns left before incrementing t, which counts the turn
+just taken; memkit writes the number of calls the agent really has left.
+"""
+from __future__ import annotations
+
+import random
+
+from memkit.agents import oracle as script
+from memkit.agents.base import (AgentState, CallSpec, Env, Method, OracleConfig, Parsed, Segment, exact_match,
+                                slot_scores, wrap_information)
+from memkit.agents.react import question_segments
+from memkit.agents.tags import parse_action
+
+PROMPT_MULTI = (
+    "You will answer multiple complex questions using iterative reasoning, summarization, and web search.\n\n"
+    "At each step, you will see the questions, a cumulative summary of relevant information, the current "
+    "search query, and search results (except in the first step, where only the questions are provided). "
+    "Your task is to:\n\n"
+    "1. Perform reasoning and update a cumulative, concise summary within <think> ... </think>. This acts as "
+    "persistent memory and must include all essential information from previous <think> and <information> tags.\n\n"
+    "2. Then choose one of the following actions:\n\n"
+    "- If any question remains unanswered, issue a single query for one question inside <search> ... </search>. "
+    "The query should consist of keywords or a short phrase. Only search one question at a time.\n\n"
+    "- If all questions are answered, provide the final answers--separated by semicolons--within "
+    "<answer> answer1; answer2; ... </answer>. The answers must be concise, contain only essential words, "
+    "and avoid any explanations.\n\n"
+    "Important:\n\n"
+    "- Always follow this structure after <information> or the initial questions: <think> ... </think><search> "
+    "... </search> or <think> ... </think><answer> ... </answer>.\n"
+    "- Do not search multiple queries or questions simultaneously.\n\n"
+)
+PROMPT_SINGLE = (
+    "You will answer a complex question through iterative reasoning, summarization, and web searches.\n\n"
+    "At each step, you can see the question, previous summary in <think> ... </think>, search query in "
+    "<search> ... </search>, and the returned information in <information> ... </information> (except the "
+    "first step where you will be given only the question). Then, you should:\n\n"
+    "1. Conduct reasoning, and then update a concise, cumulative summary with essential information inside "
+    "<think> </think>. This is your persistent memory and should include all important information from "
+    "previous <think> </think> and <information> </information> (i.e. information and answers already found "
+    "for questions).\n\n"
+    "2. Then choose one:\n\n"
+    "- Issue a query (i.e., key words / phrases for search) inside <search> </search> (you may search "
+    "repeatedly until the answer is clear). This query will be used to conduct search and return the "
+    "results in <information> results </information>\n"
+    "- Provide the final concise answer (no explanations) if no additional information is needed inside "
+    "<answer> </answer>. The answer should be concise and only contain the words necessary to answer the "
+    "question.\n\n"
+    "After <information> </information> (or question at the beginning), you should always follow the order: "
+    "<think> ... </think><search> ... </search> or <think> ... </think><answer> ... </answer>.\n\n"
+)
+
+
+def last_step_segments(state: AgentState, output_kind: str) -> list[Segment]:
+    """The previous call's output and observation, verbatim (MEM1 Alg. 1 line 14/19; MemPO §4.4)."""
+    if not state.calls:
+        return []
+    i = len(state.calls) - 1
+    call = state.calls[i]
+    segs = [Segment(output_kind, call.output_text, ref=(i, "output"))]
+    if call.observation_text:
+        segs.append(Segment("information", call.observation_text, ref=(i, "observation")))
+    return segs
+
+
+def turns_left_hint(state: AgentState) -> str:
+    """Alg. 1 line 18, counted after the current turn."""
+    left = max(state.max_turns - state.turn - 1, 0)
+    return f"You have {left} turn{'s' if left != 1 else ''} left.\n"
+
+
+class MEM1(Method):
+    name = "mem1"
+    format_penalty = 0.0
+
+    def next_call(self, state: AgentState) -> CallSpec:
+        k = state.task.k
+        # k > 1: task.prompt is already the §3.3 composite ("Answer each of the following questions: ...")
+        instruction, prefix = (PROMPT_MULTI, "") if k > 1 else (PROMPT_SINGLE, "Question: ")
+        return CallSpec(question_segments(instruction, state, prefix) + last_step_segments(state, "think"),
+                        max_new_tokens=96 + 32 * k, stop=("</search>", "</answer>"))
+
+    def parse(self, text: str, role: str = "act") -> Parsed:
+        return parse_action(text, ("search", "answer"), required=("think",))
+
+    def apply(self, state: AgentState, parsed: Parsed, env: Env) -> str | None:
+        obs = self.search_or_answer(state, parsed, env)
+        return None if obs is None else wrap_information(obs, hint=turns_left_hint(state))
+
+    def reward(self, state: AgentState) -> float:
+        """App. B.4.1: one point per correct answer, 0 for broken tags or a wrong answer count."""
+        if not state.valid or state.answer is None:
+            return self.format_penalty
+        return float(sum(slot_scores(state, exact_match)))
+
+    def oracle(self, state: AgentState, rng: random.Random, cfg: OracleConfig) -> str:
+        script.observe(state, rng, cfg)
+        d = script.decide(state, rng, cfg)
+        state_text = f"{script.facts_text(state)} {script.plan_text(d)}"
+        if d.kind == "answer":
+            return f"<think>{state_text}</think><answer>{script.answer_text(state, rng, cfg)}</answer>"
+        return f"<think>{state_text}</think><search>{d.query}</search>"

@@ -1,0 +1,157 @@
+"""The scripted policy every format shares: *what* a competent agent does next.
+
+Each format's ``oracle()`` asks this module what to do (search a query / answer) and what
+it knows, and only decides *how to write it* (MEM1 ``<think>``, MemPO ``<mem>``, a
+MemSearcher memory, a MemAct note). Behaviour cloning on these outputs is how the tiny
+model learns a format before RL (MEM1 App. F.1 compares SFT and RL; MemPO §5.3 and MemAct
+SFT-then-RL do the same with GPT-4.1 / expert trajectories).
+
+The script walks ``task.questions[*].decomposition`` in order. A hop's answer becomes a
+*fact* only after it was seen in an observation (case-insensitive substring of the
+``<information>``), never from the gold labels alone, so the oracle succeeds exactly when
+retrieval and memory carried the information. The final answer of a question comes from the
+gold labels once all its hops are facts (a comparison's winner is a derived fact).
+
+Imperfection knobs (:class:`~memkit.agents.base.OracleConfig`), so SFT data leaves room for RL:
+
+* ``p_drop_fact``: a found fact is left out of memory; the agent notices the gap and searches
+  again (costs turns; with a tight turn limit it costs answers). No-op for ReAct, whose full
+  history never loses anything (``forgetful=False``).
+* ``p_wasted_search``: an uninformative query before the right one.
+* ``p_wrong_answer``: an answer slot replaced by a distractor from the same task.
+
+State lives in ``state.oracle`` (never shown to the model): ``known`` (hop key -> answer),
+``attempts``, ``pending`` (hop the last search aimed at), ``gave_up``, ``seen``.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from memkit.agents.base import AgentState, OracleConfig
+
+#: a hop is retried this many times (first with its keyword query, then its question text)
+MAX_ATTEMPTS = 3
+VAGUE_QUERIES = ("more information", "general background", "related facts", "other details", "overview")
+UNKNOWN = "unknown"
+
+
+@dataclass
+class Decision:
+    kind: str  # "search" | "answer"
+    query: str = ""
+    plan: str = ""  # one short sentence of reasoning
+    qi: int = -1  # question index the search serves
+
+
+def _key(qi: int, hi: int) -> str:
+    return f"{qi}.{hi}"
+
+
+def _o(state: AgentState) -> dict:
+    o = state.oracle
+    if "known" not in o:
+        o.update(known={}, attempts={}, pending=None, gave_up=[], seen=0)
+    return o
+
+
+def observe(state: AgentState, rng: random.Random, cfg: OracleConfig, forgetful: bool = True) -> None:
+    """Turn the newest observation into facts (verified by substring), at most once per call."""
+    o = _o(state)
+    if o["seen"] >= len(state.calls):
+        return
+    o["seen"] = len(state.calls)
+    pending, o["pending"] = o["pending"], None
+    if pending is None:
+        return
+    obs = (state.calls[-1].observation_text or "").lower()
+    qi, hi = (int(x) for x in pending.split("."))
+    answer = state.task.questions[qi].decomposition[hi].answer
+    if answer.lower() in obs:
+        if forgetful and cfg.p_drop_fact > 0 and rng.random() < cfg.p_drop_fact:
+            return  # found but not written down: the memory will lack it
+        o["known"][pending] = answer
+
+
+def next_hop(state: AgentState) -> tuple[int, int] | None:
+    """First (question, hop) whose answer is not yet a fact."""
+    o = _o(state)
+    for qi, q in enumerate(state.task.questions):
+        if qi in o["gave_up"]:
+            continue
+        for hi in range(len(q.decomposition)):
+            if _key(qi, hi) not in o["known"]:
+                return qi, hi
+    return None
+
+
+def decide(state: AgentState, rng: random.Random, cfg: OracleConfig, turns_needed_to_answer: int = 1) -> Decision:
+    """Search the next missing hop, or answer when nothing is missing or turns run out."""
+    o = _o(state)
+    remaining = state.max_turns - state.turn
+    while True:
+        hop = next_hop(state)
+        if hop is None or remaining <= turns_needed_to_answer:
+            done = hop is None
+            return Decision("answer", plan="All questions are answered." if done else "Out of turns; answer now.")
+        qi, hi = hop
+        key = _key(qi, hi)
+        if o["attempts"].get(key, 0) >= MAX_ATTEMPTS:
+            o["gave_up"].append(qi)
+            continue
+        break
+    sub = state.task.questions[qi].decomposition[hi]
+    o["pending"] = key
+    if cfg.p_wasted_search > 0 and rng.random() < cfg.p_wasted_search:
+        return Decision("search", rng.choice(VAGUE_QUERIES), f"Q{qi + 1}: {sub.text}", qi)
+    attempt = o["attempts"].get(key, 0)
+    o["attempts"][key] = attempt + 1
+    query = sub.text if attempt == 1 else sub.query  # second try rephrases as the question
+    return Decision("search", query, f"Q{qi + 1}: {sub.text}", qi)
+
+
+def question_answer(state: AgentState, qi: int) -> str | None:
+    """Gold answer of question ``qi`` once all its hops are facts, else None."""
+    q = state.task.questions[qi]
+    known = _o(state)["known"]
+    if all(_key(qi, hi) in known for hi in range(len(q.decomposition))) and q.answers:
+        return q.answers[0]
+    return None
+
+
+def answer_text(state: AgentState, rng: random.Random, cfg: OracleConfig) -> str:
+    """The final answer: one slot per question, in order, joined by "; " (MEM1 Prompt 1)."""
+    slots = []
+    distractors = [s.answer for q in state.task.questions for s in q.decomposition]
+    for qi, q in enumerate(state.task.questions):
+        a = question_answer(state, qi) or UNKNOWN
+        if cfg.p_wrong_answer > 0 and rng.random() < cfg.p_wrong_answer:
+            wrong = [d for d in distractors if d.lower() not in {g.lower() for g in q.answers}]
+            a = rng.choice(wrong) if wrong else UNKNOWN
+        slots.append(a)
+    return "; ".join(slots)
+
+
+def facts_text(state: AgentState) -> str:
+    """Compact memory: one short clause per question (answer, partial hops, or not found).
+
+    This is what keeps the memory formats' context small: facts, never raw passages.
+    """
+    o = _o(state)
+    parts = []
+    for qi, q in enumerate(state.task.questions):
+        final = question_answer(state, qi)
+        if final is not None:
+            parts.append(f"Q{qi + 1}: {final}.")
+            continue
+        hops = [f"{s.query}: {o['known'][_key(qi, hi)]}" for hi, s in enumerate(q.decomposition)
+                if _key(qi, hi) in o["known"]]
+        if hops:
+            parts.append(f"Q{qi + 1}: " + "; ".join(hops) + ".")
+        elif qi in o["gave_up"]:
+            parts.append(f"Q{qi + 1}: not found.")
+    return " ".join(parts) if parts else "Nothing found yet."
+
+
+def plan_text(d: Decision) -> str:
+    return f"Next I need {d.plan}" if d.kind == "search" else d.plan
