@@ -19,10 +19,7 @@ exact token ids (so MEM1's packed trajectory is exact) instead of re-tokenising 
 from __future__ import annotations
 
 import random
-import re
-import string
 from abc import ABC, abstractmethod
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -168,36 +165,33 @@ def wrap_information(obs: str, hint: str = "") -> str:
     return f"\n<information>{hint}{body}</information>\n"
 
 
-# ---- answer scoring (SQuAD normalisation; MEM1 App. B.4 EM and F1 per slot) ---------------
-def normalize_answer(s: str) -> str:
-    s = s.lower()
-    s = "".join(ch for ch in s if ch not in set(string.punctuation))
-    s = re.sub(r"\b(a|an|the)\b", " ", s)
-    return " ".join(s.split())
-
-
+# ---- answer scoring: memkit.metrics (SQuAD normalisation; MEM1 App. B.4 EM and F1 per slot) ---
 def exact_match(pred: str, golds: list[str]) -> float:
-    p = normalize_answer(pred)
-    return float(any(p == normalize_answer(g) for g in golds))
+    from memkit.metrics import exact_match as em
+
+    return em(pred, golds)
 
 
 def f1_score(pred: str, golds: list[str]) -> float:
-    best = 0.0
-    pt = normalize_answer(pred).split()
-    for g in golds:
-        gt = normalize_answer(g).split()
-        common = sum((Counter(pt) & Counter(gt)).values())
-        if common:
-            p, r = common / len(pt), common / len(gt)
-            best = max(best, 2 * p * r / (p + r))
-    return best
+    from memkit.metrics import f1
+
+    return f1(pred, golds)
 
 
 def slot_scores(state: AgentState, metric=exact_match) -> list[float]:
-    """Per-question scores of ``state.answer`` (empty when the answer count is wrong)."""
+    """Per-question scores of ``state.answer`` (empty when the answer count is wrong).
+
+    Never raises: a task without gold aliases scores 0 on that slot.
+    """
     from memkit.agents.tags import split_answers
 
     slots = split_answers(state.answer or "", state.task.k)
     if len(slots) != state.task.k:
         return []
-    return [metric(a, g) for a, g in zip(slots, state.task.golds)]
+    out = []
+    for a, g in zip(slots, state.task.golds):
+        try:
+            out.append(float(metric(a, g)))
+        except (ValueError, TypeError):
+            out.append(0.0)
+    return out

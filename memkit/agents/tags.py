@@ -99,10 +99,16 @@ def parse_action(text, actions: tuple[str, ...], required: tuple[str, ...] = (),
 
 
 def split_answers(answer: str, k: int) -> list[str]:
-    """MEM1 §3.3: the k answers are separated by semicolons; ``k == 1`` keeps the whole text."""
+    """MEM1 §3.3: k answers separated by semicolons; ``k == 1`` keeps the whole text.
+
+    Same rule as :func:`memkit.metrics.score_multi` (a single trailing ";" is tolerated), so
+    an answer the agent format accepts is one the metric can align slot by slot.
+    """
     if k <= 1:
-        return [answer.strip()]
-    return [a.strip() for a in answer.split(";")]
+        return [(answer or "").strip()]
+    from memkit.metrics import split_answers as split
+
+    return split(answer)
 
 
 _QUERY_RE = re.compile(r'"query"\s*:\s*"((?:[^"\\]|\\.)*)"')

@@ -1,0 +1,362 @@
+"""Memory formats: parsers, contexts, rewards and the scripted oracle, through the real engine.
+
+A character tokenizer (one id per char) stands in for BPE: refs, spans and peak sizes are
+then exact in characters, and the tests need no trained tokenizer.
+"""
+from __future__ import annotations
+
+import random
+import re
+import string
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from memkit.agents import METHODS, get_method
+from memkit.agents.base import OracleConfig, Parsed
+from memkit.agents.memact import parse_ids
+from memkit.agents.mempo import mem_probe
+from memkit.agents.tags import extract, parse_action, split_answers, tool_call_query
+from memkit.envs import SearchEnv, make_retriever
+from memkit.metrics import exact_match
+from memkit.rollout.engine import Generation, OraclePolicy, RolloutConfig, run_rollouts
+from memkit.world import make_tasks, make_world
+
+
+class CharTok:
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) for c in text]
+
+    def decode(self, ids):
+        return "".join(chr(i) for i in ids)
+
+
+TOK = CharTok()
+NO_LIMIT = 10**7
+
+
+@pytest.fixture(scope="module")
+def world():
+    return make_world(seed=0)
+
+
+@pytest.fixture(scope="module")
+def env(world):
+    return SearchEnv(make_retriever("bm25", world.passages), k=3)
+
+
+def turns_for(method: str, task) -> int:
+    hops = sum(len(q.decomposition) for q in task.questions)
+    return 2 * hops + 4 if method == "memact" else hops + 4
+
+
+def rollout(method, tasks, env, cfg=None, max_turns=None, seed=0):
+    m = get_method(method) if isinstance(method, str) else method
+    turns = max_turns or max(turns_for(m.name, t) for t in tasks)
+    return run_rollouts(m, tasks, env, OraclePolicy(m, TOK, cfg or OracleConfig(), seed=seed), TOK,
+                        RolloutConfig(max_turns=turns, max_context_tokens=NO_LIMIT))
+
+
+def slot_em(traj) -> float:
+    from memkit.metrics import score_multi
+
+    return score_multi(traj.answer, traj.golds)["mean"] if traj.valid else 0.0
+
+
+def peak(traj) -> int:
+    """Peak context+output characters without the system prompt (MEM1 App. B.4.1)."""
+    return max(c.n_total - sum(e - s for s, e in c.context_char_spans.get("system", [])) for c in traj.calls)
+
+
+class Scripted:
+    """A policy that writes fixed texts in order (for invalid-turn cases)."""
+
+    def __init__(self, texts):
+        self.texts = list(texts)
+
+    def generate_calls(self, states, specs, contexts):
+        out = []
+        for _ in states:
+            text = self.texts.pop(0)
+            out.append(Generation(ids=TOK.encode(text), logprobs=[0.0] * len(text), text=text))
+        return out
+
+
+def run_scripted(method, task, env, texts, max_turns=6):
+    m = get_method(method) if isinstance(method, str) else method
+    return run_rollouts(m, [task], env, Scripted(texts), TOK, RolloutConfig(max_turns=max_turns, max_context_tokens=NO_LIMIT))[0]
+
+
+# ------------------------------------------------------------------------------ registry
+def test_registry():
+    assert METHODS == ("react", "mem1", "memsearcher", "mempo", "memact")
+    for name in METHODS:
+        assert get_method(name).name == name
+    assert get_method("MEM1").name == "mem1"
+    with pytest.raises(ValueError, match="choose from react, mem1, memsearcher, mempo, memact"):
+        get_method("memgpt")
+    assert get_method("memsearcher", memory_budget_words=7).budget == 7
+    assert get_method("memact").format_penalty == -0.1
+
+
+# --------------------------------------------------------------------------------- tags
+def test_tag_helpers():
+    assert extract("a<think> x </think>", "think") == "x"
+    assert extract("<think> x", "think") is None
+    assert split_answers("a; b;", 2) == ["a", "b"]
+    assert split_answers("a; b", 1) == ["a; b"]
+    assert tool_call_query('{"name": "wikipedia_search", "arguments": {"query": "X born"}}') == "X born"
+    assert tool_call_query('{"name": "s", "arguments": {"query": "a \\"b\\"", }}') == 'a "b"'  # broken JSON
+    assert tool_call_query("plain words") == "plain words"
+    assert tool_call_query('{"name": "wikipedia_search"}') is None
+    assert parse_ids("r1, [r3] r4 r1") == ["r1", "r3", "r4"]
+
+
+GOOD = {
+    "react": [("<think>hm</think><search>X born</search>", "search", "X born"),
+              ("<answer>Paris</answer>", "answer", "Paris")],
+    "mem1": [("<think>S</think><search>X born</search>", "search", "X born"),
+             ("<think>S</think>\n<answer>a; b</answer>", "answer", "a; b")],
+    "memsearcher": [('<think>t</think><tool_call>{"name": "wikipedia_search", "arguments": {"query": "X born"}}</tool_call>',
+                     "search", "X born"),
+                    ("<think>t</think><answer>Paris</answer>", "answer", "Paris"),
+                    ("<think>t</think> The answer is \\boxed{Paris}.", "answer", "Paris")],
+    "mempo": [("<mem>\nm\n</mem>\n<think>\nt\n</think>\n<search>\nX born\n</search>", "search", "X born"),
+              ("<mem>\nm\n</mem>\n<think>\nt\n</think>\n<answer>\nParis\n</answer>", "answer", "Paris")],
+    "memact": [("<think>t</think><search>X born</search>", "search", "X born"),
+               ("<prune>r1, r2</prune><note>[OBJECTIVE] ...</note>", "prune_write", "[OBJECTIVE] ..."),
+               ("<answer>Paris</answer>", "answer", "Paris")],
+}
+BAD = {
+    "react": [("", "empty output"), ("hello", "no action tag"), ("<search>a</search><answer>b</answer>", "both"),
+              ("<search>  </search>", "empty search"), ("<answer></answer>", "empty answer"),
+              ("<search>a", "unclosed <search>"), ("<search>a</search><search>b</search>", "multiple")],
+    "mem1": [("<search>a</search>", "missing <think>"), ("<think>s<search>a</search>", "unclosed <think>"),
+             ("<search>a</search><think>s</think>", "before"), ("<think>s</think><answer> </answer>", "empty answer")],
+    "memsearcher": [("<think>t</think><tool_call>{\"name\": \"wikipedia_search\"}</tool_call>", "without a query"),
+                    ("<tool_call>q</tool_call>", "missing <think>"), ("<think>t</think>", "no action tag")],
+    "mempo": [("<think>t</think><search>a</search>", "missing <mem>"), ("<mem>m</mem><search>a</search>", "missing <think>"),
+              ("<mem>m</mem><think>t</think><answer>", "unclosed <answer>")],
+    "memact": [("<prune>r1</prune>", "missing <note>"), ("<prune>r1</prune><note>x", "unclosed <note>"),
+               ("<prune>r1</prune><note> </note>", "empty note"), ("<prune>r1<note>x</note>", "unclosed <prune>"),
+               ("<prune>r1</prune><note>x</note><search>q</search>", "both")],
+}
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_parse_well_formed(method):
+    m = get_method(method)
+    for text, action, arg in GOOD[method]:
+        p = m.parse(text, "act")
+        assert p.ok and p.action == action and p.argument == arg, (text, p)
+    if method == "memact":
+        assert m.parse(GOOD[method][1][0]).prune_ids == ["r1", "r2"]
+    if method == "memsearcher":
+        p = m.parse("<memory>Q1: Paris.</memory>", "memory")
+        assert p.ok and p.action == "memory" and p.argument == "Q1: Paris."
+        assert m.parse("<memory></memory>", "memory").ok  # an empty memory is a valid memory
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_parse_malformed(method):
+    m = get_method(method)
+    for text, reason in BAD["react"] + BAD[method]:
+        if method in ("mem1", "memsearcher", "mempo") and text.startswith("<answer>"):
+            continue  # these formats require <think>/<mem> first: the reason differs
+        p = m.parse(text, "act")
+        assert not p.ok and p.error, (method, text)
+        if method == "react" or (text, reason) in BAD[method]:
+            assert reason in p.error, (method, text, p.error)
+    if method == "memsearcher":
+        assert "missing <memory>" in m.parse("facts", "memory").error
+        assert "unclosed <memory>" in m.parse("<memory>facts", "memory").error
+
+
+TAGGY = st.lists(st.sampled_from(list("<>/{}\":;, \\\nabcr1") + [
+    "<think>", "</think>", "<search>", "</search>", "<answer>", "</answer>", "<mem>", "</mem>", "<memory>",
+    "</memory>", "<tool_call>", "</tool_call>", "<prune>", "</prune>", "<note>", "</note>", "\\boxed{", "}",
+    '"query"', '{"name": "wikipedia_search", "arguments": {"query": ']), max_size=30).map("".join)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=st.one_of(st.text(max_size=60), TAGGY))
+def test_parsers_never_raise(text):
+    for name in METHODS:
+        m = get_method(name)
+        for role in ("act", "memory"):
+            p = m.parse(text, role)
+            assert isinstance(p, Parsed) and (p.ok or p.error)
+            if p.ok:
+                assert p.argument is not None and (p.argument.strip() or p.action == "memory")
+
+
+# -------------------------------------------------------------------- oracle and contexts
+@pytest.fixture(scope="module")
+def oracle_runs(world, env):
+    """Oracle trajectories for every format and k in {1, 2, 4, 8} (reused by several tests)."""
+    runs = {}
+    for k, n in ((1, 40), (2, 25), (4, 15), (8, 10)):
+        tasks = runs["tasks", k] = make_tasks(world, n, k=k, seed=11)
+        for name in METHODS:
+            runs[name, k] = rollout(name, tasks, env)
+    return runs
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_oracle_solves_tasks(oracle_runs, method):
+    for k in (1, 2, 4, 8):
+        trajs = oracle_runs[method, k]
+        assert all(t.valid for t in trajs), [t.reason for t in trajs if not t.valid][:3]
+        em = sum(slot_em(t) for t in trajs) / len(trajs)
+        assert em >= 0.99, (method, k, em)
+
+
+def test_refs_are_verbatim_and_contexts_follow_the_papers(oracle_runs):
+    for (name, k), trajs in oracle_runs.items():
+        for traj in trajs if name != "tasks" else []:
+            for i, call in enumerate(traj.calls):
+                assert TOK.decode(call.context_ids) == call.context_text  # ref text == referenced ids
+                for s, e, j, what in call.context_refs:
+                    assert j < i
+                    src = traj.calls[j].output_ids if what == "output" else traj.calls[j].observation_ids
+                    assert call.context_ids[s:e] == src
+                refs = {j for _, _, j, _ in call.context_refs}
+                if name in ("mem1", "mempo"):  # question + previous step only
+                    assert refs == ({i - 1} if i else set())
+                if name == "react":
+                    assert refs == set(range(i))
+                if name == "memsearcher":
+                    assert call.role == ("memory" if i % 2 else "act") or i == len(traj.calls) - 1
+                    assert len(refs) <= 2  # the memory (and, for a memory call, the turn itself)
+
+
+def test_mem1_hint_counts_turns_left(world, env):
+    task = make_tasks(world, 1, k=2, seed=3)[0]
+    traj = rollout("mem1", [task], env, max_turns=9)[0]
+    for call in traj.calls[:-1]:
+        left = 9 - call.turn
+        assert call.observation_text.startswith(f"\n<information>You have {left} turn")
+    assert "<think>" in traj.calls[1].context_text and traj.calls[1].context_spans["think"]
+
+
+def test_memory_formats_peak_context_is_small(oracle_runs, world, env):
+    def mean_peak(name, k):
+        trajs = oracle_runs[name, k]
+        return sum(peak(t) for t in trajs) / len(trajs)
+
+    for name in ("mem1", "memsearcher", "mempo", "memact"):
+        ratio = mean_peak(name, 8) / mean_peak("react", 8)
+        assert ratio <= 0.5, (name, ratio)
+    tasks = make_tasks(world, 3, k=16, seed=5)
+    react = sum(peak(t) for t in rollout("react", tasks, env)) / 3
+    for name in ("mem1", "memsearcher", "mempo", "memact"):
+        assert sum(peak(t) for t in rollout(name, tasks, env)) / 3 <= 0.3 * react, name
+
+
+def test_memact_prunes_and_records_ids(oracle_runs):
+    traj = oracle_runs["memact", 4][0]
+    pruned = traj.info["pruned_ids"]
+    assert any(pruned) and len(pruned) == len(traj.calls)
+    made = traj.info["record_ids"]
+    for i, ids in enumerate(pruned):
+        for rid in ids:  # a pruned record never appears in a later context
+            assert all(f"[{rid}] " not in c.context_text for c in traj.calls[i + 1:])
+            assert rid in made[:i]
+
+
+def test_mempo_probe(oracle_runs):
+    traj, task = oracle_runs["mempo", 2][0], oracle_runs["tasks", 2][0]
+    call = traj.calls[2]
+    with_mem, before, gold = mem_probe(task, call)
+    mem = extract(call.output_text, "mem")
+    assert with_mem.endswith(f"<mem>\n{mem}\n</mem>\n<answer>\n") and task.prompt in with_mem
+    assert before == call.context_text + "<answer>\n"
+    assert gold == "; ".join(q.answers[0] for q in task.questions)
+
+
+# ------------------------------------------------------------------ imperfection knobs
+def test_knobs_lower_em(world, env):
+    tasks = make_tasks(world, 20, k=2, seed=21)
+    base = {n: sum(map(slot_em, rollout(n, tasks, env))) / 20 for n in ("mem1", "memact")}
+    for name in ("mem1", "memact"):
+        wrong = sum(map(slot_em, rollout(name, tasks, env, OracleConfig(p_wrong_answer=0.3), seed=1))) / 20
+        assert wrong < base[name] - 0.1, (name, wrong)
+        tight = max(turns_for(name, t) for t in tasks)
+        drop = rollout(name, tasks, env, OracleConfig(p_drop_fact=0.6), max_turns=tight, seed=2)
+        assert sum(map(slot_em, drop)) / 20 < base[name], name
+    calls = lambda trajs: sum(len(t.calls) for t in trajs)  # noqa: E731
+    plain = rollout("mem1", tasks, env)
+    wasted = rollout("mem1", tasks, env, OracleConfig(p_wasted_search=0.5), max_turns=30, seed=3)
+    assert calls(wasted) > calls(plain)
+    assert sum(slot_em(t) for t in wasted) / 20 >= 0.95  # wasted searches cost turns, not answers
+
+
+# ---------------------------------------------------------------------- invalid turns
+@dataclass
+class Case:
+    method: str
+    texts: list
+    reason: str
+
+
+def test_invalid_turns_end_with_the_format_penalty(world, env):
+    task = make_tasks(world, 1, k=2, seed=7)[0]
+    cases = [
+        Case("mem1", ["<think>s</think><answer>only one</answer>"], "wrong answer count"),
+        Case("react", ["<answer>a; b; c</answer>"], "wrong answer count"),
+        Case("mempo", ["<mem>m</mem><think>t</think><answer> </answer>"], "empty answer"),
+        Case("memsearcher", ["<think>t</think><answer></answer>"], "empty answer"),
+        Case("memact", ["<search>x</search>", "<prune>r1, r7</prune><note>facts</note>"], "unknown prune id"),
+        Case("memact", ["<prune>[r1]</prune><note>facts</note>"], "unknown prune id"),
+        Case("react", ["I think the answer is Paris."], "no action tag"),
+        Case("mem1", ["<think>s</think><search>a</search>"] * 3, "max turns"),
+    ]
+    for c in cases:
+        m = get_method(c.method)
+        traj = run_scripted(m, task, env, c.texts, max_turns=3)
+        assert not traj.valid and c.reason in traj.reason, (c, traj.reason)
+        assert traj.reward == m.format_penalty
+        assert not traj.calls[-1].valid
+
+
+def test_memsearcher_memory_budget(world, env):
+    task = make_tasks(world, 1, k=1, seed=7)[0]
+    search = '<think>t</think><tool_call>{"name": "wikipedia_search", "arguments": {"query": "x"}}</tool_call>'
+    traj = run_scripted(get_method("memsearcher", memory_budget_words=3), task, env,
+                        [search, "<memory>one two three four</memory>"])
+    assert not traj.valid and "memory over budget (4 > 3 words)" in traj.reason and traj.reward == 0.0
+    m = get_method("memsearcher", memory_budget_words=3, on_over_budget="truncate")
+    traj = run_scripted(m, task, env, [search, "<memory>one two three four</memory>", "<think>t</think><answer>z</answer>"])
+    assert traj.valid and "<memory>one two three</memory>" in traj.calls[2].context_text
+    assert not any(j == 1 for _, _, j, _ in traj.calls[2].context_refs)  # truncated: not a verbatim copy
+
+
+def test_rewards_follow_the_papers(world, env):
+    task = make_tasks(world, 1, k=2, seed=7)[0]
+    gold = [q.answers[0] for q in task.questions]
+    half = f"{gold[0]}; wrong"
+    r = lambda name, text: run_scripted(name, task, env, [text]).reward  # noqa: E731
+    assert r("mem1", f"<think>s</think><answer>{gold[0]}; {gold[1]}</answer>") == 2.0  # 1 point per answer
+    assert r("mem1", f"<think>s</think><answer>{half}</answer>") == 1.0
+    assert r("react", f"<answer>{half}</answer>") == 1.0
+    assert r("mempo", f"<mem>m</mem><think>t</think><answer>{half}</answer>") == 0.5
+    assert r("memact", f"<answer>{half}</answer>") == 0.5
+    assert r("memact", "<answer>x; y</answer>") == 0.0
+    assert r("memsearcher", "<think>t</think><answer>x; y</answer>") == 0.1  # eq. 9: format ok, F1 = 0
+    assert r("memsearcher", f"<think>t</think><answer>{half}</answer>") == pytest.approx(0.5)
+    assert exact_match(gold[0], task.questions[0].answers) == 1.0
+
+
+def test_oracle_text_parses_in_its_own_format(world, env):
+    rng = random.Random(0)
+    task = make_tasks(world, 1, k=4, seed=9)[0]
+    for name in METHODS:
+        m = get_method(name)
+        state = m.new_state(task, max_turns=30)
+        spec = m.next_call(state)
+        text = m.oracle(state, rng, OracleConfig())
+        assert m.parse(text, spec.role).ok, (name, text)
+        assert any(text.endswith(s) for s in spec.stop), (name, text)  # generation would stop exactly there
+        assert re.search(r"\S", spec.text)
