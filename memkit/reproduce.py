@@ -1,0 +1,374 @@
+"""Run the notebooks end to end with papermill and write a report: ``memkit reproduce``.
+
+Each notebook runs in a fresh kernel of *this* Python environment with its ``parameters``
+cell overridden (only the parameters it declares: ``SMOKE``, ``MODEL``, ``SEED``,
+``OUT_DIR``). Its executed copy, its record sidecar and its OUT_DIR go into
+``runs/<timestamp>/``; ``REPORT.md`` there lists status, seconds and recorded numbers.
+A failing notebook is reported and the others still run.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from memkit.nb import PAPERMILL_ENV, RECORD_ENV, load_records
+from memkit.rollout.trajectory import atomic_write_text
+
+STANDARD_PARAMETERS = ("SMOKE", "MODEL", "SEED", "OUT_DIR")
+PARAMETERS_TAG = "parameters"
+
+
+@dataclass
+class NotebookRun:
+    name: str
+    ok: bool
+    seconds: float
+    executed_path: Path
+    record_path: Path
+    records: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None  # "ErrorName: message" when not ok
+
+    @property
+    def status(self) -> str:
+        return "ok" if self.ok else "FAILED"
+
+
+# ----------------------------------------------------------------------------- parameters
+def _read(nb_or_path):
+    import nbformat
+
+    if isinstance(nb_or_path, (str, Path)):
+        return nbformat.read(str(nb_or_path), as_version=4)
+    return nb_or_path
+
+
+def parameters_cells(nb_or_path) -> list[int]:
+    """Indices of the code cells tagged ``parameters``."""
+    nb = _read(nb_or_path)
+    return [i for i, c in enumerate(nb.cells)
+            if c.cell_type == "code" and PARAMETERS_TAG in c.get("metadata", {}).get("tags", [])]
+
+
+def declared_parameters(nb_or_path) -> dict[str, str]:
+    """Names assigned at top level of the ``parameters`` cell -> source of their default.
+
+    Raises ``ValueError`` if there is not exactly one such cell or it is not valid Python.
+    """
+    nb = _read(nb_or_path)
+    where = nb_or_path if isinstance(nb_or_path, (str, Path)) else "notebook"
+    idx = parameters_cells(nb)
+    if len(idx) != 1:
+        raise ValueError(f"{where}: expected exactly one code cell tagged 'parameters', found "
+                         f"{len(idx)}; tag the cell that sets SMOKE, MODEL, SEED, OUT_DIR "
+                         "(View > Cell Toolbar > Tags in Jupyter)")
+    src = nb.cells[idx[0]].source
+    try:
+        tree = ast.parse(src)
+    except SyntaxError as e:
+        raise ValueError(f"{where}: the parameters cell is not valid Python ({e})") from None
+    out: dict[str, str] = {}
+    for node in tree.body:
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, ast.AnnAssign) else [])
+        for t in targets:
+            if isinstance(t, ast.Name):
+                out[t.id] = ast.get_source_segment(src, node.value) if node.value else ""
+            elif isinstance(t, (ast.Tuple, ast.List)):  # A, B = 1, 2
+                vals = getattr(node.value, "elts", [])
+                for j, e in enumerate(t.elts):
+                    if isinstance(e, ast.Name):
+                        same = len(vals) == len(t.elts)
+                        out[e.id] = ast.get_source_segment(src, vals[j]) if same else ""
+    return out
+
+
+# ----------------------------------------------------------------------------- kernel
+def _runs_this_python(argv: list[str]) -> bool:
+    if not argv:
+        return False
+    exe = argv[0]
+    v = sys.version_info
+    if exe in ("python", f"python{v[0]}", f"python{v[0]}.{v[1]}"):
+        return True  # jupyter_client substitutes sys.executable for these names
+    exe = os.path.abspath(exe)  # no resolve(): a venv python is a symlink to the base python
+    return exe == os.path.abspath(sys.executable) or exe.startswith(os.path.abspath(sys.prefix) + os.sep)
+
+
+def resolve_kernel(kernel: str | None = None) -> str:
+    """Name of a kernel spec that runs this interpreter (``sys.executable``).
+
+    Uses ``kernel`` if given, else ``python3`` when it runs this Python, else installs a
+    ``memkit`` kernel spec into ``sys.prefix`` (``python -m ipykernel install --sys-prefix``).
+    """
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    ksm = KernelSpecManager()
+    if kernel:
+        try:
+            ksm.get_kernel_spec(kernel)
+        except NoSuchKernel:
+            raise ValueError(f"no Jupyter kernel named {kernel!r}; list them with "
+                             "`jupyter kernelspec list` or omit --kernel") from None
+        return kernel
+    for name in ("python3", "memkit"):
+        try:
+            if _runs_this_python(ksm.get_kernel_spec(name).argv):
+                return name
+        except NoSuchKernel:
+            continue
+    from ipykernel.kernelspec import install
+
+    install(kernel_name="memkit", display_name="Python (memkit)", prefix=sys.prefix)
+    return "memkit"
+
+
+# ----------------------------------------------------------------------------- one notebook
+@contextmanager
+def _fd2_to(path: Path):
+    """Send file descriptor 2 (ours and the kernel's, which inherits it) to ``path``."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "wb") as f:
+        os.dup2(f.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def execute_notebook(path: str | Path, out_dir: str | Path, params: dict[str, Any] | None = None,
+                     *, strict: bool = True, kernel: str | None = None,
+                     cwd: str | Path | None = None, timeout: float | None = None) -> NotebookRun:
+    """Run one notebook with papermill into ``out_dir/<stem>.ipynb`` (+ ``<stem>.record.json``).
+
+    The kernel's stderr and papermill's log go to ``out_dir/<stem>.log``.
+
+    ``strict``: refuse (``ValueError``) parameters the notebook does not declare; otherwise
+    drop them silently. Execution errors do not raise: they are returned in ``.error``.
+    """
+    import papermill as pm
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"notebook {path} does not exist")
+    params = dict(params or {})
+    declared = declared_parameters(path)
+    extra = sorted(set(params) - set(declared))
+    if extra and strict:
+        raise ValueError(f"{path.name} does not declare parameter(s) {extra} in its parameters "
+                         f"cell (it declares {sorted(declared)}); add them there or do not pass them")
+    params = {k: v for k, v in params.items() if k in declared}
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    executed = out_dir / f"{path.stem}.ipynb"
+    rec = out_dir / f"{path.stem}.record.json"
+    rec.unlink(missing_ok=True)  # never report numbers from an earlier run
+    kernel_name = resolve_kernel(kernel)
+
+    saved = {k: os.environ.get(k) for k in (RECORD_ENV, PAPERMILL_ENV)}
+    os.environ[RECORD_ENV] = str(rec.resolve())
+    os.environ[PAPERMILL_ENV] = "1"  # the kernel inherits this environment
+    error = None
+    t0 = time.perf_counter()
+    try:
+        with _fd2_to(out_dir / f"{path.stem}.log"):
+            pm.execute_notebook(str(path), str(executed), parameters=params,
+                                kernel_name=kernel_name, cwd=str(cwd or path.parent),
+                                progress_bar=False, log_output=False, start_timeout=180,
+                                execution_timeout=timeout)
+    except pm.PapermillExecutionError as e:
+        msg = (e.evalue or "").strip().splitlines()
+        error = f"{e.ename}: {msg[0] if msg else ''} (in cell [{e.exec_count}])"
+    except Exception as e:  # dead kernel, timeout, bad notebook: report, never crash the run
+        msg = str(e).strip().splitlines()
+        error = f"{type(e).__name__}: {msg[0] if msg else ''}"
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    seconds = time.perf_counter() - t0
+    try:
+        records = load_records(rec, missing_ok=True)
+    except ValueError as e:
+        records, error = {}, error or f"ValueError: {e}"
+    return NotebookRun(path.stem, error is None, seconds, executed, rec, records, error)
+
+
+# ----------------------------------------------------------------------------- many notebooks
+def default_notebooks_dir() -> Path:
+    root = Path(__file__).resolve().parent.parent
+    d = root / "notebooks"
+    return d if d.is_dir() else Path.cwd() / "notebooks"
+
+
+def select_notebooks(names: Sequence[str] | None, notebooks_dir: Path) -> list[Path]:
+    """All ``*.ipynb`` in order, or those matching ``names`` (stem, file name, unique prefix, path)."""
+    found = sorted(p for p in Path(notebooks_dir).glob("*.ipynb") if not p.name.startswith("."))
+    if not names:
+        if not found:
+            raise FileNotFoundError(f"no notebooks in {notebooks_dir}; pass --notebooks-dir")
+        return found
+    chosen = []
+    for n in names:
+        if n.endswith(".ipynb") and Path(n).is_file():
+            chosen.append(Path(n))
+            continue
+        stem = Path(n).stem if n.endswith(".ipynb") else n
+        hits = [p for p in found if p.stem == stem] or [p for p in found if p.stem.startswith(stem)]
+        if len(hits) != 1:
+            why = "matches several" if hits else "matches no notebook"
+            raise ValueError(f"--only {n!r} {why}; choose from: {', '.join(p.stem for p in found)}")
+        chosen.append(hits[0])
+    return chosen
+
+
+def _new_run_dir(out_root: Path) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for i in range(1000):
+        d = out_root / (stamp if i == 0 else f"{stamp}-{i}")
+        try:
+            d.mkdir(parents=True)
+            return d
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"could not create a fresh run directory under {out_root}")
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        s = f"{v:.4g}"
+    elif isinstance(v, (list, dict)):
+        s = json.dumps(v)
+        s = s if len(s) <= 60 else s[:57] + "..."
+    else:
+        s = str(v)
+    return s.replace("|", "\\|").replace("\n", " ")
+
+
+def render_report(runs: list[NotebookRun], meta: dict[str, Any]) -> str:
+    n_ok = sum(r.ok for r in runs)
+    lines = ["# memkit reproduce", ""]
+    lines += [f"- {k}: `{v}`" for k, v in meta.items()]
+    lines += [f"- result: **{n_ok}/{len(runs)} notebooks ok**", "",
+              "| notebook | status | seconds | recorded numbers |", "|---|---|---:|---|"]
+    for r in runs:
+        nums = "<br>".join(f"{k} = {_fmt(v)}" for k, v in sorted(r.records.items())) or "-"
+        lines.append(f"| {r.name} | {r.status} | {r.seconds:.1f} | {nums} |")
+    for r in runs:
+        lines += ["", f"## {r.name}: {r.status} ({r.seconds:.1f} s)", "",
+                  f"executed notebook: `{r.executed_path.name}`, records: `{r.record_path.name}`, "
+                  f"kernel log: `{r.name}.log`"]
+        if r.error:
+            lines += ["", f"**error**: `{_fmt(r.error)}`"]
+        if r.records:
+            lines += ["", "| name | value |", "|---|---|"]
+            lines += [f"| {k} | {_fmt(v)} |" for k, v in sorted(r.records.items())]
+    return "\n".join(lines) + "\n"
+
+
+def reproduce(smoke: bool = True, model: str = "tiny", notebooks: Sequence[str] | None = None,
+              out_root: str | Path = "runs", kernel: str | None = None, *, seed: int = 0,
+              notebooks_dir: str | Path | None = None, timeout: float | None = None,
+              stream=None) -> Path:
+    """Run the notebooks in order into ``out_root/<timestamp>/`` and write ``REPORT.md`` there.
+
+    Returns the run directory. Per notebook one progress line goes to ``stream``
+    (default stdout). Failures are reported in the line and in the report; see
+    ``failed_notebooks(run_dir)`` / the CLI exit status.
+    """
+    stream = stream or sys.stdout
+    nb_dir = Path(notebooks_dir) if notebooks_dir else default_notebooks_dir()
+    paths = select_notebooks(notebooks, nb_dir)
+    kernel_name = resolve_kernel(kernel)
+    run_dir = _new_run_dir(Path(out_root))
+    meta = {"smoke": smoke, "model": model, "seed": seed, "kernel": kernel_name,
+            "python": sys.executable, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "notebooks_dir": str(nb_dir)}
+    print(f"memkit reproduce: {len(paths)} notebook(s), smoke={smoke}, model={model}, "
+          f"seed={seed} -> {run_dir}", file=stream, flush=True)
+    runs: list[NotebookRun] = []
+    width = max(len(p.stem) for p in paths)
+    for i, p in enumerate(paths, 1):
+        params = {"SMOKE": smoke, "MODEL": model, "SEED": seed,
+                  "OUT_DIR": str((run_dir / p.stem).resolve())}
+        try:
+            r = execute_notebook(p, run_dir, params, strict=False, kernel=kernel_name,
+                                 timeout=timeout)
+        except Exception as e:  # unreadable notebook, bad parameters cell
+            r = NotebookRun(p.stem, False, 0.0, run_dir / f"{p.stem}.ipynb",
+                            run_dir / f"{p.stem}.record.json", {}, f"{type(e).__name__}: {e}")
+        runs.append(r)
+        line = f"[{i}/{len(paths)}] {r.name:<{width}}  {r.status:<6} {r.seconds:7.1f} s"
+        print(line + (f"  {r.error}" if r.error else ""), file=stream, flush=True)
+    meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    atomic_write_text(run_dir / "REPORT.md", render_report(runs, meta))
+    summary = {"meta": meta, "notebooks": [
+        {"name": r.name, "ok": r.ok, "seconds": round(r.seconds, 3), "error": r.error,
+         "records": r.records} for r in runs]}
+    atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+    n_bad = sum(not r.ok for r in runs)
+    print(f"{len(runs) - n_bad}/{len(runs)} ok; report: {run_dir / 'REPORT.md'}",
+          file=stream, flush=True)
+    return run_dir
+
+
+def failed_notebooks(run_dir: str | Path) -> list[str]:
+    """Names of the notebooks that failed in a run written by :func:`reproduce`."""
+    summary = json.loads((Path(run_dir) / "summary.json").read_text(encoding="utf-8"))
+    return [n["name"] for n in summary["notebooks"] if not n["ok"]]
+
+
+# ----------------------------------------------------------------------------- CLI
+def add_reproduce_parser(subparsers) -> argparse.ArgumentParser:
+    """Add ``reproduce`` to an argparse subparsers object; the handler is ``args.handler(args)``."""
+    p = subparsers.add_parser("reproduce", help="run every notebook with papermill and write a report",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("--smoke", action="store_true", help="small, fast settings (SMOKE=True)")
+    p.add_argument("--model", default="tiny", help="MODEL parameter: tiny, smollm2-135m, HF id/path")
+    p.add_argument("--seed", type=int, default=0, help="SEED parameter (default 0)")
+    p.add_argument("--only", nargs="+", metavar="NAME", help="notebook stems or unique prefixes")
+    p.add_argument("--out", default="runs", help="root of the run directories (default runs/)")
+    p.add_argument("--notebooks-dir", default=None, help="default: the repository's notebooks/")
+    p.add_argument("--kernel", default=None, help="Jupyter kernel name (default: this Python)")
+    p.add_argument("--timeout", type=float, default=None, help="per-cell timeout in seconds")
+    p.set_defaults(handler=run_from_args)
+    return p
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Handler for the ``reproduce`` subcommand; returns the exit status (1 if any failed)."""
+    try:
+        run_dir = reproduce(smoke=args.smoke, model=args.model, notebooks=args.only,
+                            out_root=args.out, kernel=args.kernel, seed=args.seed,
+                            notebooks_dir=args.notebooks_dir, timeout=args.timeout)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"memkit reproduce: error: {e}", file=sys.stderr)
+        return 2
+    return 1 if failed_notebooks(run_dir) else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m memkit.reproduce [--smoke] [--model M] [--only NAME...] [--out DIR]``."""
+    parser = argparse.ArgumentParser(prog="memkit")
+    add_reproduce_parser(parser.add_subparsers(dest="command", required=True))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] != "reproduce":
+        argv = ["reproduce", *argv]
+    args = parser.parse_args(argv)
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
