@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import random
 import re
-import string
 from dataclasses import dataclass
 
 import pytest
@@ -18,7 +17,7 @@ from memkit.agents import METHODS, get_method
 from memkit.agents.base import OracleConfig, Parsed
 from memkit.agents.memact import parse_ids
 from memkit.agents.mempo import mem_probe
-from memkit.agents.tags import extract, parse_action, split_answers, tool_call_query
+from memkit.agents.tags import extract, split_answers, tool_call_query
 from memkit.envs import SearchEnv, make_retriever
 from memkit.metrics import exact_match
 from memkit.rollout.engine import Generation, OraclePolicy, RolloutConfig, run_rollouts
@@ -48,8 +47,7 @@ def env(world):
 
 
 def turns_for(method: str, task) -> int:
-    hops = sum(len(q.decomposition) for q in task.questions)
-    return 2 * hops + 4 if method == "memact" else hops + 4
+    return get_method(method).suggested_max_turns(task)
 
 
 def rollout(method, tasks, env, cfg=None, max_turns=None, seed=0):
@@ -162,6 +160,7 @@ def test_parse_well_formed(method):
 @pytest.mark.parametrize("method", METHODS)
 def test_parse_malformed(method):
     m = get_method(method)
+    assert not m.parse(None, "act").ok and not m.parse(None, "memory").ok  # type: ignore[arg-type]
     for text, reason in BAD["react"] + BAD[method]:
         if method in ("mem1", "memsearcher", "mempo") and text.startswith("<answer>"):
             continue  # these formats require <think>/<mem> first: the reason differs
@@ -274,6 +273,24 @@ def test_mempo_probe(oracle_runs):
     assert with_mem.endswith(f"<mem>\n{mem}\n</mem>\n<answer>\n") and task.prompt in with_mem
     assert before == call.context_text + "<answer>\n"
     assert gold == "; ".join(q.answers[0] for q in task.questions)
+
+
+class NoResults:
+    def search(self, query):
+        return "<information>No results.</information>"
+
+
+def test_oracle_knows_only_what_it_saw(world):
+    """With a search engine that finds nothing the oracle gives up after MAX_ATTEMPTS per hop
+    and answers "unknown": its answers come from observations, never from the gold labels."""
+    from memkit.agents.oracle import MAX_ATTEMPTS
+
+    tasks = make_tasks(world, 5, k=2, seed=13)
+    for name in METHODS:
+        trajs = rollout(name, tasks, NoResults(), max_turns=40)
+        assert all(t.valid and t.answer == "unknown; unknown" for t in trajs), name
+        n_search = sum(c.role == "act" and "No results" in (c.observation_text or "") for t in trajs for c in t.calls)
+        assert n_search == 5 * 2 * MAX_ATTEMPTS, name  # the first hop of each question, retried
 
 
 # ------------------------------------------------------------------ imperfection knobs

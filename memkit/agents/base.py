@@ -111,6 +111,12 @@ class Method(ABC):
     def new_state(self, task: Task, max_turns: int = 12) -> AgentState:
         return AgentState(task=task, max_turns=max_turns)
 
+    def suggested_max_turns(self, task: Task) -> int:
+        """Turns a competent agent needs, with slack: one search per retrieval hop, one answer,
+        and 3 spare turns for re-searches (MEM1 trains with a turn limit that grows with the
+        number of objectives). MemAct adds its Prune&Write turns."""
+        return sum(max(len(q.decomposition), 1) for q in task.questions) + 4
+
     @abstractmethod
     def next_call(self, state: AgentState) -> CallSpec: ...
 

@@ -79,6 +79,11 @@ class MemAct(Method):
     def __init__(self, prune_after: int = 2):
         self.prune_after = prune_after  # the oracle prunes once this many search records are live
 
+    def suggested_max_turns(self, task) -> int:
+        """Search turns + one Prune&Write per ``prune_after`` searches (memory actions are turns, §3.2)."""
+        hops = super().suggested_max_turns(task) - 4
+        return hops + -(-hops // max(self.prune_after, 1)) + 4
+
     def _mem(self, state: AgentState) -> dict:
         m = state.memory
         if "records" not in m:
