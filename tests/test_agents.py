@@ -212,6 +212,14 @@ def test_oracle_solves_tasks(oracle_runs, method):
         assert em >= 0.99, (method, k, em)
 
 
+def test_memact_oracle_skips_pruning_when_turns_are_short(oracle_runs, env):
+    tasks = oracle_runs["tasks", 8]
+    tight = max(get_method("react").suggested_max_turns(t) for t in tasks)  # no room for every prune
+    trajs = rollout("memact", tasks, env, max_turns=tight)
+    assert all(t.valid for t in trajs) and sum(map(slot_em, trajs)) / len(trajs) >= 0.99
+    assert all(any(t.info["pruned_ids"]) for t in trajs)  # it still prunes while it can afford to
+
+
 def test_refs_are_verbatim_and_contexts_follow_the_papers(oracle_runs):
     for (name, k), trajs in oracle_runs.items():
         for traj in trajs if name != "tasks" else []:

@@ -161,7 +161,8 @@ class MemAct(Method):
         m = self._mem(state)
         n_search = sum(r["kind"] == "search" for r in m["records"])
         hop = script.next_hop(state)
-        if hop is not None and n_search >= self.prune_after and state.max_turns - state.turn > 2:
+        # prune when enough records piled up, unless the turns left are needed for searching
+        if hop is not None and n_search >= self.prune_after and state.max_turns - state.turn > script.hops_left(state) + 2:
             sub = state.task.questions[hop[0]].decomposition[hop[1]]
             k = state.task.k
             note = (f"[OBJECTIVE] Answer {k} question{'s' if k > 1 else ''}. [CONCLUSIONS/FACTS] "

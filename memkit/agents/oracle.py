@@ -85,6 +85,13 @@ def next_hop(state: AgentState) -> tuple[int, int] | None:
     return None
 
 
+def hops_left(state: AgentState) -> int:
+    """Hops still to find (questions given up on excluded)."""
+    o = _o(state)
+    return sum(_key(qi, hi) not in o["known"] for qi, q in enumerate(state.task.questions) if qi not in o["gave_up"]
+               for hi in range(len(q.decomposition)))
+
+
 def decide(state: AgentState, rng: random.Random, cfg: OracleConfig, turns_needed_to_answer: int = 1) -> Decision:
     """Search the next missing hop, or answer when nothing is missing or turns run out."""
     o = _o(state)
