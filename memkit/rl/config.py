@@ -1,0 +1,206 @@
+"""``TrainConfig``: every knob of the RL trainer, one documented field each (CleanRL style).
+
+The defaults are a small MEM1-style GRPO run on the tiny SFT'd model; the papers' values are
+noted where they differ (MEM1: PPO, lr 1e-6 actor / 1e-5 critic, kl 0.001 low_var_kl;
+MemSearcher: GRPO, group size 5, lr 1e-6). ``validate()`` turns a bad value into one
+``ValueError`` that names the fix.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from memkit.rl.losses import AGG_MODES, KL_KINDS
+from memkit.rl.packing import MODES as PACKING_MODES
+
+ALGOS = ("grpo", "ppo")
+
+
+@dataclass
+class TrainConfig:
+    # ---- what is trained ---------------------------------------------------------------
+    algo: str = "grpo"
+    """``grpo`` (group-normalised outcome advantage copied to every call: MemSearcher's
+    multi-context GRPO) or ``ppo`` (critic + GAE over each trajectory's trained tokens: MEM1 §3.2)."""
+    method: str = "mem1"
+    """Memory format (``memkit.agents.METHODS``): decides contexts, parsing and the outcome reward."""
+    init: str = "tiny-sft"
+    """Initial policy: ``tiny-sft`` (cached SFT checkpoint of ``method``; make it with
+    ``memkit sft --method M``), ``tiny`` (random init), ``smollm2-135m``, a checkpoint dir or a hub id."""
+    packing: str = "auto"
+    """``separate`` | ``mem1_mask`` | ``mem1_exact`` (see ``memkit.rl.packing``); ``auto`` =
+    ``mem1_mask`` for mem1 (the paper's masked trajectory), ``separate`` otherwise."""
+    lora: bool = False
+    """Train LoRA adapters (peft) instead of all weights; the reference policy is then the base
+    model with adapters disabled (no second copy in memory)."""
+    lora_r: int = 16
+    """LoRA rank."""
+    lora_alpha: int = 32
+    """LoRA scale numerator (update scaled by alpha / r)."""
+
+    # ---- rollouts ----------------------------------------------------------------------
+    steps: int = 50
+    """Training steps; each is one rollout batch followed by ``ppo_epochs`` passes over it."""
+    tasks_per_step: int = 8
+    """Distinct tasks per step (global, split over processes)."""
+    n_samples: int = 4
+    """Trajectories per task (the GRPO group size G)."""
+    objectives: tuple[int, ...] = (2,)
+    """Questions per training task (MEM1 trains on 2-objective tasks)."""
+    n_train_tasks: int = 1000
+    """Size of the training task pool (``pipeline.training_tasks``; disjoint from eval tasks)."""
+    max_turns: int | None = None
+    """Tool calls per trajectory; None = ``pipeline.default_max_turns(max k)``."""
+    max_context_tokens: int = 2048
+    """A call whose context is longer ends its trajectory as invalid (format penalty)."""
+    temperature: float = 1.0
+    """Sampling temperature of training rollouts. The loss scores tokens at T = 1, so keep 1.0
+    (the papers do) unless ``recompute_old_logprobs`` (then old log-probs are T = 1 too)."""
+    top_p: float = 1.0
+    """Nucleus sampling for training rollouts (1.0 = off)."""
+
+    # ---- optimisation ------------------------------------------------------------------
+    lr: float = 1e-5
+    """Actor learning rate (AdamW). The tiny model likes ~1e-5..1e-4; 7B models ~1e-6."""
+    critic_lr: float = 5e-5
+    """Critic learning rate (ppo only)."""
+    warmup_steps: int = 0
+    """Linear learning-rate warmup (optimizer steps), then constant (verl default)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: float = 1.0
+    """Global gradient-norm clip, applied separately to actor and critic."""
+    ppo_epochs: int = 1
+    """Passes over each rollout batch."""
+    mini_batches: int = 1
+    """Optimizer steps per epoch: the local trajectories are cut into this many mini-batches."""
+    micro_batch_size: int = 8
+    """Trajectories per forward pass per process (gradient accumulation inside a mini-batch;
+    the update is the same for any value, up to float rounding)."""
+
+    # ---- loss --------------------------------------------------------------------------
+    clip_low: float = 0.2
+    """PPO clip epsilon (lower, and upper unless ``clip_high`` is set)."""
+    clip_high: float | None = None
+    """Upper clip epsilon (DAPO clip-higher, e.g. 0.28); None = ``clip_low``."""
+    clip_ratio_c: float | None = None
+    """Dual-clip bound c > 1 for negative advantages (None = off)."""
+    kl_coef: float = 0.001
+    """Weight of KL(pi || pi_ref) in the loss (0 = no reference model is kept)."""
+    kl_kind: str = "low_var_kl"
+    """KL estimator: k1 | k2 | k3 (= low_var_kl) | abs ... (``memkit.rl.losses.kl_penalty``)."""
+    agg: str = "token-mean"
+    """Loss aggregation over the whole mini-batch (all micro-batches and processes):
+    token-mean | seq-mean-token-mean (MemSearcher eq. 7 with separate packing) | seq-mean-token-sum."""
+    entropy_coef: float = 0.0
+    """Entropy bonus weight (entropy is logged either way when ``log_entropy``)."""
+    log_entropy: bool = True
+    """Compute the policy entropy on trained tokens (costs a [B, L, V] softmax)."""
+    recompute_old_logprobs: bool = True
+    """Recompute old log-probs with the packed forward before updating (verl). Needed for
+    ``mem1_mask`` whose packed log-probs differ from the rollout's; the gap is logged."""
+
+    # ---- credit assignment ---------------------------------------------------------------
+    grpo_norm_std: bool = True
+    """GRPO: divide by the group std (False = Dr. GRPO, mean-centring only)."""
+    gamma: float = 1.0
+    """PPO discount over trained tokens."""
+    lam: float = 1.0
+    """PPO GAE lambda."""
+    whiten_advantages: bool = True
+    """PPO: whiten GAE advantages over the whole rollout batch, all processes (verl)."""
+    vf_clip: float | None = 0.5
+    """PPO value clipping range around the old values (None = off)."""
+
+    # ---- evaluation, logging, checkpoints --------------------------------------------------
+    eval_every: int = 10
+    """Greedy evaluation on held-out tasks every N steps (0 = never); also after the last step."""
+    eval_tasks: int = 32
+    """Held-out tasks per objective count (``pipeline.evaluate`` seeds: 1000 + k)."""
+    eval_objectives: tuple[int, ...] = (2,)
+    """Objective counts evaluated."""
+    save_every: int = 10
+    """Checkpoint every N steps (0 = only at the end)."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept on disk (older ones are deleted after a new one is complete)."""
+    out_dir: str = "runs/train"
+    """Run directory: metrics.jsonl, metrics.csv, eval.jsonl, checkpoints/."""
+
+    # ---- reproducibility / hardware ------------------------------------------------------
+    seed: int = 0
+    """Seeds model init (tiny), task sampling and rollouts (each step re-seeds from (seed, step, rank))."""
+    world_seed: int = 0
+    """Synthetic world used for tasks when no kit is given."""
+    device: str = "auto"
+    """``auto`` (GPU if available), ``cpu`` or ``cuda``; multi-GPU via ``accelerate launch``/``torchrun``."""
+    mixed_precision: str = "no"
+    """``no`` | ``bf16`` | ``fp16`` (accelerate autocast; bf16 on GPUs)."""
+
+    # ------------------------------------------------------------------------------------------
+    def resolved_packing(self) -> str:
+        if self.packing == "auto":
+            return "mem1_mask" if self.method == "mem1" else "separate"
+        return self.packing
+
+    def validate(self) -> "TrainConfig":
+        from memkit.agents import METHODS
+
+        def bad(name, why):
+            raise ValueError(f"TrainConfig.{name}={getattr(self, name)!r}: {why}")
+
+        if self.algo not in ALGOS:
+            bad("algo", f"choose one of {ALGOS}")
+        if self.method not in METHODS:
+            bad("method", f"choose one of {METHODS}")
+        if self.packing != "auto" and self.packing not in PACKING_MODES:
+            bad("packing", f"choose auto or one of {PACKING_MODES}")
+        if self.agg not in AGG_MODES:
+            bad("agg", f"choose one of {AGG_MODES}")
+        if self.kl_kind not in KL_KINDS:
+            bad("kl_kind", f"choose one of {KL_KINDS}")
+        for name in ("steps", "tasks_per_step", "n_samples", "ppo_epochs", "mini_batches", "micro_batch_size",
+                     "n_train_tasks", "keep_checkpoints"):
+            if int(getattr(self, name)) < 1:
+                bad(name, "must be >= 1")
+        for name in ("eval_every", "save_every", "eval_tasks", "warmup_steps"):
+            if int(getattr(self, name)) < 0:
+                bad(name, "must be >= 0 (0 turns it off)")
+        if self.algo == "grpo" and self.n_samples < 2:
+            bad("n_samples", "GRPO needs a group of >= 2 samples per task (set n_samples=4 or use algo='ppo')")
+        if not self.objectives or min(self.objectives) < 1:
+            bad("objectives", "give question counts >= 1, e.g. (2,)")
+        if self.lr <= 0 or self.critic_lr <= 0:
+            bad("lr", "learning rates must be > 0")
+        if self.kl_coef < 0 or self.entropy_coef < 0:
+            bad("kl_coef", "kl_coef and entropy_coef must be >= 0")
+        if not 0 < self.clip_low < 1 or (self.clip_high is not None and self.clip_high <= 0):
+            bad("clip_low", "clip ranges must be in (0, 1), e.g. 0.2")
+        if self.clip_ratio_c is not None and self.clip_ratio_c <= 1:
+            bad("clip_ratio_c", "the dual-clip bound must be > 1 (e.g. 3.0) or None")
+        if self.temperature <= 0:
+            bad("temperature", "training rollouts must sample (temperature > 0, usually 1.0)")
+        if self.device not in ("auto", "cpu", "cuda"):
+            bad("device", "choose auto, cpu or cuda")
+        if self.mixed_precision not in ("no", "bf16", "fp16"):
+            bad("mixed_precision", "choose no, bf16 or fp16")
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"unknown TrainConfig fields {unknown}; valid fields: {sorted(names)}")
+        d = dict(d)
+        for key in ("objectives", "eval_objectives"):
+            if key in d and d[key] is not None:
+                d[key] = tuple(d[key])
+        return cls(**d)
+
+
+#: fields that must match for ``--resume`` to continue a run (others may change, e.g. steps)
+RESUME_KEYS = ("algo", "method", "init", "packing", "lora", "lora_r", "lora_alpha", "seed", "world_seed")
+
+__all__ = ["TrainConfig", "ALGOS", "RESUME_KEYS"]

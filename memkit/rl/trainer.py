@@ -1,0 +1,227 @@
+"""One RL loop for every method: rollout -> reward -> advantages -> pack -> update.
+
+    for step in range(cfg.steps):
+        trajs  = rollout(policy, tasks(step), n=cfg.n_samples, T=1)     # memkit.rollout
+        R_i    = traj.reward                                            # the method's outcome reward
+        A      = grpo: (R_i - mean_g R) / std_g R, copied to every call  (MemSearcher eq. 5-8)
+                 ppo:  GAE(critic values, R on the last trained token)  (MEM1 §3.2)
+        batch  = pack(trajs, cfg.packing)                               # separate | mem1_mask | mem1_exact
+        loss   = PPO-clip(logp, old_logp, A) + kl_coef * KL(pi || pi_ref) [- entropy_coef * H]
+        for epoch, mini-batch, micro-batch: accumulate, clip, AdamW step
+
+It runs on ``accelerate``: the same code on CPU, one GPU (full or LoRA) and many GPUs (DDP;
+``torchrun --nproc_per_node N`` or ``accelerate launch``). Each process rolls out its share of
+the step's tasks (all samples of a task on the same process, so GRPO groups are local) and the
+loss is normalised over the *global* mini-batch (:func:`memkit.rl.critic.loss_weights`), so
+1 process x 8 trajectories, 4 micro-batches x 2 and 2 processes x 4 give the same update.
+
+Determinism: the step's tasks and the rollout sampler are seeded from (seed, step, process),
+so a resumed run continues exactly. Dropout is kept off (eval mode) during RL, as in verl.
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from memkit.rl.checkpoint import RunFiles
+from memkit.rl.config import RESUME_KEYS, TrainConfig
+from memkit.rl.update import Learner, make_accelerator, trainable_calls
+from memkit.rollout.trajectory import Trajectory
+
+
+@dataclass
+class TrainResult:
+    history: list[dict]  # one row per step (see Trainer.train_step)
+    eval_history: list[dict]  # one row per (eval step, k)
+    model: torch.nn.Module  # the trained policy (unwrapped; peft model when lora)
+    path: Path | None  # last checkpoint directory (policy/ inside loads with load_policy)
+
+
+class Trainer(Learner):
+    """:class:`~memkit.rl.update.Learner` + the loop: tasks, rollouts, logs, eval, checkpoints."""
+
+    def __init__(self, cfg: TrainConfig, model, tokenizer, wrap=None, kit=None, accelerator=None):
+        super().__init__(cfg, model, tokenizer, wrap, accelerator)
+        self.kit, self.method = kit, None
+        if kit is not None:
+            from memkit.agents import get_method
+
+            self.method = get_method(cfg.method)
+        self.step, self.history, self.eval_history = 0, [], []
+        self.files = RunFiles(cfg.out_dir, self.acc) if cfg.out_dir else None
+        self.last_checkpoint: Path | None = None
+
+    def step_tasks(self, step: int) -> list:
+        """The global task list of ``step`` (a function of (seed, step): resumable)."""
+        if self.kit is None:
+            raise ValueError("this Trainer has no kit; pass kit=memkit.pipeline.load_kit() to roll out")
+        if not hasattr(self, "_pool"):
+            from memkit.pipeline import training_tasks
+
+            self._pool = training_tasks(self.kit, self.cfg.objectives, self.cfg.n_train_tasks, self.cfg.seed)
+        rng = random.Random(self.cfg.seed * 1_000_003 + step)
+        n = self.cfg.tasks_per_step
+        return rng.sample(self._pool, n) if n <= len(self._pool) else rng.choices(self._pool, k=n)
+
+    def rollout(self, tasks, n: int, temperature: float, seed: int) -> list[Trajectory]:
+        """Roll out ``n`` samples of each task with the current policy on this process."""
+        from memkit.models import HFBackend
+        from memkit.pipeline import default_max_turns
+        from memkit.rollout.engine import ModelPolicy, RolloutConfig, run_rollouts
+
+        if not tasks:
+            return []
+        gen = torch.Generator().manual_seed(seed)
+        policy = ModelPolicy(HFBackend(self.policy, self.tokenizer), temperature=temperature,
+                             top_p=self.cfg.top_p if temperature > 0 else 1.0, generator=gen)
+        rc = RolloutConfig(n=n, max_turns=self.cfg.max_turns or default_max_turns(max(t.k for t in tasks)),
+                           max_context_tokens=self.cfg.max_context_tokens, seed=seed)
+        return run_rollouts(self.method, tasks, self.kit.env, policy, self.tokenizer, rc, wrap=self.wrap)
+
+    def train_step(self) -> dict:
+        """Rollout + update + log (+ eval / checkpoint when due). Returns the step's row."""
+        cfg, t0 = self.cfg, time.perf_counter()
+        local = self.step_tasks(self.step)[self.rank::self.world]
+        trajs = self.rollout(local, cfg.n_samples, cfg.temperature, (cfg.seed * 1_000_003 + self.step) * 64 + self.rank)
+        t1 = time.perf_counter()
+        stats = self.update(trajs)
+        t2 = time.perf_counter()
+        self.step += 1
+        row = {"step": self.step, **self._rollout_stats(trajs), **stats,
+               "seconds_rollout": t1 - t0, "seconds_update": t2 - t1, "seconds": t2 - t0}
+        self.history.append(row)
+        if self.files:
+            self.files.log_step(row, self.history)
+        last = self.step == cfg.steps
+        if cfg.eval_every and (self.step % cfg.eval_every == 0 or last):
+            self.evaluate()
+        if self.files and ((cfg.save_every and self.step % cfg.save_every == 0) or last):
+            self.save()
+        return row
+
+    def _rollout_stats(self, trajs) -> dict:
+        from memkit.metrics import peak_tokens, summarize
+
+        n = len(trajs)
+        s = summarize(trajs) if n else {"em": 0.0, "f1": 0.0}
+        r = [float(t.reward) for t in trajs]
+        tot = self._sum([n, sum(r), sum(x * x for x in r), s["em"] * n, s["f1"] * n, sum(t.valid for t in trajs),
+                         sum(peak_tokens(t) for t in trajs), sum(len(t.calls) for t in trajs),
+                         sum(c.n_output for t in trajs for c in t.calls)])
+        N = max(tot[0], 1.0)
+        mean = tot[1] / N
+        return {"reward_mean": mean, "reward_std": math.sqrt(max(tot[2] / N - mean ** 2, 0.0)), "em": tot[3] / N,
+                "f1": tot[4] / N, "valid_rate": tot[5] / N, "peak_tokens": tot[6] / N, "calls": tot[7] / N,
+                "response_tokens": tot[8] / N, "n_trajectories": int(tot[0])}
+
+    def evaluate(self) -> list[dict]:
+        """Greedy rollouts on held-out tasks (``pipeline.evaluate``'s: seed 1000 + k), main process."""
+        from memkit.metrics import summarize
+        from memkit.world import make_tasks
+
+        rows = []
+        if self.acc.is_main_process and self.cfg.eval_tasks:
+            for k in self.cfg.eval_objectives:
+                tasks = make_tasks(self.kit.world, n=self.cfg.eval_tasks, k=k, seed=1000 + k)
+                trajs = self.rollout(tasks, 1, 0.0, 1000 + k)
+                s = summarize(trajs)
+                rows.append({"step": self.step, "k": k, "reward_mean": sum(t.reward for t in trajs) / len(trajs),
+                             **{key: s[key] for key in ("em", "f1", "peak_tokens", "invalid_rate", "tool_calls")}})
+            self.eval_history += rows
+            if self.files:
+                self.files.log_eval(rows)
+        self.acc.wait_for_everyone()
+        return rows
+
+    def save(self) -> Path:
+        meta = {"step": self.step, "history": self.history, "eval_history": self.eval_history,
+                "config": self.cfg.to_dict()}
+        self.last_checkpoint = self.files.save(self.step, meta, self.model, self.tokenizer, self.cfg.keep_checkpoints)
+        return self.last_checkpoint
+
+    def resume(self, path: Path | None = None) -> Path:
+        """Continue from ``path`` (default: ``out_dir/checkpoints/latest``); the run-defining
+        config fields must match."""
+        if self.files is None:
+            raise ValueError("resume needs TrainConfig.out_dir (the run directory to continue)")
+        path, meta = self.files.meta(path)
+        diff = {k: (meta["config"].get(k), getattr(self.cfg, k)) for k in RESUME_KEYS
+                if _norm(meta["config"].get(k)) != _norm(getattr(self.cfg, k))}
+        if diff:
+            raise ValueError(f"cannot resume {path}: config differs in {diff} (checkpoint, now); use the "
+                             "checkpoint's values or a new out_dir")
+        self.files.load(path)
+        self.step, self.history, self.eval_history = meta["step"], meta["history"], meta["eval_history"]
+        self.files.rewrite_logs(self.history, self.eval_history)
+        self.last_checkpoint = path
+        return path
+
+
+def _norm(v):
+    return list(v) if isinstance(v, (tuple, list)) else v
+
+
+def init_spec(cfg: TrainConfig, world_seed: int) -> str:
+    """``cfg.init`` with ``tiny-sft`` resolved to its cached checkpoint (checked before any work)."""
+    from memkit.pipeline import sft_checkpoint_path
+
+    if cfg.init != "tiny-sft":
+        return cfg.init
+    path = sft_checkpoint_path(cfg.method, world_seed)
+    if not path.exists():
+        raise FileNotFoundError(f"no SFT'd tiny model for method {cfg.method!r} at {path}; train it first with "
+                                f"`memkit sft --method {cfg.method}` (or use --init tiny for a random policy)")
+    return str(path)
+
+
+def load_init(cfg: TrainConfig, kit):
+    """The initial policy of ``cfg.init`` -> ``(model, tokenizer, wrap)`` (LoRA applied if asked)."""
+    from memkit.models import LoraSpec, apply_lora, build_tiny, identity_wrap, load_policy
+
+    lora = LoraSpec(r=cfg.lora_r, alpha=cfg.lora_alpha) if cfg.lora else None
+    spec = init_spec(cfg, kit.world_seed)
+    if spec == "tiny":  # random init with the kit's world tokenizer
+        model = build_tiny(kit.tokenizer, seed=cfg.seed)
+        return (apply_lora(model, lora) if lora else model), kit.tokenizer, identity_wrap
+    p = load_policy(spec, lora=lora)
+    return p.model, p.tokenizer, p.wrap
+
+
+def train(cfg: TrainConfig, kit=None, progress=True, log=None, resume: bool = False) -> TrainResult:
+    """Run ``cfg.steps`` RL steps (continuing the run in ``cfg.out_dir`` when ``resume``).
+
+    ``progress``: a tqdm bar (main process); ``log``: called with every step row.
+    """
+    from memkit.pipeline import load_kit
+
+    cfg.validate()
+    init_spec(cfg, kit.world_seed if kit is not None else cfg.world_seed)  # fail fast on a missing checkpoint
+    acc = make_accelerator(cfg)
+    kit = kit if kit is not None else load_kit(cfg.world_seed)
+    model, tok, wrap = load_init(cfg, kit)
+    trainer = Trainer(cfg, model, tok, wrap, kit, acc)
+    if resume:
+        trainer.resume()
+    bar = None
+    if progress and acc.is_main_process:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=cfg.steps, initial=trainer.step, desc=f"{cfg.algo} {cfg.method}")
+    while trainer.step < cfg.steps:
+        row = trainer.train_step()
+        if log and acc.is_main_process:
+            log(row)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(reward=f"{row['reward_mean']:.3f}", em=f"{row['em']:.3f}")
+    if bar is not None:
+        bar.close()
+    return TrainResult(trainer.history, trainer.eval_history, trainer.policy, getattr(trainer, "last_checkpoint", None))
+
+
+__all__ = ["Trainer", "TrainResult", "TrainConfig", "train", "load_init", "make_accelerator", "trainable_calls"]

@@ -1,0 +1,296 @@
+"""The RL update on a batch of trajectories: advantages -> pack -> PPO-clip (+KL, +critic).
+
+``Learner.update(trajs)`` is the whole algorithm given trajectories (rewards already set); the
+loop around it (rollouts, logs, eval, checkpoints) is :mod:`memkit.rl.trainer`.
+
+    A      = grpo: (R_i - mean_g R) / std_g R, copied to every call   (MemSearcher eq. 5-8)
+             ppo:  GAE(critic values, R on the last trained token)     (MEM1 §3.2), whitened
+    batch  = pack(trajs, packing)          input_ids [B, L], attention [B, L] or [B, 1, L, L]
+    old    = log pi_old(x_t)  [B, L]       recomputed with the packed forward (verl) or the rollout's
+    ref    = log pi_ref(x_t)  [B, L]       frozen initial policy (LoRA: adapters disabled)
+    loss   = sum_{b,t} w_bt [ PPO-clip_bt(logp, old, A) + kl_coef * KL_bt - entropy_coef * H_bt ]
+    critic = sum_{b,t} w_bt 0.5 max((V - R)^2, (V_clip - R)^2)
+
+with ``w`` from :func:`memkit.rl.critic.loss_weights`, normalised over the *global* mini-batch:
+so 1 process x 8 trajectories, 4 micro-batches x 2 and 2 processes x 4 give the same update.
+Each mini-batch (``cfg.mini_batches`` per epoch, ``cfg.ppo_epochs`` epochs) is one optimizer
+step; every process runs the same number of micro-batches (empty ones do a zero backward so
+the DDP all-reduce still meets). Dropout is kept off (eval mode) during RL, as in verl.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+
+import torch
+
+from memkit.rl.advantages import grpo_advantages
+from memkit.rl.config import TrainConfig
+from memkit.rl.critic import ValueModel, loss_weights, trajectory_gae, weighted_sum
+from memkit.rl.losses import kl_penalty, ppo_clip_loss, token_logprobs, value_loss
+from memkit.rl.packing import PackedBatch, model_attention_mask, pack
+from memkit.rollout.trajectory import Trajectory
+
+
+def make_accelerator(cfg: TrainConfig):
+    from accelerate import Accelerator
+
+    cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("TrainConfig.device='cuda' but no GPU is visible; use device='auto' or 'cpu'")
+    return Accelerator(cpu=cpu, mixed_precision=cfg.mixed_precision)
+
+
+def trainable_calls(traj: Trajectory) -> Trajectory:
+    """A shallow copy without trailing calls that produced no tokens (context over the limit,
+    max turns): nothing to train there, and no later call can reference them."""
+    calls = list(traj.calls)
+    while calls and not calls[-1].output_ids:
+        calls.pop()
+    out = copy.copy(traj)
+    out.calls = calls
+    return out
+
+
+class Learner:
+    """Policy, reference, critic and optimizers (prepared by ``accelerate``) and ``update``."""
+
+    def __init__(self, cfg: TrainConfig, model, tokenizer, wrap=None, accelerator=None):
+        self.cfg = cfg.validate()
+        self.packing = cfg.resolved_packing()
+        self.acc = accelerator or make_accelerator(cfg)
+        self.tokenizer, self.wrap = tokenizer, wrap
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.is_peft = hasattr(model, "disable_adapter")
+        self.keep_grads = False  # leave the last mini-batch's gradients in .grad (for inspection)
+        model.eval()  # dropout off for the whole run (rollout and update see the same policy)
+        self.ref = None
+        if cfg.kl_coef > 0 and not self.is_peft:
+            self.ref = copy.deepcopy(model).requires_grad_(False).eval().to(self.acc.device)
+        critic = ValueModel(model).eval() if cfg.algo == "ppo" else None
+        self.opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
+                                     weight_decay=cfg.weight_decay)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self._warmup)
+        if critic is not None:
+            self.copt = torch.optim.AdamW([p for p in critic.parameters() if p.requires_grad], lr=cfg.critic_lr,
+                                          weight_decay=cfg.weight_decay)
+            self.csched = torch.optim.lr_scheduler.LambdaLR(self.copt, self._warmup)
+            self.model, self.opt, self.critic, self.copt = self.acc.prepare(model, self.opt, critic, self.copt)
+            self.acc.register_for_checkpointing(self.sched, self.csched)
+        else:
+            self.critic = self.copt = self.csched = None
+            self.model, self.opt = self.acc.prepare(model, self.opt)
+            self.acc.register_for_checkpointing(self.sched)
+        # schedulers stay unprepared: accelerate would step them once per process
+
+    def _warmup(self, s: int) -> float:
+        return min(1.0, (s + 1) / self.cfg.warmup_steps) if self.cfg.warmup_steps else 1.0
+
+    # ------------------------------------------------------------------------- properties
+    @property
+    def policy(self):
+        """The unwrapped policy model (what rollouts and checkpoints use)."""
+        return self.acc.unwrap_model(self.model)
+
+    @property
+    def rank(self) -> int:
+        return self.acc.process_index
+
+    @property
+    def world(self) -> int:
+        return self.acc.num_processes
+
+    def _sum(self, values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64, device=self.acc.device)
+        return (self.acc.reduce(t, "sum") if self.world > 1 else t).tolist()
+
+    def _max(self, value: int) -> int:
+        t = torch.tensor([value], device=self.acc.device)
+        return int(self.acc.gather(t).max()) if self.world > 1 else value
+
+    # ------------------------------------------------------------------------- forward passes
+    def _inputs(self, batch: PackedBatch):
+        dev = self.acc.device
+        mask = model_attention_mask(batch.attention_mask.to(dev), self.policy)
+        return batch.input_ids.to(dev), mask, batch.position_ids.to(dev), batch.pred_index.to(dev)
+
+    def _logprobs(self, model, inputs, with_entropy=False):
+        ids, mask, pos, pred = inputs
+        with self.acc.autocast():
+            return token_logprobs(model, ids, mask, pos, pred, with_entropy=with_entropy)
+
+    def _values(self, critic, batch, inputs) -> torch.Tensor:
+        ids, mask, pos, _ = inputs
+        with self.acc.autocast():
+            return batch.at_pred(critic(ids, mask, pos))
+
+    @torch.no_grad()
+    def _experience(self, trajs: list[Trajectory], traj_adv: torch.Tensor | None, rewards: torch.Tensor):
+        """Pack one micro-batch and compute everything the update holds fixed: old and reference
+        log-probs, critic values, advantages and returns (all ``[B, L]``, token aligned)."""
+        if not trajs:
+            return None
+        batch = pack(trajs, self.packing, self.pad_id)
+        if batch.input_ids.shape[1] == 0:
+            return None
+        dev, inputs = self.acc.device, self._inputs(batch)
+        m = batch.loss_mask.to(dev)
+        rollout_old = batch.old_logprobs.to(dev)
+        old = self._logprobs(self.policy, inputs) * m if self.cfg.recompute_old_logprobs else rollout_old
+        exp = {"batch": batch, "inputs": inputs, "m": m, "old": old, "gap": float(((old - rollout_old).abs() * m).sum())}
+        if self.cfg.kl_coef > 0:
+            ctx = self.policy.disable_adapter() if self.is_peft else contextlib.nullcontext()
+            with ctx:
+                exp["ref"] = self._logprobs(self.policy if self.is_peft else self.ref, inputs)
+        if self.critic is not None:
+            values = self._values(self.acc.unwrap_model(self.critic), batch, inputs)
+            exp["values"] = values * m
+            exp["adv"], exp["returns"] = trajectory_gae(batch, values, rewards, self.cfg.gamma, self.cfg.lam)
+        else:
+            exp["adv"] = batch.token_advantages(traj_adv.to(dev))
+        return exp
+
+    def _whiten(self, exps) -> None:
+        """PPO: whiten GAE advantages over the whole rollout batch, all processes (verl)."""
+        live = [e for e in exps if e is not None]
+        s1, s2, n = self._sum([sum(float((e["adv"] * e["m"]).sum()) for e in live),
+                               sum(float((e["adv"] ** 2 * e["m"]).sum()) for e in live),
+                               sum(float(e["m"].sum()) for e in live)])
+        mean = s1 / max(n, 1.0)
+        var = (s2 - n * mean ** 2) / max(n - 1.0, 1.0)  # unbiased, as masked_whiten
+        for e in live:
+            e["adv"] = (e["adv"] - mean) * e["m"] / math.sqrt(max(var, 0.0) + 1e-8)
+
+    # ------------------------------------------------------------------------- the update
+    def update(self, trajs: list[Trajectory]) -> dict:
+        """PPO/GRPO update on this process's trajectories (all samples of a task must be on
+        the same process). Returns global stats: pg_loss, kl, entropy, clip_frac, approx_kl,
+        ratio, grad_norm, lr (+ vf_loss, value_mean for ppo), old_logprob_gap, tokens."""
+        cfg = self.cfg
+        trajs = [trainable_calls(t) for t in trajs]
+        for t in trajs:
+            if t.reward is None:
+                raise ValueError(f"trajectory {t.task_id!r} has no reward; roll out with memkit.rollout.run_rollouts "
+                                 "(it sets Trajectory.reward) or set it yourself")
+        rewards = torch.tensor([float(t.reward) for t in trajs], dtype=torch.float32)
+        traj_adv = None
+        if cfg.algo == "grpo":
+            traj_adv = grpo_advantages(rewards, [t.task_id for t in trajs], norm_std=cfg.grpo_norm_std)
+        # mini-batches of local trajectories, each cut into the same number of micro-batches on every process
+        bounds = [round(i * len(trajs) / cfg.mini_batches) for i in range(cfg.mini_batches + 1)]
+        plan = []
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            n_micro = max(1, self._max(math.ceil((b - a) / cfg.micro_batch_size)))
+            plan.append([list(range(a, b))[j * cfg.micro_batch_size:(j + 1) * cfg.micro_batch_size]
+                         for j in range(n_micro)])
+        exps = [[self._experience([trajs[i] for i in c], None if traj_adv is None else traj_adv[c], rewards[c])
+                 for c in mini] for mini in plan]
+        if cfg.algo == "ppo" and cfg.whiten_advantages:
+            self._whiten([e for mini in exps for e in mini])
+        acc = {k: 0.0 for k in ("pg_loss", "kl", "entropy", "clip_frac", "approx_kl", "ratio", "vf_loss",
+                                "vf_clip_frac", "tokens", "grad_norm", "critic_grad_norm", "n_opt")}
+        for _ in range(cfg.ppo_epochs):
+            for mini in exps:
+                self._minibatch(mini, acc)
+        live = [e for mini in exps for e in mini if e is not None]
+        first = self._sum([sum(e["gap"] for e in live), sum(float(e["m"].sum()) for e in live),
+                           sum(e["batch"].n_tokens for e in live),
+                           sum(float(e.get("values", e["m"] * 0).sum()) for e in live)])
+        keys = ("pg_loss", "kl", "entropy", "clip_frac", "approx_kl", "ratio", "vf_loss", "vf_clip_frac", "tokens")
+        tot = dict(zip(keys, self._sum([acc[k] for k in keys])))
+        n_tok, n_opt = max(tot["tokens"], 1.0), max(acc["n_opt"], 1.0)
+        stats = {"pg_loss": tot["pg_loss"] / n_opt, "kl": tot["kl"] / n_tok, "entropy": tot["entropy"] / n_tok,
+                 "clip_frac": tot["clip_frac"] / n_tok, "approx_kl": tot["approx_kl"] / n_tok,
+                 "ratio": tot["ratio"] / n_tok, "grad_norm": acc["grad_norm"] / n_opt,
+                 "lr": self.sched.get_last_lr()[0], "old_logprob_gap": first[0] / max(first[1], 1.0),
+                 "trained_tokens": first[1], "tokens_processed": first[2]}
+        if self.critic is not None:
+            stats.update(vf_loss=tot["vf_loss"] / n_opt, vf_clip_frac=tot["vf_clip_frac"] / n_tok,
+                         value_mean=first[3] / max(first[1], 1.0), critic_grad_norm=acc["critic_grad_norm"] / n_opt)
+        return stats
+
+    def _minibatch(self, mini: list, acc: dict) -> None:
+        """One optimizer step over one mini-batch (a list of micro-batch experiences)."""
+        cfg, W = self.cfg, self.world
+        live = [e for e in mini if e is not None]
+        n_tokens, n_rows = self._sum([sum(float(e["m"].sum()) for e in live),
+                                      sum(int((e["m"].sum(-1) > 0).sum()) for e in live)])
+        self.opt.zero_grad(set_to_none=True)
+        if self.copt is not None:
+            self.copt.zero_grad(set_to_none=True)
+        for j, e in enumerate(mini):
+            with contextlib.ExitStack() as stack:
+                if j < len(mini) - 1:  # sync gradients once, on the last micro-batch
+                    stack.enter_context(self.acc.no_sync(self.model))
+                    if self.critic is not None:
+                        stack.enter_context(self.acc.no_sync(self.critic))
+                if e is None:  # an empty micro-batch still joins the gradient all-reduce
+                    self._dummy_backward()
+                    continue
+                self._micro(e, loss_weights(e["m"], cfg.agg, n_tokens, n_rows), W, acc)
+        acc["grad_norm"] += float(self.acc.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm))
+        self.opt.step()
+        self.sched.step()
+        if self.critic is not None:
+            acc["critic_grad_norm"] += float(self.acc.clip_grad_norm_(self.critic.parameters(), cfg.max_grad_norm))
+            self.copt.step()
+            self.csched.step()
+        acc["n_opt"] += 1
+        if not self.keep_grads:
+            self.opt.zero_grad(set_to_none=True)
+            if self.copt is not None:
+                self.copt.zero_grad(set_to_none=True)
+
+    def _micro(self, e: dict, w: torch.Tensor, W: int, acc: dict) -> None:
+        cfg, m = self.cfg, e["m"]
+        want_ent = cfg.log_entropy or cfg.entropy_coef > 0
+        out = self._logprobs(self.model, e["inputs"], with_entropy=want_ent)
+        logp, ent = out if want_ent else (out, None)
+        pg, _ = ppo_clip_loss(logp, e["old"], e["adv"], w, cfg.clip_low, cfg.clip_high, "seq-mean-token-sum",
+                              cfg.clip_ratio_c)
+        loss = weighted_sum(pg, w)  # = PPO-clip aggregated over the global mini-batch (this share)
+        if "ref" in e:
+            kl_tok = kl_penalty(logp, e["ref"], cfg.kl_kind)
+            loss = loss + cfg.kl_coef * (kl_tok * w).sum()
+        if cfg.entropy_coef > 0:
+            loss = loss - cfg.entropy_coef * (ent * w).sum()
+        self.acc.backward(loss * W)  # DDP averages gradients over W processes; the weights already sum globally
+        with torch.no_grad():
+            log_ratio = torch.clamp(logp - e["old"], -20.0, 20.0)
+            ratio = log_ratio.exp()
+            eh = cfg.clip_low if cfg.clip_high is None else cfg.clip_high
+            clipped = -e["adv"] * ratio.clamp(1 - cfg.clip_low, 1 + eh) > -e["adv"] * ratio
+            acc["pg_loss"] += float(weighted_sum(pg.detach(), w))
+            acc["clip_frac"] += float((clipped.float() * m).sum())
+            acc["approx_kl"] += float((-log_ratio * m).sum())
+            acc["ratio"] += float((ratio * m).sum())
+            acc["tokens"] += float(m.sum())
+            if "ref" in e:
+                acc["kl"] += float((kl_tok * m).sum())
+            if ent is not None:
+                acc["entropy"] += float((ent * m).sum())
+        if self.critic is not None:
+            values = self._values(self.critic, e["batch"], e["inputs"])
+            vf, vst = value_loss(values, e["values"], e["returns"], w, cfg.vf_clip, "seq-mean-token-sum")
+            vf = weighted_sum(vf, w)
+            self.acc.backward(vf * W)
+            acc["vf_loss"] += float(vf.detach())
+            with torch.no_grad():
+                old_v = e["values"]
+                l1 = (values - e["returns"]) ** 2
+                l2 = l1 if cfg.vf_clip is None else (old_v + (values - old_v).clamp(-cfg.vf_clip, cfg.vf_clip)
+                                                     - e["returns"]) ** 2
+                acc["vf_clip_frac"] += float(((l2 > l1).float() * m).sum())
+
+    def _dummy_backward(self) -> None:
+        ids = torch.full((1, 1), self.pad_id, dtype=torch.long, device=self.acc.device)
+        self.acc.backward(self.model(input_ids=ids, use_cache=False).logits.sum() * 0.0)
+        if self.critic is not None:
+            self.acc.backward(self.critic(ids).sum() * 0.0)
+
+
+    # ------------------------------------------------------------------------- the loop
+
+
+__all__ = ["Learner", "make_accelerator", "trainable_calls"]

@@ -1,0 +1,103 @@
+"""Fixtures shared by tests/test_trainer.py and its 2-process run.
+
+As a script (``torchrun --nproc_per_node 2 tests/dist_worker.py OUT_DIR``) every process runs
+``Learner.update`` on its share of a fixed synthetic batch (tasks ``rank::world``) and rank 0
+saves the updated parameters to ``OUT_DIR/<algo>.pt``; the test compares them with one process
+updating on the whole batch.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from memkit.rollout.trajectory import Call, Trajectory
+
+N_TASKS, N_SAMPLES = 5, 2  # 10 trajectories; 2 processes get 6 and 4 (uneven on purpose)
+CASES = {  # algo -> config overrides used by both the 1- and the 2-process run
+    "grpo": dict(algo="grpo", packing="mem1_mask", agg="token-mean", ppo_epochs=2, micro_batch_size=2),
+    "ppo": dict(algo="ppo", packing="separate", agg="seq-mean-token-mean", ppo_epochs=2, micro_batch_size=2),
+}
+
+
+class Tok:
+    """The only tokenizer attribute the update needs."""
+
+    pad_token_id = 0
+
+
+def tiny_llama(seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    cfg._attn_implementation = "sdpa"
+    return LlamaForCausalLM(cfg).eval()
+
+
+def mem1_traj(task: int, sample: int, n_calls: int) -> Trajectory:
+    """MEM1-shaped calls: ctx_t = prompt + out_{t-1} + obs_{t-1}, with refs; fixed by (task, sample)."""
+    g = torch.Generator().manual_seed(1000 * task + sample)
+    take = lambda n: (torch.randint(3, 100, (n,), generator=g)).tolist()  # noqa: E731
+    prompt, calls = take(6), []
+    for t in range(n_calls):
+        ctx, refs = list(prompt), []
+        if t:
+            p = calls[-1]
+            refs.append((len(ctx), len(ctx) + p.n_output, t - 1, "output"))
+            ctx += p.output_ids
+            refs.append((len(ctx), len(ctx) + len(p.observation_ids), t - 1, "observation"))
+            ctx += p.observation_ids
+        out = take(2 + (task + sample + t) % 5)
+        calls.append(Call(turn=t, role="act", context_ids=ctx, output_ids=out, logprobs=[-2.0] * len(out),
+                          context_refs=refs, observation_ids=take(3) if t < n_calls - 1 else []))
+    reward = float((task + 2 * sample) % 3) / 2  # varies inside each group
+    return Trajectory(task_id=f"task{task}", method="mem1", calls=calls, group_index=sample, reward=reward)
+
+
+def trajectories(tasks=None) -> list[Trajectory]:
+    tasks = range(N_TASKS) if tasks is None else tasks
+    return [mem1_traj(k, s, 1 + (k + s) % 4) for k in tasks for s in range(N_SAMPLES)]
+
+
+def make_learner(algo: str, **over):
+    from memkit.rl.config import TrainConfig
+    from memkit.rl.update import Learner
+
+    kw = dict(CASES[algo], lr=1e-3, kl_coef=0.01, critic_lr=1e-3, out_dir="")
+    kw.update(over)
+    cfg = TrainConfig(method="mem1", init="tiny", **kw)
+    from accelerate import Accelerator
+
+    return Learner(cfg, tiny_llama(), Tok(), accelerator=Accelerator(cpu=True))
+
+
+def params(learner) -> dict:
+    """Parameters and (with ``keep_grads``) the last mini-batch's gradients of policy and critic."""
+    out = {}
+    models = {"policy": learner.policy}
+    if learner.critic is not None:
+        models["critic"] = learner.acc.unwrap_model(learner.critic)
+    for name, model in models.items():
+        for k, p in model.named_parameters():
+            out[f"{name}.{k}"] = p.detach().cpu().clone()
+            if p.grad is not None:
+                out[f"{name}.{k}.grad"] = p.grad.detach().cpu().clone()
+    return out
+
+
+def main(out_dir: str) -> None:
+    for algo in CASES:
+        learner = make_learner(algo)
+        learner.keep_grads = True
+        local = trajectories(range(learner.rank, N_TASKS, learner.world))
+        stats = learner.update(local)
+        if learner.acc.is_main_process:
+            torch.save({"params": params(learner), "stats": stats}, Path(out_dir) / f"{algo}.pt")
+        learner.acc.wait_for_everyone()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

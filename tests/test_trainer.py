@@ -1,0 +1,197 @@
+"""RL trainer: exact gradient accumulation, 2 processes == 1 process, exact resume, GAE over
+any packing, loop and CLI smoke runs on a random-init tiny policy (no learning asserted)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import dist_worker as dw
+from memkit.rl.advantages import gae_loop
+from memkit.rl.config import TrainConfig
+from memkit.rl.critic import loss_weights, trajectory_gae
+from memkit.rl.losses import aggregate
+from memkit.rl.packing import pack
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def _run(algo, trajs, **over) -> dict:
+    learner = dw.make_learner(algo, **over)
+    learner.keep_grads = True
+    learner.update(trajs)
+    return dw.params(learner)
+
+
+# ============================================================================ exactness of the update
+@pytest.mark.parametrize("algo,packing,agg", [("grpo", "mem1_mask", "token-mean"),
+                                              ("grpo", "separate", "seq-mean-token-mean"),
+                                              ("ppo", "mem1_exact", "token-mean"),
+                                              ("ppo", "separate", "seq-mean-token-sum")])
+def test_gradient_accumulation_is_exact(algo, packing, agg):
+    """4 micro-batches x 2 trajectories == 1 batch of 8: same gradients and same update."""
+    trajs = dw.trajectories(range(4))  # 4 tasks x 2 samples, 1-4 calls each: uneven token counts
+    one = _run(algo, trajs, packing=packing, agg=agg, micro_batch_size=8, ppo_epochs=1)
+    four = _run(algo, trajs, packing=packing, agg=agg, micro_batch_size=2, ppo_epochs=1)
+    init = dw.params(dw.make_learner(algo, packing=packing))
+    assert sum(k.endswith(".grad") for k in one) >= 10
+    assert max(float(one[k].abs().max()) for k in one if k.endswith(".grad")) > 1e-3  # real gradients
+    assert _max_diff(one, four) < 1e-6
+    assert max(float((one[k] - init[k]).abs().max()) for k in init) > 1e-4  # the update moved the weights
+
+
+def test_naive_micro_batch_mean_would_not_be_exact(monkeypatch):
+    """The check above can fail: normalising each micro-batch by its own token count (then
+    averaging micro-batches) changes the gradient."""
+    import memkit.rl.update as U
+
+    trajs = dw.trajectories(range(4))
+    one = _run("grpo", trajs, micro_batch_size=8, ppo_epochs=1)
+    monkeypatch.setattr(U, "loss_weights", lambda m, agg, n_tok, n_rows: m / (m.sum() * 4))
+    naive = _run("grpo", trajs, micro_batch_size=2, ppo_epochs=1)
+    grads = [k for k in one if k.endswith(".grad")]
+    assert max(float((one[k] - naive[k]).abs().max()) for k in grads) > 1e-4
+
+
+def test_loss_weights_reproduce_aggregate_over_split_rows():
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(6, 9, generator=g, dtype=torch.float64)
+    m = (torch.rand(6, 9, generator=g) < 0.6).double()
+    m[2] = 0  # a row with nothing trained
+    for agg in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"):
+        n_tok, n_rows = float(m.sum()), float((m.sum(-1) > 0).sum())
+        split = sum(float((loss_weights(m[a:b], agg, n_tok, n_rows) * v[a:b]).sum()) for a, b in ((0, 1), (1, 4), (4, 6)))
+        assert split == pytest.approx(float(aggregate(v, m, agg)), abs=1e-12)
+
+
+def test_two_processes_match_one_process(tmp_path):
+    """torchrun 2 x gloo (Accelerator(cpu=True)), tasks split 3/2 between processes (one empty
+    micro-batch), 2 PPO epochs: same parameters and gradients as one process on all of it."""
+    worker = Path(__file__).with_name("dist_worker.py")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(worker.parent.parent), str(worker.parent)]))
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(worker), str(tmp_path)], env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for algo in dw.CASES:
+        two = torch.load(tmp_path / f"{algo}.pt")
+        one = _run(algo, dw.trajectories())
+        assert _max_diff(one, two["params"]) < 1e-6, algo
+        assert two["stats"]["trained_tokens"] == sum(c.n_output for t in dw.trajectories() for c in t.calls)
+
+
+# ============================================================================ PPO credit assignment
+def test_trajectory_gae_is_the_same_for_every_packing():
+    """GAE runs over each trajectory's trained tokens in call order, whatever the packing: the
+    value after a call's last token is the next call's first (MEM1 §3.2)."""
+    trajs = dw.trajectories(range(3))
+    rewards = torch.tensor([float(i % 3) for i in range(len(trajs))])
+    per_mode = {}
+    for mode in ("separate", "mem1_mask", "mem1_exact"):
+        b = pack(trajs, mode)
+        values = torch.sin(b.input_ids.float()) * b.loss_mask  # V depends on the token only
+        adv, ret = trajectory_gae(b, values, rewards, gamma=0.9, lam=0.8)
+        rows = b.traj_index[:, None].expand_as(b.input_ids)
+        keep = b.loss_mask > 0
+        order = sorted(zip(rows[keep].tolist(), b.call_ids[keep].tolist(), range(int(keep.sum()))))
+        per_mode[mode] = [adv[keep][k].item() for *_, k in order]
+        if mode == "separate":  # loop reference: concatenate each trajectory's output tokens
+            for i, tr in enumerate(trajs):
+                toks = [x for c in tr.calls for x in c.output_ids]
+                v = torch.sin(torch.tensor(toks, dtype=torch.float32))[None]
+                r = torch.zeros_like(v)
+                r[0, -1] = rewards[i]
+                ref_adv, _ = gae_loop(r, v, torch.ones_like(v), 0.9, 0.8)
+                got = [a for (row, _, _), a in zip(order, per_mode[mode]) if row == i]
+                assert got == pytest.approx(ref_adv[0], abs=1e-5)
+    assert per_mode["mem1_mask"] == pytest.approx(per_mode["separate"], abs=1e-6)
+    assert per_mode["mem1_exact"] == pytest.approx(per_mode["separate"], abs=1e-6)
+
+
+# ============================================================================ the loop
+@pytest.fixture(scope="module")
+def kit():
+    from memkit.pipeline import load_kit
+
+    return load_kit(0)
+
+
+def _loop_cfg(out: Path, steps: int, **over) -> TrainConfig:
+    kw = dict(algo="ppo", method="mem1", init="tiny", steps=steps, tasks_per_step=2, n_samples=2, micro_batch_size=2,
+              lr=1e-3, entropy_coef=0.01, warmup_steps=3, save_every=2, eval_every=2, eval_tasks=2,
+              keep_checkpoints=1, out_dir=str(out))
+    kw.update(over)
+    return TrainConfig(**kw)
+
+
+def test_resume_continues_exactly(kit, tmp_path):
+    """4 steps straight == 2 steps, a fresh process state resumed from the checkpoint, 2 more:
+    identical parameters and history. PPO (critic, two optimizers, warmup schedulers); the
+    random policy earns no reward, so the entropy bonus and KL are what move it."""
+    from memkit.models import load_policy
+    from memkit.rl.trainer import train
+
+    a = train(_loop_cfg(tmp_path / "a", 4), kit, progress=False)
+    train(_loop_cfg(tmp_path / "b", 2), kit, progress=False)
+    with pytest.raises(ValueError, match="config differs"):
+        train(_loop_cfg(tmp_path / "b", 4, algo="grpo"), kit, progress=False, resume=True)
+    b = train(_loop_cfg(tmp_path / "b", 4), kit, progress=False, resume=True)
+
+    sa, sb = a.model.state_dict(), b.model.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    init = dw_params_tiny(kit)
+    assert max(float((sa[k] - init[k]).abs().max()) for k in init) > 1e-4
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("seconds")} for r in rows]  # noqa: E731
+    assert strip(a.history) == strip(b.history) and len(a.history) == 4
+    assert a.eval_history == b.eval_history and [e["step"] for e in a.eval_history] == [2, 4]
+    # run files: logs, one kept checkpoint named by `latest`, no temp dirs, a loadable policy
+    run = tmp_path / "b"
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 4
+    assert len((run / "metrics.csv").read_text().splitlines()) == 5
+    assert {"reward_mean", "em", "kl", "entropy", "clip_frac", "peak_tokens", "tokens_processed", "seconds",
+            "vf_loss"} <= set(json.loads((run / "metrics.jsonl").read_text().splitlines()[-1]))
+    ckpts = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert ckpts == ["latest", "step-000004"] and b.path == run / "checkpoints" / "step-000004"
+    loaded = load_policy(str(b.path / "policy"))
+    assert torch.equal(loaded.model.state_dict()["model.embed_tokens.weight"], sa["model.embed_tokens.weight"])
+
+
+def dw_params_tiny(kit):
+    from memkit.models import build_tiny
+
+    return build_tiny(kit.tokenizer, seed=0).state_dict()
+
+
+def test_cli_train_lora_grpo_smoke(kit, tmp_path, capsys):
+    """`memkit train` end to end: GRPO, MemSearcher (memory calls, separate packing), LoRA."""
+    from memkit.cli import main
+
+    out = tmp_path / "run"
+    rc = main(["train", "--algo", "grpo", "--method", "memsearcher", "--init", "tiny", "--lora", "--steps", "1",
+               "--tasks-per-step", "2", "--n", "2", "--eval-every", "1", "--eval-tasks", "2", "--out", str(out),
+               "--device", "cpu"])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert "step    1" in text and (out / "metrics.csv").is_file() and (out / "eval.jsonl").is_file()
+    assert (out / "checkpoints" / "step-000001" / "policy" / "adapter_config.json").is_file()
+
+
+def test_bad_inputs_name_the_fix(tmp_path, capsys):
+    from memkit.cli import main
+
+    with pytest.raises(ValueError, match="choose one of"):
+        TrainConfig(algo="dpo").validate()
+    with pytest.raises(ValueError, match="n_samples"):
+        TrainConfig(n_samples=1).validate()
+    with pytest.raises(ValueError, match="unknown TrainConfig fields"):
+        TrainConfig.from_dict({"algo": "grpo", "lr_actor": 1.0})
+    rc = main(["train", "--method", "mem1", "--init", "tiny-sft", "--out", str(tmp_path / "x")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "memkit sft --method mem1" in err and len(err.strip().splitlines()) == 1
