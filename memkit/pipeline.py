@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from memkit.agents import METHODS, get_method
-from memkit.agents.base import OracleConfig
+from memkit.agents.base import OracleConfig, compact_prompt_wrap
 from memkit.rollout.engine import ModelPolicy, OraclePolicy, RolloutConfig, run_rollouts
 
 POLICY_SPECS = ("oracle", "tiny", "tiny-sft", "smollm2-135m", "<local checkpoint dir>", "<HF model id>")
@@ -83,26 +83,43 @@ def resolve_policy(spec: str, method, kit: Kit, temperature: float = 0.0, seed: 
             raise FileNotFoundError(f"no SFT'd tiny model for method {method.name!r} at {path}; "
                                     f"train it first with `memkit sft --method {method.name}`")
         spec = str(path)
-    loaded = load_policy(spec, texts=None) if spec != "tiny" else load_policy("tiny", tokenizer=kit.tokenizer)
+    loaded = fresh_tiny(kit, seed) if spec == "tiny" else load_policy(spec)
     gen = torch.Generator().manual_seed(seed)
     backend = HFBackend(loaded.model, loaded.tokenizer)
     return ModelPolicy(backend, temperature=temperature, generator=gen), loaded.tokenizer, loaded.wrap, loaded
 
 
+def fresh_tiny(kit: Kit, seed: int = 0):
+    """A randomly initialised tiny Llama on the kit's world tokenizer."""
+    from memkit.models.loading import Policy, identity_wrap
+    from memkit.models.tiny import build_tiny
+
+    return Policy(model=build_tiny(kit.tokenizer, seed=seed), tokenizer=kit.tokenizer, spec="tiny", wrap=identity_wrap)
+
+
 def rollout(method_name: str, tasks, kit: Kit, policy: str = "oracle", n: int = 1, max_turns: int | None = None,
             temperature: float = 0.0, seed: int = 0, oracle_cfg: OracleConfig | None = None,
-            max_context_tokens: int = 4096, progress: bool = False, method_kwargs: dict | None = None):
-    """Roll out ``n`` trajectories per task with a policy spec; returns trajectories."""
+            max_context_tokens: int | None = None, progress: bool = False, method_kwargs: dict | None = None,
+            prompt: str = "auto"):
+    """Roll out ``n`` trajectories per task with a policy spec; returns trajectories.
+
+    ``prompt``: "paper" (the paper's instruction verbatim), "compact" (one short line, see
+    :func:`memkit.agents.base.compact_prompt_wrap`) or "auto" = compact for tiny models.
+    """
     method = get_method(method_name, **(method_kwargs or {}))
     engine_policy, tok, wrap, _ = resolve_policy(policy, method, kit, temperature, seed, oracle_cfg)
-    k = max(t.k for t in tasks)
-    cfg = RolloutConfig(n=n, max_turns=max_turns or default_max_turns(k), max_context_tokens=max_context_tokens, seed=seed)
+    if prompt == "auto":
+        prompt = "paper" if policy == "oracle" or getattr(tok, "chat_template", None) else "compact"
+    if prompt == "compact":
+        inner, compact = wrap or (lambda segs: segs), compact_prompt_wrap(method.name)
+        wrap = lambda segs: inner(compact(segs))  # noqa: E731
+    elif prompt != "paper":
+        raise ValueError(f"prompt must be 'paper', 'compact' or 'auto', got {prompt!r}")
+    if max_context_tokens is None:  # the model's window; the oracle has none
+        model = getattr(getattr(engine_policy, "backend", None), "model", None)
+        max_context_tokens = model.config.max_position_embeddings - 256 if model is not None else 10**9
+    cfg = RolloutConfig(n=n, max_turns=max_turns, max_context_tokens=max_context_tokens, seed=seed)
     return run_rollouts(method, tasks, kit.env, engine_policy, tok, cfg, wrap=wrap, progress=progress)
-
-
-def default_max_turns(k: int) -> int:
-    """Room for ~2 hops per question plus slack (bridge / comparison need two searches)."""
-    return 2 * k + 4
 
 
 def evaluate(method_name: str, kit: Kit, objectives=(1, 2, 4, 8), n_tasks: int = 50, policy: str = "oracle",
@@ -140,16 +157,20 @@ def train_sft_model(method_name: str, kit: Kit, cfg=None, progress: bool = True,
 
     Returns ``(path, history, n_examples)``.
     """
-    from memkit.models import load_policy
     from memkit.sft import SFTConfig, collect_examples, save_checkpoint, train_sft
 
     cfg = cfg or SFTConfig(method=method_name)
     tasks = training_tasks(kit, cfg.objectives, cfg.n_tasks, cfg.seed)
-    trajs = rollout(method_name, tasks, kit, policy="oracle", oracle_cfg=cfg.oracle, seed=cfg.seed)
+    trajs = rollout(method_name, tasks, kit, policy="oracle", oracle_cfg=cfg.oracle, seed=cfg.seed, prompt="compact")
     examples, dropped = collect_examples([t for t in trajs if t.valid], cfg.max_len)
-    policy = load_policy("tiny", tokenizer=kit.tokenizer, seed=cfg.seed)
+    policy = fresh_tiny(kit, cfg.seed)
     history = train_sft(policy.model, kit.tokenizer, examples, cfg, log=log, progress=progress)
     path = path or sft_checkpoint_path(method_name, kit.world_seed)
     meta = {"sft": asdict(cfg), "n_examples": len(examples), "n_dropped_too_long": dropped, "history": history}
     save_checkpoint(policy.model, kit.tokenizer, path, meta)
     return path, history, len(examples)
+
+
+def default_max_turns(k: int) -> int:
+    """A turn limit for k questions when no task is at hand (two hops each, plus slack)."""
+    return 2 * k + 4

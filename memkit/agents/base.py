@@ -201,3 +201,19 @@ def slot_scores(state: AgentState, metric=exact_match) -> list[float]:
         except (ValueError, TypeError):
             out.append(0.0)
     return out
+
+
+def compact_prompt_wrap(method_name: str):
+    """Replace the paper's long instruction ("system" segment) by one short line.
+
+    Used for the tiny model, which learns each format by behaviour cloning: the verbatim
+    instruction carries no information for it, yet it would be ~55% of every training
+    sequence (MEM1's Prompt 2 is ~315 tokens). A documented deviation; the oracle and chat
+    models keep the paper's prompt.
+    """
+    line = f"Format: {method_name}. Search until every question is answered, then answer.\n"
+
+    def wrap(segments: list[Segment]) -> list[Segment]:
+        return [Segment("system", line) if s.kind == "system" and s.ref is None else s for s in segments]
+
+    return wrap

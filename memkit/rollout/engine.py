@@ -146,7 +146,7 @@ class ContextBuilder:
 @dataclass
 class RolloutConfig:
     n: int = 1  # trajectories per task (the GRPO group size)
-    max_turns: int = 12  # tool-using ("act") calls per trajectory
+    max_turns: int | None = None  # tool-using ("act") calls per trajectory; None = method.suggested_max_turns(task)
     max_context_tokens: int = 4096  # a call whose context is longer ends the episode as invalid
     seed: int = 0
 
@@ -156,7 +156,8 @@ def run_rollouts(method: Method, tasks, env: Env, policy: Policy, tokenizer, cfg
     """Roll out ``cfg.n`` trajectories per task, all active ones batched together each round."""
     cfg = cfg or RolloutConfig()
     builder = ContextBuilder(tokenizer, wrap)
-    states = [method.new_state(task, max_turns=cfg.max_turns) for task in tasks for _ in range(cfg.n)]
+    states = [method.new_state(task, max_turns=cfg.max_turns or method.suggested_max_turns(task))
+              for task in tasks for _ in range(cfg.n)]
     group_index = [g for _ in tasks for g in range(cfg.n)]
     bar = None
     if progress:
