@@ -144,12 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--eval-objectives", type=_ints, default=[2])
     sp.set_defaults(func=cmd_sft)
 
-    try:
-        from memkit.reproduce import add_reproduce_parser
+    from memkit.reproduce import add_reproduce_parser
 
-        add_reproduce_parser(sub)
-    except ImportError:
-        pass
+    add_reproduce_parser(sub)
     try:
         from memkit.rl.cli import add_train_parser
 
@@ -161,8 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    func = getattr(args, "func", None) or args.handler
     try:
-        return args.func(args) or 0
+        return func(args) or 0
     except (ValueError, FileNotFoundError, KeyError) as e:
         print(f"memkit {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -65,7 +65,20 @@ def world_tokenizer(world, world_seed: int, vocab_size: int = 2048):
 
 
 def sft_checkpoint_path(method: str, world_seed: int = 0, tag: str = "default") -> Path:
+    """Where ``memkit sft`` caches a method's tiny model (``tag`` tells variants apart)."""
     return cache_dir() / f"tiny-sft-{method}-w{world_seed}-{tag}"
+
+
+def ensure_sft(method_name: str, kit: "Kit", cfg=None, progress: bool = True) -> Path:
+    """The SFT'd tiny model for ``cfg``: the default one from ``memkit sft`` when ``cfg`` is None
+    (trained now if missing), else one cached under a hash of ``cfg`` (e.g. a short smoke run)."""
+    from memkit.sft import SFTConfig
+
+    path = sft_checkpoint_path(method_name, kit.world_seed,
+                               "default" if cfg is None else "cfg" + config_hash(cfg))
+    if not path.exists():
+        train_sft_model(method_name, kit, cfg or SFTConfig(method=method_name), progress=progress, path=path)
+    return path
 
 
 def resolve_policy(spec: str, method, kit: Kit, temperature: float = 0.0, seed: int = 0,
@@ -77,8 +90,9 @@ def resolve_policy(spec: str, method, kit: Kit, temperature: float = 0.0, seed: 
 
     from memkit.models import HFBackend, load_policy
 
-    if spec == "tiny-sft":
-        path = sft_checkpoint_path(method.name, kit.world_seed)
+    if spec.startswith("tiny-sft"):  # "tiny-sft" or "tiny-sft:<tag>"
+        tag = spec.split(":", 1)[1] if ":" in spec else "default"
+        path = sft_checkpoint_path(method.name, kit.world_seed, tag)
         if not path.exists():
             raise FileNotFoundError(f"no SFT'd tiny model for method {method.name!r} at {path}; "
                                     f"train it first with `memkit sft --method {method.name}`")
