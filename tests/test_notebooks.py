@@ -28,8 +28,11 @@ from memkit.reproduce import (_runs_this_python, declared_parameters, main, repr
 # Entries for notebooks still being written are the agreed targets; their authors align the
 # record names (memkit.nb.record(name, value)) with these keys or edit them here.
 EXPECTATIONS: dict[str, dict] = {
-    "00_tour": {"n_calls_min": 1},
-    "01_rollouts_and_memory_cost": {"oracle_em_min": 0.95, "peak_ratio_16_max": 0.3},
+    "00_tour": {"n_calls_min": 15, "oracle_em_min": 0.95, "invalid_without_reason_eq": 0,
+                "parser_rejects_malformed_eq": True},
+    "01_rollouts_and_memory_cost": {"oracle_em_min": 0.95, "peak_ratio_16_max": 0.3, "tt_ratio_16_max": 0.5,
+                                    "react_peak_growth_min": 8, "memory_peak_growth_max": 4,
+                                    "fig3_react_growth_min": 5, "fig3_memsearcher_growth_max": 2},
     "02_mem1_masked_trajectories": {"exact_mask_logprob_gap_max": 1e-4,
                                     "float01_mask_logit_diff_min": 0.1},
     "03_memsearcher_multicontext_grpo": {"advantage_copy_err_max": 1e-6},
