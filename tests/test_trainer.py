@@ -150,7 +150,7 @@ def test_resume_continues_exactly(kit, tmp_path):
     assert max(float((sa[k] - init[k]).abs().max()) for k in init) > 1e-4
     strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("seconds")} for r in rows]  # noqa: E731
     assert strip(a.history) == strip(b.history) and len(a.history) == 4
-    assert a.eval_history == b.eval_history and [e["step"] for e in a.eval_history] == [2, 4]
+    assert a.eval_history == b.eval_history and [e["step"] for e in a.eval_history] == [0, 2, 4]
     # run files: logs, one kept checkpoint named by `latest`, no temp dirs, a loadable policy
     run = tmp_path / "b"
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 4

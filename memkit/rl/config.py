@@ -7,7 +7,7 @@ MemSearcher: GRPO, group size 5, lr 1e-6). ``validate()`` turns a bad value into
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 from memkit.rl.losses import AGG_MODES, KL_KINDS
 from memkit.rl.packing import MODES as PACKING_MODES
@@ -23,6 +23,8 @@ class TrainConfig:
     multi-context GRPO) or ``ppo`` (critic + GAE over each trajectory's trained tokens: MEM1 §3.2)."""
     method: str = "mem1"
     """Memory format (``memkit.agents.METHODS``): decides contexts, parsing and the outcome reward."""
+    method_kwargs: dict = field(default_factory=dict)
+    """Keyword arguments of ``get_method`` (e.g. memsearcher ``memory_budget_words``)."""
     init: str = "tiny-sft"
     """Initial policy: ``tiny-sft`` (cached SFT checkpoint of ``method``; make it with
     ``memkit sft --method M``), ``tiny`` (random init), ``smollm2-135m``, a checkpoint dir or a hub id."""
@@ -114,6 +116,8 @@ class TrainConfig:
     # ---- evaluation, logging, checkpoints --------------------------------------------------
     eval_every: int = 10
     """Greedy evaluation on held-out tasks every N steps (0 = never); also after the last step."""
+    eval_at_start: bool = True
+    """Also evaluate before the first step (the step-0 point of learning curves)."""
     eval_tasks: int = 32
     """Held-out tasks per objective count (``pipeline.evaluate`` seeds: 1000 + k)."""
     eval_objectives: tuple[int, ...] = (2,)
@@ -201,6 +205,6 @@ class TrainConfig:
 
 
 #: fields that must match for ``--resume`` to continue a run (others may change, e.g. steps)
-RESUME_KEYS = ("algo", "method", "init", "packing", "lora", "lora_r", "lora_alpha", "seed", "world_seed")
+RESUME_KEYS = ("algo", "method", "method_kwargs", "init", "packing", "lora", "lora_r", "lora_alpha", "seed", "world_seed")
 
 __all__ = ["TrainConfig", "ALGOS", "RESUME_KEYS"]

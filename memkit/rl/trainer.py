@@ -51,7 +51,7 @@ class Trainer(Learner):
         if kit is not None:
             from memkit.agents import get_method
 
-            self.method = get_method(cfg.method)
+            self.method = get_method(cfg.method, **cfg.method_kwargs)
         self.step, self.history, self.eval_history = 0, [], []
         self.files = RunFiles(cfg.out_dir, self.acc) if cfg.out_dir else None
         self.last_checkpoint: Path | None = None
@@ -85,7 +85,10 @@ class Trainer(Learner):
 
     def train_step(self) -> dict:
         """Rollout + update + log (+ eval / checkpoint when due). Returns the step's row."""
-        cfg, t0 = self.cfg, time.perf_counter()
+        cfg = self.cfg
+        if self.step == 0 and cfg.eval_every and cfg.eval_at_start and not self.eval_history:
+            self.evaluate()
+        t0 = time.perf_counter()
         local = self.step_tasks(self.step)[self.rank::self.world]
         trajs = self.rollout(local, cfg.n_samples, cfg.temperature, (cfg.seed * 1_000_003 + self.step) * 64 + self.rank)
         t1 = time.perf_counter()

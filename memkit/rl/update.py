@@ -148,7 +148,7 @@ class Learner:
             exp["values"] = values * m
             exp["adv"], exp["returns"] = trajectory_gae(batch, values, rewards, self.cfg.gamma, self.cfg.lam)
         else:
-            exp["adv"] = batch.token_advantages(traj_adv.to(dev))
+            exp["adv"] = batch.token_advantages(traj_adv).to(dev)  # [B, L], A_i on every trained token
         return exp
 
     def _whiten(self, exps) -> None:
