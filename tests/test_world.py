@@ -197,7 +197,7 @@ def test_tasks_jsonl_roundtrip_and_errors(world, tmp_path):
     save_tasks_jsonl(tasks, path)
     assert load_tasks_jsonl(path) == tasks
     assert not list(path.parent.glob(".*tmp"))
-    with pytest.raises(FileNotFoundError, match="save_tasks_jsonl"):
+    with pytest.raises(FileNotFoundError, match="memkit world"):
         load_tasks_jsonl(tmp_path / "missing.jsonl")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "x", "prompt": "p"}\n')

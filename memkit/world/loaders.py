@@ -72,7 +72,7 @@ def load_tasks_jsonl(path) -> list[Task]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"task file {path} does not exist; write one with "
-                                "memkit.world.save_tasks_jsonl(make_tasks(make_world(), n=100), path)")
+                                "`memkit world --out DIR` (it writes DIR/tasks.jsonl)")
     out = []
     for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
