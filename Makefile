@@ -29,7 +29,9 @@ browser-deps:
 # The full suite: unit tests, notebooks under papermill (SMOKE), nbval, the browser check.
 test: setup browser-deps
 	$(PY) -m pytest -q $(PYTEST_ARGS)
-	$(PY) -m pytest -q --nbval-lax -p no:randomly notebooks/
+	mkdir -p test-artifacts/nbval
+	MEMKIT_RECORD_PATH=$(CURDIR)/test-artifacts/nbval/records.json MEMKIT_FIGURES=$(CURDIR)/test-artifacts/nbval/figures \
+	  $(PY) -m pytest -q --nbval-lax --nbval-current-env -p no:randomly notebooks/
 
 # Unit tests only (no notebook execution, no browser): a few minutes.
 test-fast: setup

@@ -103,7 +103,7 @@ def train_sft(model, tokenizer, examples, cfg: SFTConfig, log=None, progress: bo
         opt.step()
         sched.step()
         if step % cfg.log_every == 0 or step == cfg.steps - 1:
-            row = {"step": step, "loss": float(loss), "lr": sched.get_last_lr()[0], "seconds": time.perf_counter() - t0}
+            row = {"step": step, "loss": loss.item(), "lr": sched.get_last_lr()[0], "seconds": time.perf_counter() - t0}
             history.append(row)
             if log:
                 log(row)
