@@ -7,6 +7,7 @@ trajectories batched into one generate call per round (the engine), and one traj
 time. Prints tokens generated, wall time and the speed-up ratio (target >= 8x at N = 64).
 The model is the SFT'd tiny model when `memkit sft --method M` has cached one (realistic
 turn counts), else a fresh tiny model (its outputs are mostly invalid after one call).
+The model is loaded once and shared by both paths, so the ratio measures generation only.
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import time
 
 import torch
 
-from memkit.pipeline import load_kit, rollout, sft_checkpoint_path
+from memkit.models import load_policy
+from memkit.pipeline import fresh_tiny, load_kit, rollout, sft_checkpoint_path
 from memkit.world import make_tasks
 
 
@@ -29,12 +31,14 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=4, help="samples per task")
     ap.add_argument("--method", default="mem1")
     ap.add_argument("--objectives", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for tiny on a shared 2-core box)")
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
     kit = load_kit(0)
     ckpt = sft_checkpoint_path(args.method, kit.world_seed)
-    policy = str(ckpt) if ckpt.exists() else "tiny"
+    policy = load_policy(str(ckpt)) if ckpt.exists() else fresh_tiny(kit)
     tasks = make_tasks(kit.world, n=args.n // args.group, k=args.objectives, seed=4242)
-    print(f"policy={policy} method={args.method} k={args.objectives} trajectories={args.n} threads={torch.get_num_threads()}")
+    print(f"policy={ckpt if ckpt.exists() else 'tiny (random init)'} method={args.method} k={args.objectives} trajectories={args.n} threads={torch.get_num_threads()}")
 
     t0 = time.perf_counter()
     batched = rollout(args.method, tasks, kit, policy=policy, n=args.group, temperature=1.0, seed=0)

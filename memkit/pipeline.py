@@ -83,12 +83,15 @@ def ensure_sft(method_name: str, kit: "Kit", cfg=None, progress: bool = True) ->
 
 def resolve_policy(spec: str, method, kit: Kit, temperature: float = 0.0, seed: int = 0,
                    oracle_cfg: OracleConfig | None = None):
-    """Return ``(engine_policy, tokenizer, wrap, loaded)``; ``loaded`` is the models.Policy or None."""
+    """Return ``(engine_policy, tokenizer, wrap, loaded)``; ``loaded`` is the models.Policy or None.
+
+    ``spec`` is a policy spec string or an already loaded :class:`memkit.models.Policy` (reused
+    as is, e.g. to roll out many batches without reloading the model)."""
+    if not isinstance(spec, str):
+        return _model_policy(spec, temperature, seed)
     if spec == "oracle":
         return OraclePolicy(method, kit.tokenizer, oracle_cfg, seed=seed), kit.tokenizer, None, None
-    import torch
-
-    from memkit.models import HFBackend, load_policy
+    from memkit.models import load_policy
 
     if spec.startswith("tiny-sft"):  # "tiny-sft" or "tiny-sft:<tag>"
         tag = spec.split(":", 1)[1] if ":" in spec else "default"
@@ -98,6 +101,14 @@ def resolve_policy(spec: str, method, kit: Kit, temperature: float = 0.0, seed: 
                                     f"train it first with `memkit sft --method {method.name}`")
         spec = str(path)
     loaded = fresh_tiny(kit, seed) if spec == "tiny" else load_policy(spec)
+    return _model_policy(loaded, temperature, seed)
+
+
+def _model_policy(loaded, temperature: float, seed: int):
+    import torch
+
+    from memkit.models import HFBackend
+
     gen = torch.Generator().manual_seed(seed)
     backend = HFBackend(loaded.model, loaded.tokenizer)
     return ModelPolicy(backend, temperature=temperature, generator=gen), loaded.tokenizer, loaded.wrap, loaded

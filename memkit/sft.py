@@ -1,9 +1,20 @@
 """Behaviour cloning (SFT) on oracle trajectories: how the tiny model learns a format.
 
 Every call of an oracle trajectory becomes one training sequence ``context_ids + output_ids``
-with the loss on the output tokens only (observations and prompts are never trained):
+with the behaviour-cloning loss on the output tokens:
 
-    L(θ) = − (1 / Σ_i |y_i|) Σ_i Σ_t log π_θ(y_{i,t} | x_i, y_{i,<t})
+    L_bc(θ) = − (1 / Σ_i |y_i|) Σ_i Σ_t log π_θ(y_{i,t} | x_i, y_{i,<t})
+
+Deviation (tiny model only): a real policy arrives pretrained; the tiny model starts from
+random weights and must first learn to read and copy entity names. ``context_weight`` adds a
+language-modelling loss on the context tokens (prompt, memory, ``<information>``), which
+plays the role of pretraining on the world text and makes copying emerge several times
+sooner for the same compute:
+
+    L(θ) = L_bc(θ) + w_ctx · (− mean_{context tokens} log π_θ(x_{i,t} | x_{i,<t}))
+
+Set ``context_weight=0`` for the papers' pure output-only SFT. RL never uses this loss: its
+loss mask covers generated tokens only.
 
 The oracle's imperfection knobs leave mistakes in the data on purpose, so the SFT'd model is
 a reasonable but improvable start for RL (MEM1 App. F.1 compares RL against SFT).
@@ -32,6 +43,7 @@ class SFTConfig:
     lr: float = 1e-3
     warmup: int = 50
     max_len: int = 768  # sequences longer than this are dropped (counted in the log)
+    context_weight: float = 0.5  # w_ctx: LM loss on context tokens (0 = output-only SFT, see above)
     seed: int = 0
     world_seed: int = 0
     oracle: OracleConfig = field(default_factory=lambda: OracleConfig(p_wasted_search=0.05, p_drop_fact=0.05))
@@ -53,24 +65,33 @@ def collect_examples(trajectories, max_len: int) -> tuple[list[tuple[list[int], 
 
 
 def make_batch(examples, pad_id: int):
-    """Right-padded batch. labels = -100 except on output tokens (loss mask)."""
+    """Right-padded batch ``(ids, attn, output_mask)``, all ``[B, T]``.
+
+    ``output_mask`` is True on output tokens (the behaviour-cloning loss mask); context tokens
+    are ``attn & ~output_mask``.
+    """
     length = max(len(c) + len(o) for c, o in examples)
     ids = torch.full((len(examples), length), pad_id, dtype=torch.long)
-    labels = torch.full_like(ids, -100)
+    output_mask = torch.zeros_like(ids, dtype=torch.bool)
     attn = torch.zeros_like(ids)
     for i, (c, o) in enumerate(examples):
         seq = c + o
         ids[i, : len(seq)] = torch.tensor(seq)
-        labels[i, len(c) : len(seq)] = torch.tensor(o)
+        output_mask[i, len(c) : len(seq)] = True
         attn[i, : len(seq)] = 1
-    return ids, attn, labels
+    return ids, attn, output_mask
 
 
-def sft_loss(model, ids, attn, labels) -> torch.Tensor:
-    """Mean next-token cross-entropy over output tokens (the equation above)."""
+def sft_loss(model, ids, attn, output_mask, context_weight: float = 0.0) -> torch.Tensor:
+    """``L_bc + w_ctx · L_ctx`` (the equations above); token ``t`` is predicted from ``< t``."""
     logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
-    target = labels[:, 1:]
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1), ignore_index=-100)
+    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")  # [B, T-1]
+    out = output_mask[:, 1:]
+    loss = (nll * out).sum() / out.sum().clamp(min=1)
+    if context_weight:
+        ctx = attn[:, 1:].bool() & ~out
+        loss = loss + context_weight * (nll * ctx).sum() / ctx.sum().clamp(min=1)
+    return loss
 
 
 def train_sft(model, tokenizer, examples, cfg: SFTConfig, log=None, progress: bool = True) -> list[dict]:
@@ -95,8 +116,8 @@ def train_sft(model, tokenizer, examples, cfg: SFTConfig, log=None, progress: bo
         if not queue:
             queue = chunks[:]
             rng.shuffle(queue)
-        ids, attn, labels = make_batch([examples[i] for i in queue.pop()], pad_id)
-        loss = sft_loss(model, ids, attn, labels)
+        ids, attn, output_mask = make_batch([examples[i] for i in queue.pop()], pad_id)
+        loss = sft_loss(model, ids, attn, output_mask, cfg.context_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

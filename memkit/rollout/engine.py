@@ -18,17 +18,10 @@ from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 from memkit.agents.base import AgentState, CallSpec, Env, Method, OracleConfig, Segment
+from memkit.models.generation import Generation  # one output type for oracle and model policies
 from memkit.rollout.trajectory import Call, Trajectory
 
 _TAG_RE = re.compile(r"<(/?)([a-z_]+)>")
-
-
-@dataclass
-class Generation:
-    ids: list[int]
-    logprobs: list[float]
-    text: str
-    finish: str = "stop"  # "stop" | "eos" | "length"
 
 
 class Policy(Protocol):
@@ -49,7 +42,7 @@ class OraclePolicy:
         for state in states:
             text = self.method.oracle(state, self.rng, self.cfg)
             ids = self.tokenizer.encode(text, add_special_tokens=False)
-            out.append(Generation(ids=ids, logprobs=[0.0] * len(ids), text=text))
+            out.append(Generation(ids=ids, logprobs=[0.0] * len(ids), text=text, finish="stop"))
         return out
 
 

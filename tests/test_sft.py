@@ -1,0 +1,100 @@
+"""Behaviour cloning: the loss masks, the loss against a per-example loop, learning, checkpoints."""
+import math
+
+import pytest
+import torch
+
+from memkit.models import build_tiny, train_tokenizer
+from memkit.sft import SFTConfig, collect_examples, make_batch, save_checkpoint, sft_loss, train_sft
+
+
+@pytest.fixture(scope="module")
+def tok():
+    texts = ["<think>Q1: Marda.</think><answer>Marda</answer>", "The hometown of The Shokross is Marda."] * 20
+    return train_tokenizer(texts, vocab_size=300)
+
+
+def _examples(tok, n=6):
+    out = []
+    for i in range(n):
+        ctx = tok(f"Question {i}: where is The Shokross from? The hometown of The Shokross is Marda.")["input_ids"]
+        y = tok(f"<think>Q1: Marda.</think><answer>Marda {i}</answer>")["input_ids"]
+        out.append((ctx[: 10 + i], y))
+    return out
+
+
+def test_make_batch_masks_outputs_only(tok):
+    ex = _examples(tok, 3)
+    ids, attn, out = make_batch(ex, pad_id=tok.pad_token_id)
+    for i, (c, o) in enumerate(ex):
+        assert ids[i, : len(c) + len(o)].tolist() == c + o
+        assert out[i].nonzero().flatten().tolist() == list(range(len(c), len(c) + len(o)))
+        assert attn[i].sum() == len(c) + len(o)
+    assert not (out & ~attn.bool()).any()  # padding is never a target
+
+
+def _loss_loop(model, examples, context_weight):
+    """Per-example reference: mean NLL over all output tokens (+ w * mean NLL over context tokens)."""
+    out_nll, ctx_nll = [], []
+    for c, o in examples:
+        seq = torch.tensor([c + o])
+        logp = torch.log_softmax(model(input_ids=seq).logits[0].float(), -1)
+        for t in range(1, len(c) + len(o)):
+            (out_nll if t >= len(c) else ctx_nll).append(-logp[t - 1, seq[0, t]].item())
+    loss = sum(out_nll) / len(out_nll)
+    return loss + (context_weight * sum(ctx_nll) / len(ctx_nll) if context_weight else 0.0)
+
+
+@pytest.mark.parametrize("w", [0.0, 0.5])
+def test_sft_loss_matches_per_example_loop(tok, w):
+    torch.manual_seed(0)
+    model = build_tiny(tok, seed=1)
+    ex = _examples(tok)
+    ids, attn, out = make_batch(ex, pad_id=tok.pad_token_id)
+    with torch.no_grad():
+        got = sft_loss(model, ids, attn, out, context_weight=w).item()
+    assert got == pytest.approx(_loss_loop(model, ex, w), abs=1e-4)
+
+
+def test_sft_learns_the_outputs(tok):
+    model = build_tiny(tok, seed=0)
+    ex = _examples(tok)
+    ids, attn, out = make_batch(ex, pad_id=tok.pad_token_id)
+    with torch.no_grad():
+        before = sft_loss(model, ids, attn, out).item()
+    cfg = SFTConfig(steps=40, batch_size=6, lr=3e-3, warmup=5, log_every=10)
+    hist = train_sft(model, tok, ex, cfg, progress=False)
+    with torch.no_grad():
+        after = sft_loss(model, ids, attn, out).item()
+    assert before > math.log(50) and after < 0.25 * before, (before, after)
+    assert [r["step"] for r in hist] == [0, 10, 20, 30, 39]
+
+
+class _Call:
+    def __init__(self, c, o):
+        self.context_ids, self.output_ids = c, o
+
+
+class _Traj:
+    def __init__(self, calls):
+        self.calls = calls
+
+
+def test_collect_examples_drops_long_and_empty_calls():
+    trajs = [_Traj([_Call([1] * 5, [2] * 3), _Call([1] * 9, [2] * 3), _Call([1] * 3, [])])]
+    ex, dropped = collect_examples(trajs, max_len=10)
+    assert ex == [([1] * 5, [2] * 3)] and dropped == 1
+
+
+def test_checkpoint_round_trip_is_exact_and_replaces_atomically(tok, tmp_path):
+    from memkit.models import load_policy
+
+    model = build_tiny(tok, seed=3)
+    path = tmp_path / "ckpt"
+    save_checkpoint(build_tiny(tok, seed=4), tok, path)  # an older checkpoint is replaced whole
+    save_checkpoint(model, tok, path, meta={"note": "x"})
+    assert not (tmp_path / "ckpt.tmp").exists() and (path / "memkit.json").exists()
+    loaded = load_policy(str(path))
+    ids = torch.tensor([tok("The hometown of The Shokross")["input_ids"]])
+    with torch.no_grad():
+        assert torch.allclose(loaded.model(input_ids=ids).logits, model(input_ids=ids).logits, atol=1e-6)
