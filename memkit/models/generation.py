@@ -51,7 +51,7 @@ class Generation:
     ids: list[int]
     logprobs: list[float]
     text: str
-    finish: Literal["stop", "eos", "length"]
+    finish: Literal["stop", "eos", "length"] = "stop"
 
 
 def _eos_ids(model, tokenizer) -> set[int]:
