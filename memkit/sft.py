@@ -43,7 +43,9 @@ class SFTConfig:
     lr: float = 1e-3
     warmup: int = 50
     max_len: int = 768  # sequences longer than this are dropped (counted in the log)
-    context_weight: float = 0.5  # w_ctx: LM loss on context tokens (0 = output-only SFT, see above)
+    context_weight: float = 0.0  # w_ctx: LM loss on context tokens (0 = output-only SFT, see above)
+    bf16: bool = True  # bfloat16 autocast for the forward/backward (weights and AdamW stay float32);
+    # ~2x faster on CPUs with AVX512-BF16/AMX and on GPUs, numerically fine for this loss
     seed: int = 0
     world_seed: int = 0
     oracle: OracleConfig = field(default_factory=lambda: OracleConfig(p_wasted_search=0.05, p_drop_fact=0.05))
@@ -117,7 +119,10 @@ def train_sft(model, tokenizer, examples, cfg: SFTConfig, log=None, progress: bo
             queue = chunks[:]
             rng.shuffle(queue)
         ids, attn, output_mask = make_batch([examples[i] for i in queue.pop()], pad_id)
-        loss = sft_loss(model, ids, attn, output_mask, cfg.context_weight)
+        device = next(model.parameters()).device
+        ids, attn, output_mask = ids.to(device), attn.to(device), output_mask.to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
+            loss = sft_loss(model, ids, attn, output_mask, cfg.context_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
