@@ -238,6 +238,50 @@ def memory_actions(traj: Trajectory) -> int:
     return n
 
 
+def context_tokens_per_turn(trajs: Sequence[Trajectory], role: str | None = "act",
+                            exclude: Sequence[str] = ()) -> tuple[np.ndarray, np.ndarray]:
+    """MemSearcher Fig. 3: mean number of tokens in the LLM context at each turn.
+
+    Turn t (1-based) of a trajectory is its t-th call with ``role`` (``None``: every call), so
+    a MemSearcher turn is counted by its act call and a ReAct call is one turn. Context tokens
+    of the kinds in ``exclude`` are left out (default none: the paper counts the whole
+    context). Returns ``(mean, count)``, both ``[T]`` with T the most turns of any trajectory:
+    ``mean[t-1]`` averages turn t over the ``count[t-1]`` trajectories that reached it.
+    :func:`context_tokens_per_turn_loop` is the reference.
+    """
+    turn_idx, n_ctx = [], []
+    for t in trajs:
+        n_p, _ = _sizes(t, exclude)
+        keep = np.array([role is None or c.role == role for c in t.calls], dtype=bool)
+        sel = n_p[keep] if len(keep) else n_p
+        turn_idx.append(np.arange(len(sel)))
+        n_ctx.append(sel)
+    turn = np.concatenate(turn_idx + [np.zeros(0, np.int64)]).astype(np.int64)
+    size = np.concatenate(n_ctx + [np.zeros(0, np.int64)]).astype(np.float64)
+    count = np.bincount(turn)
+    mean = np.bincount(turn, weights=size, minlength=len(count)) / np.maximum(count, 1)
+    return mean, count
+
+
+def context_tokens_per_turn_loop(trajs: Sequence[Trajectory], role: str | None = "act",
+                                 exclude: Sequence[str] = ()) -> tuple[list[float], list[int]]:
+    """Loop reference for :func:`context_tokens_per_turn` (lists of per-turn sums and counts)."""
+    sums: list[float] = []
+    counts: list[int] = []
+    for t in trajs:
+        turn = 0
+        for c in t.calls:
+            if role is not None and c.role != role:
+                continue
+            if turn == len(sums):
+                sums.append(0.0)
+                counts.append(0)
+            sums[turn] += c.n_context - _excluded(c, exclude)
+            counts[turn] += 1
+            turn += 1
+    return [s / n for s, n in zip(sums, counts)], counts
+
+
 # ------------------------------------------------------------------------------ summary
 COLUMNS = ("method", "k", "n", "em", "f1", "peak_tokens", "pt", "tt", "dependency", "tool_calls",
            "memory_actions", "seconds", "wall_seconds", "invalid_rate")

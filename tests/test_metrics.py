@@ -164,3 +164,46 @@ def test_summarize_round_trips_through_jsonl(tmp_path):
                   answer="x", golds=[["x"]]) for _ in range(3)]
     save_jsonl(trajs, tmp_path / "t.jsonl")
     assert summarize(load_jsonl(tmp_path / "t.jsonl")) == summarize(trajs)
+
+
+# ------------------------------------------------------------- context tokens per turn (MemSearcher Fig. 3)
+def test_context_tokens_per_turn_by_hand():
+    from memkit.metrics import context_tokens_per_turn
+
+    # MemSearcher-like: act calls (ctx 30, 34) with memory updates between them; a shorter second trajectory
+    a = traj([call(1, 30, 5, system=10), call(1, 50, 8, role="memory"), call(2, 34, 4, system=10)])
+    b = traj([call(1, 20, 5)])
+    mean, count = context_tokens_per_turn([a, b])
+    assert mean.tolist() == [25.0, 34.0] and count.tolist() == [2, 1]
+    mean, count = context_tokens_per_turn([a, b], exclude=("system",))
+    assert mean.tolist() == [20.0, 24.0]
+    mean, count = context_tokens_per_turn([a], role="memory")
+    assert mean.tolist() == [50.0] and count.tolist() == [1]
+    mean, count = context_tokens_per_turn([a], role=None)
+    assert mean.tolist() == [30.0, 50.0, 34.0]
+    mean, count = context_tokens_per_turn([])
+    assert len(mean) == len(count) == 0
+
+
+@st.composite
+def role_trajs(draw):
+    out = []
+    for _ in range(draw(st.integers(0, 5))):
+        calls = []
+        for i in range(draw(st.integers(0, 7))):
+            n_ctx = draw(st.integers(0, 80))
+            calls.append(call(i + 1, n_ctx, draw(st.integers(0, 9)), system=draw(st.integers(0, n_ctx)),
+                              role=draw(st.sampled_from(["act", "memory"]))))
+        out.append(traj(calls))
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(role_trajs(), st.sampled_from(["act", "memory", None]), st.sampled_from([(), ("system",)]))
+def test_context_tokens_per_turn_matches_loop(trajs, role, exclude):
+    from memkit.metrics import context_tokens_per_turn, context_tokens_per_turn_loop
+
+    mean, count = context_tokens_per_turn(trajs, role=role, exclude=exclude)
+    ref_mean, ref_count = context_tokens_per_turn_loop(trajs, role=role, exclude=exclude)
+    assert count.tolist() == ref_count
+    assert mean.tolist() == pytest.approx(ref_mean)
