@@ -147,8 +147,13 @@ def test_widgets_render_in_jupyterlab(lab, browser, name):
     shot = ARTIFACTS / f"browser_{Path(name).stem.lstrip('_')}.png"
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     try:
-        page.goto(f"{lab['base']}/lab/tree/{name}?token={lab['token']}", timeout=90_000)
+        # a fresh workspace per notebook: Lab would otherwise restore the previous test's tabs
+        workspace = Path(name).stem.strip("_").replace("_", "-")
+        page.goto(f"{lab['base']}/lab/workspaces/{workspace}/tree/{name}?reset&token={lab['token']}", timeout=90_000)
         page.wait_for_selector(".jp-Notebook", timeout=90_000)
+        current = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current")
+        current.first.wait_for(timeout=90_000)
+        assert name in current.first.inner_text(), f"the open tab is {current.first.inner_text()!r}, not {name}"
         # the kernel must be up before Run All: the status bar reads "<kernel> | Idle"
         page.locator(".jp-StatusBar-Widget", has_text="| Idle").first.wait_for(timeout=90_000)
         _run_all(page)
