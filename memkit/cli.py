@@ -82,7 +82,8 @@ def cmd_sft(args) -> int:
     from memkit.sft import SFTConfig
 
     kit = load_kit(args.world_seed)
-    cfg = SFTConfig(method=args.method, steps=args.steps, n_tasks=args.n_tasks, objectives=tuple(args.objectives), seed=args.seed)
+    cfg = SFTConfig(method=args.method, steps=args.steps, n_tasks=args.n_tasks, objectives=tuple(args.objectives),
+                    seed=args.seed, max_seconds=60 * args.max_minutes if args.max_minutes else None)
     t0 = time.perf_counter()
     path, history, n_ex = train_sft_model(args.method, kit, cfg, log=lambda r: print(
         f"step {r['step']:5d}  loss {r['loss']:.4f}  lr {r['lr']:.2e}  {r['seconds']:.0f}s", flush=True))
@@ -135,11 +136,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out-dir", default=None, help="write JSONL traces here")
     sp.set_defaults(func=cmd_eval)
 
+    from memkit.sft import SFTConfig
+
     sp = sub.add_parser("sft", help="behaviour-clone the oracle into the tiny model (cached checkpoint)")
     common(sp, objectives="1,2")
     sp.set_defaults(n_tasks=1200)
     sp.add_argument("--method", type=lambda s: _methods(s)[0], required=True, help=", ".join(METHODS))
-    sp.add_argument("--steps", type=int, default=900)
+    sp.add_argument("--steps", type=int, default=SFTConfig.steps)
+    sp.add_argument("--max-minutes", type=float, default=None,
+                    help="wall-clock budget for the optimisation (the schedule shrinks to fit; default: by --steps)")
     sp.add_argument("--eval-tasks", type=int, default=100, help="held-out tasks to evaluate after training (0 = skip)")
     sp.add_argument("--eval-objectives", type=_ints, default=[2])
     sp.set_defaults(func=cmd_sft)

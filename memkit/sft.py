@@ -46,6 +46,8 @@ class SFTConfig:
     context_weight: float = 0.0  # w_ctx: LM loss on context tokens (0 = output-only SFT, see above)
     bf16: bool = True  # bfloat16 autocast for the forward/backward (weights and AdamW stay float32);
     # ~2x faster on CPUs with AVX512-BF16/AMX and on GPUs, numerically fine for this loss
+    max_seconds: float | None = None  # wall-clock budget: the schedule runs on max(step/steps,
+    # elapsed/max_seconds) and training stops when either ends (machine-dependent; None = by steps)
     seed: int = 0
     world_seed: int = 0
     oracle: OracleConfig = field(default_factory=lambda: OracleConfig(p_wasted_search=0.05, p_drop_fact=0.05))
@@ -97,17 +99,29 @@ def sft_loss(model, ids, attn, output_mask, context_weight: float = 0.0) -> torc
 
 
 def train_sft(model, tokenizer, examples, cfg: SFTConfig, log=None, progress: bool = True) -> list[dict]:
-    """AdamW with linear warmup + cosine decay; batches drawn from length-sorted buckets."""
+    """AdamW with linear warmup + cosine decay; batches drawn from length-sorted buckets.
+
+    With ``cfg.max_seconds`` the cosine runs on whichever of steps or wall time is further
+    along, so a time-limited run still ends at learning rate 0.
+    """
     rng = random.Random(cfg.seed)
     torch.manual_seed(cfg.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.95))
+    t0 = time.perf_counter()
+
+    def progress_frac(s: int) -> float:
+        frac = s / cfg.steps
+        if cfg.max_seconds:
+            frac = max(frac, (time.perf_counter() - t0) / cfg.max_seconds)
+        return min(1.0, frac)
+
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup)
-                                              * 0.5 * (1 + math.cos(math.pi * min(1.0, s / cfg.steps))))
+                                              * 0.5 * (1 + math.cos(math.pi * progress_frac(s))))
     # Bucket by length so a batch pads little: sort, chunk, shuffle chunks each epoch.
     order = sorted(range(len(examples)), key=lambda i: len(examples[i][0]) + len(examples[i][1]))
     chunks = [order[i : i + cfg.batch_size] for i in range(0, len(order), cfg.batch_size)]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    history, queue, t0 = [], [], time.perf_counter()
+    history, queue = [], []
     model.train()
     steps = range(cfg.steps)
     if progress:
@@ -128,11 +142,14 @@ def train_sft(model, tokenizer, examples, cfg: SFTConfig, log=None, progress: bo
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        if step % cfg.log_every == 0 or step == cfg.steps - 1:
+        out_of_time = bool(cfg.max_seconds) and time.perf_counter() - t0 >= cfg.max_seconds
+        if step % cfg.log_every == 0 or step == cfg.steps - 1 or out_of_time:
             row = {"step": step, "loss": loss.item(), "lr": sched.get_last_lr()[0], "seconds": time.perf_counter() - t0}
             history.append(row)
             if log:
                 log(row)
+        if out_of_time:
+            break
     model.eval()
     return history
 

@@ -98,3 +98,11 @@ def test_checkpoint_round_trip_is_exact_and_replaces_atomically(tok, tmp_path):
     ids = torch.tensor([tok("The hometown of The Shokross")["input_ids"]])
     with torch.no_grad():
         assert torch.allclose(loaded.model(input_ids=ids).logits, model(input_ids=ids).logits, atol=1e-6)
+
+
+def test_time_budget_stops_training_and_ends_the_schedule(tok):
+    model = build_tiny(tok, seed=0)
+    cfg = SFTConfig(steps=10_000, batch_size=6, lr=1e-3, warmup=1, log_every=10_000, max_seconds=0.5)
+    hist = train_sft(model, tok, _examples(tok), cfg, progress=False)
+    assert hist[-1]["step"] < 10_000 - 1 and hist[-1]["seconds"] >= 0.5
+    assert hist[-1]["lr"] < 1e-3 * 0.05  # the cosine ran on wall time, not on the 10k steps
