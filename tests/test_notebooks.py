@@ -34,7 +34,10 @@ EXPECTATIONS: dict[str, dict] = {
                                     "react_peak_growth_min": 8, "memory_peak_growth_max": 4,
                                     "fig3_react_growth_min": 5, "fig3_memsearcher_growth_max": 2},
     "02_mem1_masked_trajectories": {"exact_mask_logprob_gap_max": 1e-4,
-                                    "float01_mask_logit_diff_min": 0.1},
+                                    "float01_mask_logit_diff_min": 0.1, "correct_mask_logit_diff_max": 1e-4,
+                                    "mem1_mask_logprob_gap_min": 1e-4, "mem1_mask_calls12_logprob_gap_max": 1e-4,
+                                    "tokens_ratio_mask_8_max": 0.8, "tokens_ratio_exact_8_max": 0.8,
+                                    "rl_steps_eq": 2},
     "03_memsearcher_multicontext_grpo": {"advantage_copy_err_max": 1e-6},
 }
 

@@ -386,3 +386,79 @@ def test_at_pred_reads_predicting_position():
     x = torch.arange(b.input_ids.shape[1], dtype=torch.float32)[None] + 1
     got = b.at_pred(x)
     assert torch.equal(got, torch.where(b.pred_index >= 0, b.pred_index.float() + 1, torch.zeros_like(got)))
+
+
+def test_padded_tokens_and_attention_cells():
+    for mode in ("separate", "mem1_mask", "mem1_exact"):
+        b = pack(TRAJS, mode)
+        B, Lx = b.input_ids.shape
+        assert b.n_padded_tokens == B * Lx >= b.n_tokens
+        assert b.n_attention_cells == B * Lx * Lx >= b.n_attention_pairs
+
+
+@pytest.mark.parametrize("mode", ["separate", "mem1_mask", "mem1_exact"])
+def test_segments_tile_rows_and_name_mem1_blocks(mode):
+    from memkit.rl.packing import segments
+    b, segs = pack(TRAJS, mode), segments(TRAJS, mode)
+    assert len(segs) == b.input_ids.shape[0]
+    for row, runs in enumerate(segs):
+        assert runs[0].start == 0 and runs[-1].end == int(b.lengths[row])
+        assert all(x.end == y.start and x.start < x.end for x, y in zip(runs, runs[1:]))
+        tr = TRAJS[int(b.traj_index[row])]
+        for s in runs:
+            ids = b.input_ids[row, s.start:s.end].tolist()
+            cid = b.call_ids[row, s.start:s.end]
+            if s.kind == "output":
+                assert bool((cid == s.call).all()) and ids == tr.calls[s.call].output_ids
+            else:
+                assert bool((cid == -1).all())
+            if s.kind == "copy":
+                assert ids == tr.calls[s.call].output_ids
+            if s.kind == "observation":
+                assert ids == tr.calls[s.call].observation_ids
+            if s.kind == "prompt":
+                assert ids == tr.calls[0].context_ids[:len(ids)]
+    labels = [s.label for s in segs[0]]
+    expect = {"separate": ["q", "S1A1"],
+              "mem1_mask": ["q", "S1A1", "O1", "S2A2", "O2", "S3A3", "O3", "S4A4"],
+              "mem1_exact": ["q", "S1A1", "O1", "S2A2", "[S2A2]'", "O2", "S3A3", "[S3A3]'", "O3", "S4A4"]}[mode]
+    assert labels == expect
+    if mode == "separate":
+        assert [s.label for s in segs[2]] == ["q", "[S2A2]'", "O2", "S3A3"]
+        assert [s.label for s in segments(TRAJS[1:2], mode)[1]] == ["q", "[S1A1]'", "O1", "c2", "S2A2"]
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_mask_form_logit_gap(impl, sdpa_model):
+    """The 0/1-float pitfall as a number: float01 moves the logits a lot on both backends, a
+    bool mask only on eager (added as +1/+0), an additive 0/-inf mask never."""
+    from memkit.rl.packing import mask_form_logit_gap, mask_in_form
+    model = sdpa_model if impl == "sdpa" else _model("eager")
+    b = pack(TRAJS, "mem1_exact")
+    gap = {f: mask_form_logit_gap(model, b, f) for f in ("bool", "additive", "float01")}
+    assert gap["additive"]["logit_max_abs"] <= 1e-5
+    assert gap["float01"]["logit_max_abs"] > 0.1 and gap["float01"]["logprob_max_abs"] > 1e-2
+    assert (gap["bool"]["logit_max_abs"] <= 1e-5) == (impl == "sdpa")
+    m = b.attention_mask
+    assert mask_in_form(m, "float01").unique().tolist() == [0.0, 1.0]
+    assert torch.equal(mask_in_form(m, "additive") == 0, m)
+    with pytest.raises(ValueError, match="unknown mask form"):
+        mask_in_form(m, "ones")
+    with pytest.raises(ValueError, match="2D-mode batch"):
+        mask_form_logit_gap(model, pack(TRAJS, "separate"), "float01")
+
+
+def test_plot_mask_and_viewer_name_segments():
+    from memkit.rl.packing import segments
+    from memkit.viz.mask import MaskViewer, plot_mask
+    b, segs = pack(TRAJS, "mem1_exact"), segments(TRAJS, "mem1_exact")
+    n = int(b.lengths[0])
+    fig = plot_mask(b.attention_mask[0, 0, :n, :n], segments=segs[0])
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == [s.label for s in segs[0]]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [s.label for s in segs[0]]
+    assert len(ax.lines) == 2 * (len(segs[0]) - 1)  # a boundary at each start but 0, both axes
+    plot_mask(b.attention_mask[0, 0, :n, :n], segments=[(s.start, s.end, s.label) for s in segs[0]])
+    v = MaskViewer(b.attention_mask, segments=segs)
+    v.slider.value = 2
+    assert [t.get_text() for t in v.figure.axes[0].get_xticklabels()] == [s.label for s in segs[2]]

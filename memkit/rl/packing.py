@@ -54,6 +54,7 @@ Modes
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -90,6 +91,18 @@ class PackedBatch:
         valid = torch.arange(self.input_ids.shape[1]) < self.lengths[:, None]  # [B, L]
         m = self.attention_mask[:, 0] & valid[:, :, None] & valid[:, None, :]
         return int(m.sum())
+
+    @property
+    def n_padded_tokens(self) -> int:
+        """Token slots the forward pass really runs, padding included: ``B * L``."""
+        return int(self.input_ids.shape[0] * self.input_ids.shape[1])
+
+    @property
+    def n_attention_cells(self) -> int:
+        """Attention scores a dense kernel computes, padding and masked cells included:
+        ``B * L * L`` per head and layer (sdpa/eager with an explicit mask skip nothing)."""
+        B, L = self.input_ids.shape
+        return int(B * L * L)
 
     def at_pred(self, per_position: torch.Tensor) -> torch.Tensor:
         """Read a per-position quantity at each token's predicting position, ``[B, L] -> [B, L]``
@@ -274,6 +287,124 @@ def pack(trajectories: list[Trajectory], mode: str = "separate", pad_id: int = 0
     return PackedBatch(mode=mode, traj_index=torch.tensor(traj_index, dtype=torch.long),
                        call_index=torch.tensor(call_index, dtype=torch.long),
                        lengths=torch.tensor(lengths, dtype=torch.long), **out)
+
+
+class Segment(NamedTuple):
+    """A run ``[start, end)`` of one packed row that comes from one piece of one call.
+
+    ``kind``: ``prompt`` (call 0's context outside any ref), ``output`` (call ``call``'s
+    generated tokens, trained), ``copy`` (a context copy of call ``call``'s output: mem1_exact's
+    duplicated state, or any earlier output inside a ``separate`` row), ``observation``
+    (call ``call``'s tool result), ``context`` (other context tokens first placed for call
+    ``call``, e.g. chat suffixes). ``label`` names it in MEM1's notation: ``q``, ``S1A1``,
+    ``[S1A1]'``, ``O1``, ``c2`` (1-based, as the paper counts turns).
+    """
+
+    start: int
+    end: int
+    kind: str
+    call: int
+    label: str
+
+
+def _label(kind: str, call: int) -> str:
+    i = call + 1
+    return {"prompt": "q", "output": f"S{i}A{i}", "copy": f"[S{i}A{i}]'", "observation": f"O{i}"}.get(kind, f"c{i}")
+
+
+def _ref_kind(call: Call, p: int) -> tuple[str, int] | None:
+    for s, e, j, kind in call.context_refs:
+        if s <= p < e:
+            return ("copy" if kind == "output" else "observation"), j
+    return None
+
+
+def _runs(tags: list[tuple[str, int]]) -> list[Segment]:
+    out, start = [], 0
+    for i in range(1, len(tags) + 1):
+        if i == len(tags) or tags[i] != tags[start]:
+            kind, call = tags[start]
+            out.append(Segment(start, i, kind, call, _label(kind, call)))
+            start = i
+    return out
+
+
+def segments(trajectories: list[Trajectory], mode: str) -> list[list[Segment]]:
+    """The pieces of every row of ``pack(trajectories, mode)``, in row order (same rows, same
+    token indices): for drawing a packed mask with its blocks named, e.g. for a MEM1 row under
+    ``mem1_exact``: ``q, S1A1, O1, S2A2, [S2A2]', O2, S3A3, ...``. A context token belongs to
+    the call that placed it (see the module docstring); refs say whether it copies an earlier
+    output or an observation."""
+    if mode not in MODES:
+        raise ValueError(f"unknown packing mode {mode!r}; choose one of {MODES}")
+    rows = []
+    for tr in trajectories:
+        if mode == "separate":
+            first = list(tr.calls[0].context_ids) if tr.calls else []
+            for t, c in enumerate(tr.calls):
+                n_pre = 0  # call 0's prompt, repeated at the start of every later call
+                while (n_pre < min(len(first), c.n_context) and c.context_ids[n_pre] == first[n_pre]
+                       and _ref_kind(c, n_pre) is None):
+                    n_pre += 1
+                tags = [_ref_kind(c, p) or (("prompt", 0) if p < n_pre else ("context", t)) for p in range(c.n_context)]
+                rows.append(_runs(tags + [("output", t)] * c.n_output))
+            continue
+        row = (_layout_mem1_mask if mode == "mem1_mask" else _layout_trie)(tr.calls)
+        tags: list = [None] * len(row.ids)
+        for t, (full, here, n_ctx) in enumerate(row.calls):
+            for p, (i, placed) in enumerate(zip(full, here)):
+                if placed and tags[i] is None:
+                    tags[i] = ("output", t) if p >= n_ctx else (
+                        _ref_kind(tr.calls[t], p) or (("prompt", 0) if t == 0 else ("context", t)))
+        rows.append(_runs(tags))
+    return rows
+
+
+MASK_FORMS = ("bool", "additive", "float01")
+
+
+def mask_in_form(mask: torch.Tensor, form: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """memkit's bool 4D mask (True = attend) written another way: ``bool`` (as is),
+    ``additive`` (0 where allowed, -inf elsewhere: correct on every backend) or ``float01``
+    (1.0 / 0.0, what ``mask.to(bf16)`` gives: the MEM1 reference code's pitfall). Attention
+    backends *add* a float mask to the scores, so ``float01`` shifts allowed keys by +1 and
+    masks nothing."""
+    if form == "bool":
+        return mask
+    if form == "additive":
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, float("-inf"))
+    if form == "float01":
+        return mask.to(dtype)
+    raise ValueError(f"unknown mask form {form!r}; choose one of {MASK_FORMS}")
+
+
+@torch.no_grad()
+def mask_form_logit_gap(model, batch: PackedBatch, form: str) -> dict:
+    """How much the logits move when a 2D-packed batch's mask reaches ``model`` in ``form``
+    instead of the right form (:func:`model_attention_mask`).
+
+    Compared at the positions that predict trained tokens (``pred_index`` where ``loss_mask``
+    is 1). Returns ``{"logit_max_abs", "logit_mean_abs", "logprob_max_abs"}`` (the last on the
+    trained tokens' log-probs). ~1e-6 means the form masks correctly on this backend."""
+    if batch.attention_mask.dim() != 4:
+        raise ValueError("mask_form_logit_gap needs a 2D-mode batch (mem1_mask or mem1_exact)")
+    dev = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    ids, pos = batch.input_ids.to(dev), batch.position_ids.to(dev)
+    mask = batch.attention_mask.to(dev)
+    right = model(input_ids=ids, attention_mask=model_attention_mask(mask, model), position_ids=pos,
+                  use_cache=False).logits.float()
+    other = model(input_ids=ids, attention_mask=mask_in_form(mask, form, dtype), position_ids=pos,
+                  use_cache=False).logits.float()
+    sel = batch.loss_mask > 0
+    b, i = sel.nonzero(as_tuple=True)
+    q = batch.pred_index[b, i]
+    b, q, tok = b.to(dev), q.to(dev), batch.input_ids[sel].to(dev)
+    d = (right[b, q] - other[b, q]).abs()
+    lp = lambda x: x[b, q].log_softmax(-1).gather(-1, tok[:, None])[:, 0]  # noqa: E731
+    return {"logit_max_abs": float(d.max()) if d.numel() else 0.0,
+            "logit_mean_abs": float(d.mean()) if d.numel() else 0.0,
+            "logprob_max_abs": float((lp(right) - lp(other)).abs().max()) if d.numel() else 0.0}
 
 
 def model_attention_mask(mask: torch.Tensor, model) -> torch.Tensor:

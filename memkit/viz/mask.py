@@ -1,6 +1,7 @@
 """Attention-mask figures and a viewer (MEM1's packed masks, DCPO segments, ...).
 
     plot_mask(mask, tokens=toks, title="MEM1 mask").savefig("figures/mem1_mask.png")
+    plot_mask(mask, segments=[(0, 70, "q"), (70, 105, "S1A1"), ...])  # named blocks, long rows
     MaskViewer(batch_mask)      # [B,1,L,L] or [B,L,L]: a "batch" slider picks the row
 
 Cell (q, k) is filled when query position q may attend to key position k.
@@ -41,13 +42,30 @@ def as_batch(mask) -> np.ndarray:
     return arr
 
 
+def _segment_triples(segments) -> list[tuple[int, int, str]]:
+    """``(start, end, label)`` from 3-tuples or objects with ``start``/``end``/``label``
+    (e.g. ``memkit.rl.packing.Segment``)."""
+    out = []
+    for seg in segments:
+        if hasattr(seg, "label"):
+            out.append((int(seg.start), int(seg.end), str(seg.label)))
+        else:
+            a, b, lab = seg
+            out.append((int(a), int(b), str(lab)))
+    return out
+
+
 def plot_mask(mask, ax=None, tokens: Sequence[str] | None = None, title: str | None = None,
-              row_labels: Sequence[str] | None = None, boundaries: Sequence[int] | None = None) -> Figure:
+              row_labels: Sequence[str] | None = None, boundaries: Sequence[int] | None = None,
+              segments=None) -> Figure:
     """Draw a 2-D [L, L] attention mask (rows = queries, columns = keys); return the figure.
 
     ``tokens`` label the axes when there are at most ``MAX_LABELS`` of them (``row_labels``
     overrides the row labels); ``boundaries`` are positions where a new call/segment starts,
-    drawn as lines. Without ``ax`` a new (pyplot-free) Figure is made, so it is safe in loops.
+    drawn as lines. ``segments`` (``(start, end, label)`` runs, or ``Segment``s) name blocks of
+    a long row: a line at each start and the label at the block's middle on both axes (token
+    labels are then not drawn). Without ``ax`` a new (pyplot-free) Figure is made, so it is
+    safe in loops.
     """
     arr = as_numpy(mask)
     if arr.ndim != 2 or arr.shape[0] != arr.shape[1]:
@@ -64,11 +82,21 @@ def plot_mask(mask, ax=None, tokens: Sequence[str] | None = None, title: str | N
     ax.set_ylabel("query position")
     cols = list(tokens) if tokens is not None else None
     rows = list(row_labels) if row_labels is not None else cols
-    for labels, set_ticks, set_labels, rot in ((cols, ax.set_xticks, ax.set_xticklabels, 90),
-                                               (rows, ax.set_yticks, ax.set_yticklabels, 0)):
-        if labels is not None and len(labels) == L and L <= MAX_LABELS:
-            set_ticks(range(L))
-            set_labels([str(t) for t in labels], rotation=rot, fontsize=7)
+    segs = _segment_triples(segments) if segments is not None else []
+    if segs:
+        mids = [(a + b - 1) / 2 for a, b, _ in segs]
+        names = [lab for _, _, lab in segs]
+        ax.set_xticks(mids)
+        ax.set_xticklabels(names, rotation=90, fontsize=7)
+        ax.set_yticks(mids)
+        ax.set_yticklabels(names, fontsize=7)
+        boundaries = list(boundaries or ()) + [a for a, _, _ in segs]
+    else:
+        for labels, set_ticks, set_labels, rot in ((cols, ax.set_xticks, ax.set_xticklabels, 90),
+                                                   (rows, ax.set_yticks, ax.set_yticklabels, 0)):
+            if labels is not None and len(labels) == L and L <= MAX_LABELS:
+                set_ticks(range(L))
+                set_labels([str(t) for t in labels], rotation=rot, fontsize=7)
     for b in boundaries or ():
         if 0 < b < L:
             ax.axhline(b - 0.5, color="#d62728", lw=0.8)
@@ -98,14 +126,16 @@ class MaskViewer(widgets.VBox):
 
     With a batch a ``batch`` IntSlider (``self.slider``) selects the row; ``self.figure``
     is the current matplotlib Figure, shown as a PNG in ``self.image`` (so it displays
-    whatever the notebook's matplotlib backend).
+    whatever the notebook's matplotlib backend). ``segments``: one list of named runs for
+    all rows, or one list per row (``memkit.rl.packing.segments`` gives the latter).
     """
 
     def __init__(self, mask, tokens: Sequence[str] | Sequence[Sequence[str]] | None = None,
                  row_labels: Sequence[str] | None = None, boundaries: Sequence[int] | None = None,
-                 title: str | None = None):
+                 title: str | None = None, segments=None):
         self.masks = as_batch(mask)
         self.tokens, self.row_labels, self.boundaries, self.title = tokens, row_labels, boundaries, title
+        self.segments = segments
         self.figure: Figure | None = None
         self.image = widgets.Image(format="png")
         self.info = widgets.HTML()
@@ -122,11 +152,19 @@ class MaskViewer(widgets.VBox):
             return t[b]
         return t
 
+    def _segments_for(self, b: int):
+        s = self.segments
+        if s is not None and len(s) and isinstance(s[0], (list, tuple)) and (
+                not len(s[0]) or not isinstance(s[0][0], (int, str))):  # one list of runs per batch row
+            return s[b]
+        return s
+
     def _draw(self) -> None:
         b = self.slider.value
         arr = self.masks[b]
         self.figure = plot_mask(arr, tokens=self._tokens_for(b), title=self.title,
-                                row_labels=self.row_labels, boundaries=self.boundaries)
+                                row_labels=self.row_labels, boundaries=self.boundaries,
+                                segments=self._segments_for(b))
         self.info.value = f"batch {b}: {mask_summary(arr)}"
         self.image.value = figure_png(self.figure)
 
