@@ -122,6 +122,24 @@ def fresh_tiny(kit: Kit, seed: int = 0):
     return Policy(model=build_tiny(kit.tokenizer, seed=seed), tokenizer=kit.tokenizer, spec="tiny", wrap=identity_wrap)
 
 
+PROMPTS = ("auto", "paper", "compact")
+
+
+def prompt_wrap(method_name: str, tokenizer, wrap=None, prompt: str = "auto", oracle: bool = False):
+    """The context wrap for a policy: ``prompt`` "paper" keeps the paper's instruction,
+    "compact" swaps it for one short line (:func:`memkit.agents.base.compact_prompt_wrap`),
+    "auto" = paper for the oracle and chat models, compact for tiny models (what SFT trains on).
+    Rollouts, SFT and RL must use the same choice, or the model sees a prompt it never learned."""
+    if prompt == "auto":
+        prompt = "paper" if oracle or getattr(tokenizer, "chat_template", None) else "compact"
+    if prompt == "paper":
+        return wrap
+    if prompt != "compact":
+        raise ValueError(f"prompt must be one of {PROMPTS}, got {prompt!r}")
+    inner, compact = wrap or (lambda segs: segs), compact_prompt_wrap(method_name)
+    return lambda segs: inner(compact(segs))
+
+
 def rollout(method_name: str, tasks, kit: Kit, policy: str = "oracle", n: int = 1, max_turns: int | None = None,
             temperature: float = 0.0, seed: int = 0, oracle_cfg: OracleConfig | None = None,
             max_context_tokens: int | None = None, progress: bool = False, method_kwargs: dict | None = None,
@@ -133,13 +151,7 @@ def rollout(method_name: str, tasks, kit: Kit, policy: str = "oracle", n: int = 
     """
     method = get_method(method_name, **(method_kwargs or {}))
     engine_policy, tok, wrap, _ = resolve_policy(policy, method, kit, temperature, seed, oracle_cfg)
-    if prompt == "auto":
-        prompt = "paper" if policy == "oracle" or getattr(tok, "chat_template", None) else "compact"
-    if prompt == "compact":
-        inner, compact = wrap or (lambda segs: segs), compact_prompt_wrap(method.name)
-        wrap = lambda segs: inner(compact(segs))  # noqa: E731
-    elif prompt != "paper":
-        raise ValueError(f"prompt must be 'paper', 'compact' or 'auto', got {prompt!r}")
+    wrap = prompt_wrap(method.name, tok, wrap, prompt, oracle=isinstance(policy, str) and policy == "oracle")
     if max_context_tokens is None:  # the model's window; the oracle has none
         model = getattr(getattr(engine_policy, "backend", None), "model", None)
         max_context_tokens = model.config.max_position_embeddings - 256 if model is not None else 10**9
@@ -194,8 +206,3 @@ def train_sft_model(method_name: str, kit: Kit, cfg=None, progress: bool = True,
     meta = {"sft": asdict(cfg), "n_examples": len(examples), "n_dropped_too_long": dropped, "history": history}
     save_checkpoint(policy.model, kit.tokenizer, path, meta)
     return path, history, len(examples)
-
-
-def default_max_turns(k: int) -> int:
-    """A turn limit for k questions when no task is at hand (two hops each, plus slack)."""
-    return 2 * k + 4

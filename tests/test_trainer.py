@@ -195,3 +195,37 @@ def test_bad_inputs_name_the_fix(tmp_path, capsys):
     rc = main(["train", "--method", "mem1", "--init", "tiny-sft", "--out", str(tmp_path / "x")])
     err = capsys.readouterr().err
     assert rc == 2 and "memkit sft --method mem1" in err and len(err.strip().splitlines()) == 1
+
+
+def test_train_rolls_out_with_the_prompt_sft_used(kit, tmp_path, monkeypatch):
+    """The tiny model is SFT'd on the compact instruction; `train()` must roll it out with that
+    prompt (TrainConfig.prompt="auto"), not the paper's, which the model has never seen."""
+    from memkit.agents import get_method
+    from memkit.pipeline import prompt_wrap
+    from memkit.rl import trainer as tr
+    from memkit.world import make_tasks
+
+    method = get_method("mem1")
+    segs = method.next_call(method.new_state(make_tasks(kit.world, n=1, k=2, seed=3)[0])).segments
+    text = lambda wrap: "".join(s.text for s in (wrap(segs) if wrap else segs))  # noqa: E731
+    compact, paper = text(prompt_wrap("mem1", kit.tokenizer, None, "auto")), text(prompt_wrap("mem1", kit.tokenizer, None, "paper"))
+    assert compact.startswith("Format: mem1") and len(compact) < len(paper) / 2
+    with pytest.raises(ValueError, match="prompt must be one of"):
+        prompt_wrap("mem1", kit.tokenizer, None, "short")
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    class Probe(tr.Trainer):
+        def train_step(self):
+            seen["context"] = text(self.wrap)
+            raise Stop
+
+    monkeypatch.setattr(tr, "Trainer", Probe)
+    with pytest.raises(Stop):
+        tr.train(_loop_cfg(tmp_path / "p", 1), kit, progress=False)
+    assert seen["context"] == compact
+    with pytest.raises(ValueError, match="TrainConfig.prompt"):
+        _loop_cfg(tmp_path / "q", 1, prompt="short").validate()

@@ -28,6 +28,9 @@ class TrainConfig:
     init: str = "tiny-sft"
     """Initial policy: ``tiny-sft`` (cached SFT checkpoint of ``method``; make it with
     ``memkit sft --method M``), ``tiny`` (random init), ``smollm2-135m``, a checkpoint dir or a hub id."""
+    prompt: str = "auto"
+    """Instruction in each context: ``paper`` | ``compact`` | ``auto`` (compact for tiny models,
+    as ``memkit sft`` trains them; paper for chat models) — see ``pipeline.prompt_wrap``."""
     packing: str = "auto"
     """``separate`` | ``mem1_mask`` | ``mem1_exact`` (see ``memkit.rl.packing``); ``auto`` =
     ``mem1_mask`` for mem1 (the paper's masked trajectory), ``separate`` otherwise."""
@@ -51,7 +54,7 @@ class TrainConfig:
     n_train_tasks: int = 1000
     """Size of the training task pool (``pipeline.training_tasks``; disjoint from eval tasks)."""
     max_turns: int | None = None
-    """Tool calls per trajectory; None = ``pipeline.default_max_turns(max k)``."""
+    """Tool calls per trajectory; None = the method's per-task limit (hops + 4, as evaluation uses)."""
     max_context_tokens: int = 2048
     """A call whose context is longer ends its trajectory as invalid (format penalty)."""
     temperature: float = 1.0
@@ -157,6 +160,8 @@ class TrainConfig:
             bad("method", f"choose one of {METHODS}")
         if self.packing != "auto" and self.packing not in PACKING_MODES:
             bad("packing", f"choose auto or one of {PACKING_MODES}")
+        if self.prompt not in ("auto", "paper", "compact"):
+            bad("prompt", "choose auto, paper or compact")
         if self.agg not in AGG_MODES:
             bad("agg", f"choose one of {AGG_MODES}")
         if self.kl_kind not in KL_KINDS:

@@ -71,7 +71,6 @@ class Trainer(Learner):
     def rollout(self, tasks, n: int, temperature: float, seed: int) -> list[Trajectory]:
         """Roll out ``n`` samples of each task with the current policy on this process."""
         from memkit.models import HFBackend
-        from memkit.pipeline import default_max_turns
         from memkit.rollout.engine import ModelPolicy, RolloutConfig, run_rollouts
 
         if not tasks:
@@ -79,7 +78,7 @@ class Trainer(Learner):
         gen = torch.Generator().manual_seed(seed)
         policy = ModelPolicy(HFBackend(self.policy, self.tokenizer), temperature=temperature,
                              top_p=self.cfg.top_p if temperature > 0 else 1.0, generator=gen)
-        rc = RolloutConfig(n=n, max_turns=self.cfg.max_turns or default_max_turns(max(t.k for t in tasks)),
+        rc = RolloutConfig(n=n, max_turns=self.cfg.max_turns,  # None: the method's per-task limit
                            max_context_tokens=self.cfg.max_context_tokens, seed=seed)
         return run_rollouts(self.method, tasks, self.kit.env, policy, self.tokenizer, rc, wrap=self.wrap)
 
@@ -200,13 +199,14 @@ def train(cfg: TrainConfig, kit=None, progress=True, log=None, resume: bool = Fa
 
     ``progress``: a tqdm bar (main process); ``log``: called with every step row.
     """
-    from memkit.pipeline import load_kit
+    from memkit.pipeline import load_kit, prompt_wrap
 
     cfg.validate()
     init_spec(cfg, kit.world_seed if kit is not None else cfg.world_seed)  # fail fast on a missing checkpoint
     acc = make_accelerator(cfg)
     kit = kit if kit is not None else load_kit(cfg.world_seed)
     model, tok, wrap = load_init(cfg, kit)
+    wrap = prompt_wrap(cfg.method, tok, wrap, cfg.prompt)  # the prompt the SFT'd model learned
     trainer = Trainer(cfg, model, tok, wrap, kit, acc)
     if resume:
         trainer.resume()
