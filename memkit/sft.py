@@ -7,9 +7,9 @@ with the behaviour-cloning loss on the output tokens:
 
 Deviation (tiny model only): a real policy arrives pretrained; the tiny model starts from
 random weights and must first learn to read and copy entity names. ``context_weight`` adds a
-language-modelling loss on the context tokens (prompt, memory, ``<information>``), which
-plays the role of pretraining on the world text and makes copying emerge several times
-sooner for the same compute:
+language-modelling loss on the context tokens (prompt, memory, ``<information>``), a
+stand-in for pretraining on the world text. Measured here it did not help (w = 0.5: EM 0.00
+after 500-800 steps vs 0.04 for w = 0 after 900), so it is off by default:
 
     L(θ) = L_bc(θ) + w_ctx · (− mean_{context tokens} log π_θ(x_{i,t} | x_{i,<t}))
 
