@@ -245,14 +245,16 @@ def context_tokens_per_turn(trajs: Sequence[Trajectory], role: str | None = "act
     Turn t (1-based) of a trajectory is its t-th call with ``role`` (``None``: every call), so
     a MemSearcher turn is counted by its act call and a ReAct call is one turn. Context tokens
     of the kinds in ``exclude`` are left out (default none: the paper counts the whole
-    context). Returns ``(mean, count)``, both ``[T]`` with T the most turns of any trajectory:
-    ``mean[t-1]`` averages turn t over the ``count[t-1]`` trajectories that reached it.
-    :func:`context_tokens_per_turn_loop` is the reference.
+    context). Calls without a context are skipped: the rollout engine records a turn-limit
+    failure as a call that was never made (no context, no output). Returns ``(mean, count)``,
+    both ``[T]`` with T the most turns of any trajectory: ``mean[t-1]`` averages turn t over the
+    ``count[t-1]`` trajectories that reached it. :func:`context_tokens_per_turn_loop` is the
+    reference.
     """
     turn_idx, n_ctx = [], []
     for t in trajs:
         n_p, _ = _sizes(t, exclude)
-        keep = np.array([role is None or c.role == role for c in t.calls], dtype=bool)
+        keep = np.array([(role is None or c.role == role) and c.n_context > 0 for c in t.calls], dtype=bool)
         sel = n_p[keep] if len(keep) else n_p
         turn_idx.append(np.arange(len(sel)))
         n_ctx.append(sel)
@@ -271,7 +273,7 @@ def context_tokens_per_turn_loop(trajs: Sequence[Trajectory], role: str | None =
     for t in trajs:
         turn = 0
         for c in t.calls:
-            if role is not None and c.role != role:
+            if (role is not None and c.role != role) or not c.context_ids:
                 continue
             if turn == len(sums):
                 sums.append(0.0)

@@ -183,6 +183,10 @@ def test_context_tokens_per_turn_by_hand():
     assert mean.tolist() == [30.0, 50.0, 34.0]
     mean, count = context_tokens_per_turn([])
     assert len(mean) == len(count) == 0
+    # a turn-limit failure is recorded as a call that was never made (no context): not a turn
+    c = traj([call(1, 30, 5), call(2, 0, 0)])
+    mean, count = context_tokens_per_turn([c])
+    assert mean.tolist() == [30.0] and count.tolist() == [1]
 
 
 @st.composite
@@ -191,7 +195,7 @@ def role_trajs(draw):
     for _ in range(draw(st.integers(0, 5))):
         calls = []
         for i in range(draw(st.integers(0, 7))):
-            n_ctx = draw(st.integers(0, 80))
+            n_ctx = draw(st.integers(0, 80)) * draw(st.sampled_from([0, 1, 1, 1]))
             calls.append(call(i + 1, n_ctx, draw(st.integers(0, 9)), system=draw(st.integers(0, n_ctx)),
                               role=draw(st.sampled_from(["act", "memory"]))))
         out.append(traj(calls))
