@@ -10,8 +10,10 @@ loop students can read in one screen. The loop is the textbook one:
 2. **Position ids = cumsum(mask) - 1.** Each row's first real token gets position 0, as in
    an unbatched forward, so padding does not shift RoPE (this is what makes batched
    output equal unbatched output). Pads get position 0; they are masked anyway.
-3. **KV cache.** One prefill forward over (B, L) fills a ``DynamicCache``; every later
-   step feeds only the (B', 1) new tokens, the mask grows by one column, positions by 1.
+3. **KV cache.** A prefill fills the cache (:mod:`memkit.models.kv`: identical prompts run
+   once, the rest in length-sorted chunks, written into a buffer preallocated for the new
+   tokens); every later step feeds only the (B', 1) new tokens, the mask grows by one
+   column, positions by 1.
 4. **Sampling.** ``temperature == 0`` -> greedy argmax; else sample from
    softmax(logits / T), optionally restricted to the top-p nucleus.
 5. **Finishing.** A row ends on an EOS id ("eos", the EOS id is kept in ``ids`` because the
@@ -37,6 +39,8 @@ from typing import Literal, Sequence
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
+
+from memkit.models.kv import growable, left_pad, prefill
 
 
 @dataclass
@@ -103,6 +107,9 @@ class HFBackend:
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (min(self.eos_ids) if self.eos_ids else 0)
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
+        self._growable: bool | None = None  # decided on first use (kv.growable)
+        self._stops: tuple[str, ...] = ()
+        self._stop_hit: dict[int, bool] = {}
 
     @property
     def device(self) -> torch.device:
@@ -125,6 +132,16 @@ class HFBackend:
             raise ValueError(f"prompt of {longest} tokens + max_new_tokens={max_new_tokens} exceeds the model's "
                              f"max_position_embeddings={self.max_positions}; shorten the context or max_new_tokens")
 
+    def _may_stop(self, token_id: int) -> bool:
+        """Can this token complete a stop string? Only if its own text holds a stop's last char."""
+        hit = self._stop_hit.get(token_id)
+        if hit is None:
+            piece = self.tokenizer.decode([token_id], skip_special_tokens=True)
+            # '\ufffd': part of a multi-byte character, which may finish a non-ASCII stop string
+            hit = not piece or "\ufffd" in piece or any(s[-1] in piece for s in self._stops)
+            self._stop_hit[token_id] = hit
+        return hit
+
     def _hits_stop(self, ids: list[int], stop: tuple[str, ...], window: int) -> bool:
         """Does the text of ``ids`` (as in ``Generation.text``: specials skipped) contain a stop?
 
@@ -146,6 +163,8 @@ class HFBackend:
             return []
         self._check(prompts, max_new_tokens, temperature, top_p)
         stop = tuple(s for s in stop if s)
+        if stop != self._stops:
+            self._stops, self._stop_hit = stop, {}
         if max_new_tokens == 0:
             return [Generation([], [], "", "length") for _ in prompts]
         model, dev = self.model, self.device
@@ -157,19 +176,17 @@ class HFBackend:
             model.train(was_training)
 
     def _loop(self, prompts, max_new_tokens, stop, temperature, top_p, generator, dev):
-        B, L = len(prompts), max(len(p) for p in prompts)
-        input_ids = torch.full((B, L), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((B, L), dtype=torch.long)
-        for i, p in enumerate(prompts):  # right-align = left padding
-            input_ids[i, L - len(p):] = torch.tensor(p, dtype=torch.long)
-            mask[i, L - len(p):] = 1
-        input_ids, mask = input_ids.to(dev), mask.to(dev)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, L); first real token -> 0
-
-        cache = DynamicCache(config=self.model.config)
-        logits = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                            past_key_values=cache, use_cache=True).logits[:, -1, :]
-        next_pos = positions[:, -1] + 1  # (B,)
+        B = len(prompts)
+        if self._growable is None:
+            self._growable = growable(self.model)
+        if self._growable:  # deduplicated, length-bucketed prefill into a preallocated cache (kv.py)
+            logits, cache, mask, next_pos = prefill(self.model, prompts, self.pad_id, max_new_tokens)
+        else:  # e.g. sliding-window caches: one plain prefill, DynamicCache
+            input_ids, mask, positions = (t.to(dev) for t in left_pad(prompts, self.pad_id))
+            cache = DynamicCache(config=self.model.config)
+            logits = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                                past_key_values=cache, use_cache=True).logits[:, -1, :]
+            next_pos = positions[:, -1] + 1  # (B,)
         active = list(range(B))  # original row index of each batch row still generating
         out_ids: list[list[int]] = [[] for _ in range(B)]
         out_lp: list[list[float]] = [[] for _ in range(B)]
@@ -184,7 +201,7 @@ class HFBackend:
                 out_lp[row].append(l)
                 if t in self.eos_ids:
                     finish[row] = "eos"
-                elif stop and self._hits_stop(out_ids[row], stop, window):
+                elif stop and self._may_stop(t) and self._hits_stop(out_ids[row], stop, window):
                     finish[row] = "stop"
                 elif len(out_ids[row]) < max_new_tokens:
                     keep.append(j)

@@ -1,0 +1,155 @@
+"""The KV cache of batched sampling: deduplicated, length-bucketed prefill into a preallocated cache.
+
+Measured on the tiny model (one CPU thread, 64 contexts of ~330 tokens, 40 new tokens):
+
+* **Preallocated cache.** ``DynamicCache`` grows each layer with ``torch.cat``, copying the
+  whole cache at every decoded token: 87 ms per step at B = 64, against 27 ms when the new
+  key/value is written into a buffer allocated once (:class:`GrowingLayer`).
+* **Length-bucketed prefill.** One (64, 360) forward took 3.8 s; the same rows as 16
+  forwards of 4 rows sorted by length took 2.4 s (less padding, and activations that stay in
+  cache). :func:`prefill` runs such chunks and writes each one's keys/values, right-aligned,
+  into the shared buffer, so decoding still runs all rows in one batch.
+* **Duplicate contexts are prefilled once.** A GRPO group starts from one prompt (and samples
+  that made the same choices share later contexts too): rows with identical ids share one
+  prefill and their cache rows are copied (vLLM's prefix caching, for whole contexts).
+* ``logits_to_keep=1``: only the last position's logits are computed during prefill.
+
+Numbers stay those of a plain forward: every row keeps its own positions (``cumsum(mask) -
+1``) and its padding is masked, so the extra padding columns between a chunk and the buffer's
+right edge change nothing (tested against unbatched generation).
+"""
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+
+class GrowingLayer(DynamicLayer):
+    """A ``DynamicLayer`` whose keys/values live in a buffer with room for ``capacity`` tokens.
+
+    ``keys``/``values`` are views ``buffer[:, :, :length]``: attention sees exactly what a
+    ``DynamicLayer`` would, but appending writes in place instead of reallocating.
+    """
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, capacity: int):
+        super().__init__()
+        b, h, n, _ = keys.shape
+        self._k = keys.new_zeros((b, h, capacity, keys.shape[-1]))
+        self._v = values.new_zeros((b, h, capacity, values.shape[-1]))
+        self._k[:, :, :n] = keys
+        self._v[:, :, :n] = values
+        self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+        self._n = n
+        self._view()
+
+    def _view(self) -> None:
+        self.keys, self.values = self._k[:, :, : self._n], self._v[:, :, : self._n]
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        k = key_states.shape[-2]
+        if self._n + k > self._k.shape[2]:  # out of room: grow like DynamicLayer would
+            extra = max(k, self._k.shape[2])
+            self._k = torch.cat([self._k, self._k.new_zeros(*self._k.shape[:2], extra, self._k.shape[3])], dim=2)
+            self._v = torch.cat([self._v, self._v.new_zeros(*self._v.shape[:2], extra, self._v.shape[3])], dim=2)
+        self._k[:, :, self._n : self._n + k] = key_states
+        self._v[:, :, self._n : self._n + k] = value_states
+        self._n += k
+        self._view()
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._k, self._v = self._k[indices], self._v[indices]
+        self._view()
+
+
+def dedupe(prompts: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """Unique prompts (first-seen order) and, per input row, the index of its unique prompt."""
+    index: dict[tuple[int, ...], int] = {}
+    rows = [index.setdefault(tuple(p), len(index)) for p in prompts]
+    return [list(p) for p in index], rows
+
+
+def length_chunks(lengths: list[int], max_rows: int, max_tokens: int) -> list[list[int]]:
+    """Row indices sorted by length, cut into chunks of <= max_rows rows and <= max_tokens padded tokens."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    chunks, cur = [], []
+    for i in order:
+        if cur and (len(cur) >= max_rows or (len(cur) + 1) * lengths[i] > max_tokens):
+            chunks.append(cur)
+            cur = []
+        cur.append(i)
+    return chunks + [cur] if cur else chunks
+
+
+def _forward_last(model, ids, mask, positions, cache):
+    try:
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                    use_cache=True, logits_to_keep=1)
+    except TypeError:  # a model without logits_to_keep: same numbers, more work
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
+    return out.logits[:, -1, :]
+
+
+def left_pad(prompts: list[list[int]], pad_id: int, width: int | None = None):
+    """(ids, mask, positions), each (B, width): rows right-aligned, positions ``cumsum(mask) - 1``."""
+    width = width or max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p):] = 1
+    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def prefill(model, prompts: list[list[int]], pad_id: int, room: int, max_rows: int = 8,
+            max_tokens: int = 4096):
+    """Prefill ``prompts`` and return ``(logits, cache, mask, next_pos)`` ready for decoding.
+
+    Args:
+        prompts: B token-id lists (duplicates allowed; each distinct one is run once).
+        room: tokens to be generated after the prompt (the buffer is allocated for them).
+    Returns:
+        logits (B, V) of the next token; a ``DynamicCache`` over (B, ·, L) built from
+        :class:`GrowingLayer`; the 2D attention mask (B, L) with L = longest prompt; next
+        position id per row (B,).
+    """
+    dev = next(model.parameters()).device
+    uniq, rows = dedupe(prompts)
+    L = max(len(p) for p in uniq)
+    mask = torch.zeros((len(uniq), L), dtype=torch.long, device=dev)
+    logits, keys, values = None, [], []
+    for chunk in length_chunks([len(p) for p in uniq], max_rows, max_tokens):
+        ids, cmask, pos = (t.to(dev) for t in left_pad([uniq[i] for i in chunk], pad_id))
+        cache = DynamicCache(config=model.config)
+        last = _forward_last(model, ids, cmask, pos, cache)
+        idx, width = torch.tensor(chunk, device=dev), ids.shape[1]
+        if logits is None:
+            logits = last.new_empty((len(uniq), last.shape[-1]))
+            for layer in cache.layers:
+                k, v = layer.keys, layer.values
+                keys.append(k.new_zeros((len(uniq), k.shape[1], L, k.shape[3])))
+                values.append(v.new_zeros((len(uniq), v.shape[1], L, v.shape[3])))
+        logits[idx] = last
+        mask[idx, L - width:] = cmask
+        for layer, k_all, v_all in zip(cache.layers, keys, values):
+            k_all[idx, :, L - width:] = layer.keys
+            v_all[idx, :, L - width:] = layer.values
+    sel = torch.tensor(rows, device=dev)
+    if len(uniq) < len(prompts):
+        logits, mask = logits[sel], mask[sel]
+        keys, values = [k[sel] for k in keys], [v[sel] for v in values]
+    out = DynamicCache(config=model.config)
+    out.layers = [GrowingLayer(k, v, L + room) for k, v in zip(keys, values)]
+    next_pos = mask.sum(-1)  # = last position + 1
+    return logits, out, mask, next_pos
+
+
+def growable(model) -> bool:
+    """True when the model's default cache is plain full-attention layers (no sliding window,
+    no linear attention), i.e. :func:`prefill`'s cache can stand in for it."""
+    try:
+        layers = DynamicCache(config=model.config).layers
+    except Exception:  # noqa: BLE001 - an exotic config: use the plain path
+        return False
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
