@@ -11,6 +11,7 @@ from memkit.agents.base import Segment
 from memkit.models import (TAGS, Generation, HFBackend, LoraSpec, build_tiny, chat_wrap, load_policy,
                            sequence_logprobs, tag_ids, train_tokenizer)
 from memkit.models import smollm as smollm_mod
+from memkit.models.tokenizer import DEFAULT_VOCAB, TOKENIZER_SCHEME
 
 WORDS = "alice bob kelmora brontex was born in works for the city of company film directed by studied at".split()
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -90,7 +91,7 @@ def test_tokenizer_is_deterministic_and_rejects_bad_input(tok):
 def test_tiny_model_shape_and_seed(tok):
     m = build_tiny(tok, seed=3)
     n = sum(p.numel() for p in m.parameters())
-    assert 3.0e6 < n < 3.6e6  # 3.2M body + 512*256 tied embeddings
+    assert 0.8e6 < n < 0.9e6  # 0.79M body + 512*128 tied embeddings
     assert m.config.tie_word_embeddings and m.config._attn_implementation == "sdpa"
     assert m.lm_head.weight.data_ptr() == m.model.embed_tokens.weight.data_ptr()
     same, other = build_tiny(tok, seed=3), build_tiny(tok, seed=4)
@@ -119,7 +120,7 @@ def test_greedy_is_padding_invariant(model, tok, prompts):
     batched = be.generate(prompts, 16, stop=(), temperature=0)
     for p, o in zip(prompts, batched):
         single = be.generate([p], 16, stop=(), temperature=0)[0]
-        assert o.ids == single.ids and o.finish == single.finish == "length"
+        assert o.ids == single.ids and o.finish == single.finish
         assert max(abs(a - b) for a, b in zip(o.logprobs, single.logprobs)) < 1e-4
         assert torch.allclose(sequence_logprobs(model, p, o.ids), torch.tensor(o.logprobs), atol=1e-4)
 
@@ -134,8 +135,8 @@ def test_stop_strings_truncate_right_after_completing_token(model, tok, prompts)
         if o.finish == "stop":
             assert "o" in o.text and "o" not in tok.decode(o.ids[:-1], skip_special_tokens=True)
             assert o.ids == f.ids[:len(o.ids)]  # a prefix of the unstopped greedy output
-        else:
-            assert o.finish == "length" and "o" not in o.text and len(o.ids) == 24
+        else:  # ran to the limit, or chose EOS, without ever writing the stop string
+            assert o.ids == f.ids and o.finish == f.finish and "o" not in o.text
 
 
 def test_eos_finishes_a_row_and_is_kept(model, tok, prompts):
@@ -233,9 +234,10 @@ def test_tiny_policy_local_round_trip_and_lora(tmp_path):
 def test_default_tiny_tokenizer_is_trained_on_world_and_cached(tmp_path):
     pytest.importorskip("memkit.world")
     first = load_policy("tiny", cache_dir=tmp_path)
-    assert (tmp_path / "tiny-tokenizer" / "tokenizer.json").is_file()
+    assert (tmp_path / f"tiny-tokenizer-{TOKENIZER_SCHEME}" / "tokenizer.json").is_file()
     second = load_policy("tiny", cache_dir=tmp_path)
-    assert second.tokenizer.get_vocab() == first.tokenizer.get_vocab() and len(first.tokenizer) == 2048
+    # up to DEFAULT_VOCAB entries: BPE stops early when no pair occurs twice more
+    assert second.tokenizer.get_vocab() == first.tokenizer.get_vocab() and 1024 < len(first.tokenizer) <= DEFAULT_VOCAB
     assert len(tag_ids(second.tokenizer)) == len(TAGS) and second.tokenizer.padding_side == "left"
 
 

@@ -71,6 +71,22 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("MEMKIT_CACHE") or Path.home() / ".cache" / "memkit").expanduser()
 
 
+def decoder_and_head(model):
+    """``(transformer body, LM head)`` of a causal LM, peft-wrapped or not, or None.
+
+    Losses that need log-probs at a few positions (SFT outputs, RL response tokens) run the
+    body once and the head only where needed: the head is ~1/3 of the tiny model's FLOPs per
+    token, and most positions of a call are context. Not for DDP-wrapped models: calling the
+    inner modules would bypass DDP's gradient hooks (callers fall back to ``model(...)``).
+    """
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return None
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    decoder = getattr(base, getattr(base, "base_model_prefix", "model"), None)
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    return (decoder, head) if decoder is not None and head is not None else None
+
+
 def identity_wrap(segments: list[Segment]) -> list[Segment]:
     return list(segments)
 
@@ -107,15 +123,16 @@ def _resolve_dtype(dtype) -> torch.dtype:
     return dtype or torch.float32
 
 
-def tiny_tokenizer(cache_dir: Path, texts: Iterable[str] | None = None, vocab_size: int = 2048):
+def tiny_tokenizer(cache_dir: Path, texts: Iterable[str] | None = None, vocab_size: int | None = None):
     """The tiny model's tokenizer: trained on ``texts``, or cached, or trained on world 0 and cached."""
     from transformers import AutoTokenizer
 
-    from memkit.models.tokenizer import train_tokenizer
+    from memkit.models.tokenizer import DEFAULT_VOCAB, TOKENIZER_SCHEME, train_tokenizer
 
+    vocab_size = vocab_size or DEFAULT_VOCAB
     if texts is not None:
         return train_tokenizer(texts, vocab_size)
-    path = cache_dir / "tiny-tokenizer"
+    path = cache_dir / f"tiny-tokenizer-{TOKENIZER_SCHEME}"
     if (path / "tokenizer.json").is_file():
         tok = AutoTokenizer.from_pretrained(str(path))
         tok.padding_side = "left"
