@@ -140,12 +140,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("sft", help="behaviour-clone the oracle into the tiny model (cached checkpoint)")
     common(sp, objectives="1,2")
-    sp.set_defaults(n_tasks=1200)
+    sp.set_defaults(n_tasks=SFTConfig.n_tasks)
     sp.add_argument("--method", type=lambda s: _methods(s)[0], required=True, help=", ".join(METHODS))
     sp.add_argument("--steps", type=int, default=SFTConfig.steps)
     sp.add_argument("--max-minutes", type=float, default=10.0,
-                    help="wall-clock budget for the optimisation: the cosine schedule shrinks to fit, so a slow "
-                         "machine trains fewer steps (default 10; 0 = exactly --steps, reproducible)")
+                    help="wall-clock budget of the whole SFT (oracle data + optimisation): the cosine schedule "
+                         "shrinks to fit, so a slow machine trains fewer steps (default 10; 0 = exactly --steps, "
+                         "reproducible)")
     sp.add_argument("--eval-tasks", type=int, default=100, help="held-out tasks to evaluate after training (0 = skip)")
     sp.add_argument("--eval-objectives", type=_ints, default=[2])
     sp.set_defaults(func=cmd_sft)

@@ -34,30 +34,87 @@ class Kit:
     tokenizer: object
     world_seed: int
 
+    def env_for(self, k_docs: int | None):
+        """The search env returning ``k_docs`` passages per query (same retriever), or ``env``."""
+        from memkit.envs import SearchEnv
 
-def load_kit(world_seed: int = 0, retriever: str = "bm25", k_docs: int = 3, vocab_size: int = 2048) -> Kit:
+        if k_docs is None or k_docs == self.env.k:
+            return self.env
+        envs = self.__dict__.setdefault("_envs", {})
+        if k_docs not in envs:
+            envs[k_docs] = SearchEnv(self.env.retriever, k=k_docs)
+        return envs[k_docs]
+
+
+#: ``model.config`` attribute naming the passages per search a model was trained with (set by
+#: ``memkit sft``; RL checkpoints keep it): rollouts of that model use the same environment.
+K_DOCS_ATTR = "memkit_k_docs"
+
+
+def trained_k_docs(model) -> int | None:
+    """Passages per search ``model`` was trained with, or None (any pretrained model)."""
+    value = getattr(getattr(model, "config", None), K_DOCS_ATTR, None)
+    return int(value) if value else None
+
+
+def load_kit(world_seed: int = 0, retriever: str = "bm25", k_docs: int = 3, vocab_size: int | None = None) -> Kit:
     """The default synthetic world, a search env over its passages, and the tiny tokenizer."""
     from memkit.envs import SearchEnv, make_retriever
     from memkit.world import make_world
 
     world = make_world(seed=world_seed)
     env = SearchEnv(make_retriever(retriever, world.passages), k=k_docs)
-    return Kit(world=world, env=env, tokenizer=world_tokenizer(world, world_seed, vocab_size), world_seed=world_seed)
+    return Kit(world=world, env=env, tokenizer=world_tokenizer(world, world_seed, vocab_size, env), world_seed=world_seed)
 
 
-def world_tokenizer(world, world_seed: int, vocab_size: int = 2048):
-    """BPE trained on the world's passages, questions and every method's prompts (cached)."""
+class _ByteTokenizer:
+    """UTF-8 bytes as ids: lets the engine run the oracle before the real tokenizer exists."""
+
+    pad_token_id, eos_token_id, chat_template = 0, None, None
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def oracle_transcripts(world, env, n_tasks: int = 20, seed: int = 1) -> list[str]:
+    """What every method's oracle writes on ``n_tasks`` tasks (k = 1, 2): outputs and memories."""
+    from memkit.rollout.engine import OraclePolicy, RolloutConfig, run_rollouts
+    from memkit.world import make_tasks
+
+    tok, texts = _ByteTokenizer(), []
+    tasks = [t for k in (1, 2) for t in make_tasks(world, n=n_tasks, k=k, seed=seed + k)]
+    for name in METHODS:
+        method = get_method(name)
+        trajs = run_rollouts(method, tasks, env, OraclePolicy(method, tok, seed=seed), tok, RolloutConfig(max_context_tokens=10**9))
+        texts += [c.output_text for t in trajs for c in t.calls if c.output_text]
+    return texts
+
+
+def world_tokenizer(world, world_seed: int, vocab_size: int | None = None, env=None):
+    """BPE trained on the world's passages, questions, every method's prompts and oracle outputs
+    (rolled out in ``env``, default BM25 top-3), so the agents' own phrases ("Nothing found
+    yet. Next I need") are a few ids, not a dozen pieces (cached per world seed)."""
     from transformers import AutoTokenizer
 
     from memkit.models import train_tokenizer
+    from memkit.models.tokenizer import DEFAULT_VOCAB, TOKENIZER_SCHEME
     from memkit.world import make_tasks, world_texts
 
-    path = cache_dir() / f"tokenizer-w{world_seed}-v{vocab_size}"
+    vocab_size = vocab_size or DEFAULT_VOCAB
+    path = cache_dir() / f"tokenizer-w{world_seed}-v{vocab_size}-{TOKENIZER_SCHEME}"
     if (path / "tokenizer.json").exists():
         return AutoTokenizer.from_pretrained(path)
     tasks = make_tasks(world, n=200, k=2, seed=world_seed + 1)
     prompts = [get_method(m).next_call(get_method(m).new_state(t)).text for m in METHODS for t in tasks[:20]]
-    tok = train_tokenizer(list(world_texts(world, tasks)) + prompts, vocab_size=vocab_size)
+    if env is None:
+        from memkit.envs import SearchEnv, make_retriever
+
+        env = SearchEnv(make_retriever("bm25", world.passages), k=3)
+    outputs = oracle_transcripts(world, env)
+    tok = train_tokenizer(list(world_texts(world, tasks)) + prompts + outputs, vocab_size=vocab_size)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     tok.save_pretrained(tmp)
     os.replace(tmp, path) if not path.exists() else None
@@ -65,8 +122,11 @@ def world_tokenizer(world, world_seed: int, vocab_size: int = 2048):
 
 
 def sft_checkpoint_path(method: str, world_seed: int = 0, tag: str = "default") -> Path:
-    """Where ``memkit sft`` caches a method's tiny model (``tag`` tells variants apart)."""
-    return cache_dir() / f"tiny-sft-{method}-w{world_seed}-{tag}"
+    """Where ``memkit sft`` caches a method's tiny model (``tag`` tells variants apart; the
+    tokenizer scheme is in the name so a model trained on an older tokenizer is never reused)."""
+    from memkit.models.tokenizer import TOKENIZER_SCHEME
+
+    return cache_dir() / f"tiny-sft-{method}-w{world_seed}-{TOKENIZER_SCHEME}-{tag}"
 
 
 def ensure_sft(method_name: str, kit: "Kit", cfg=None, progress: bool = True) -> Path:
@@ -143,20 +203,23 @@ def prompt_wrap(method_name: str, tokenizer, wrap=None, prompt: str = "auto", or
 def rollout(method_name: str, tasks, kit: Kit, policy: str = "oracle", n: int = 1, max_turns: int | None = None,
             temperature: float = 0.0, seed: int = 0, oracle_cfg: OracleConfig | None = None,
             max_context_tokens: int | None = None, progress: bool = False, method_kwargs: dict | None = None,
-            prompt: str = "auto"):
+            prompt: str = "auto", k_docs: int | None = None):
     """Roll out ``n`` trajectories per task with a policy spec; returns trajectories.
 
-    ``prompt``: "paper" (the paper's instruction verbatim), "compact" (one short line, see
-    :func:`memkit.agents.base.compact_prompt_wrap`) or "auto" = compact for tiny models.
+    ``prompt``: "paper" (the paper's instruction verbatim), "compact" (one short line and
+    numbered questions, see :func:`memkit.agents.base.compact_prompt_wrap`) or "auto" =
+    compact for tiny models. ``k_docs``: passages per search; None = what the model was
+    trained with (:func:`trained_k_docs`, e.g. 1 for the SFT'd tiny model), else the kit's.
     """
     method = get_method(method_name, **(method_kwargs or {}))
-    engine_policy, tok, wrap, _ = resolve_policy(policy, method, kit, temperature, seed, oracle_cfg)
+    engine_policy, tok, wrap, loaded = resolve_policy(policy, method, kit, temperature, seed, oracle_cfg)
+    env = kit.env_for(k_docs if k_docs is not None else trained_k_docs(getattr(loaded, "model", None)))
     wrap = prompt_wrap(method.name, tok, wrap, prompt, oracle=isinstance(policy, str) and policy == "oracle")
     if max_context_tokens is None:  # the model's window; the oracle has none
         model = getattr(getattr(engine_policy, "backend", None), "model", None)
         max_context_tokens = model.config.max_position_embeddings - 256 if model is not None else 10**9
     cfg = RolloutConfig(n=n, max_turns=max_turns, max_context_tokens=max_context_tokens, seed=seed)
-    return run_rollouts(method, tasks, kit.env, engine_policy, tok, cfg, wrap=wrap, progress=progress)
+    return run_rollouts(method, tasks, env, engine_policy, tok, cfg, wrap=wrap, progress=progress)
 
 
 def evaluate(method_name: str, kit: Kit, objectives=(1, 2, 4, 8), n_tasks: int = 50, policy: str = "oracle",
@@ -196,12 +259,20 @@ def train_sft_model(method_name: str, kit: Kit, cfg=None, progress: bool = True,
     """
     from memkit.sft import SFTConfig, collect_examples, save_checkpoint, train_sft
 
+    t0 = time.perf_counter()
     cfg = cfg or SFTConfig(method=method_name)
     tasks = training_tasks(kit, cfg.objectives, cfg.n_tasks, cfg.seed)
-    trajs = rollout(method_name, tasks, kit, policy="oracle", oracle_cfg=cfg.oracle, seed=cfg.seed, prompt="compact")
+    trajs = rollout(method_name, tasks, kit, policy="oracle", oracle_cfg=cfg.oracle, seed=cfg.seed, prompt="compact",
+                    k_docs=cfg.k_docs)
     examples, dropped = collect_examples([t for t in trajs if t.valid], cfg.max_len)
     policy = fresh_tiny(kit, cfg.seed)
-    history = train_sft(policy.model, kit.tokenizer, examples, cfg, log=log, progress=progress)
+    setattr(policy.model.config, K_DOCS_ATTR, cfg.k_docs)  # its rollouts will search the same way
+    opt_cfg = cfg  # max_seconds budgets the whole call: the optimisation gets what the data left
+    if cfg.max_seconds:
+        from dataclasses import replace
+
+        opt_cfg = replace(cfg, max_seconds=max(cfg.max_seconds - (time.perf_counter() - t0), 1.0))
+    history = train_sft(policy.model, kit.tokenizer, examples, opt_cfg, log=log, progress=progress)
     path = path or sft_checkpoint_path(method_name, kit.world_seed)
     meta = {"sft": asdict(cfg), "n_examples": len(examples), "n_dropped_too_long": dropped, "history": history}
     save_checkpoint(policy.model, kit.tokenizer, path, meta)

@@ -80,7 +80,15 @@ class Trainer(Learner):
                              top_p=self.cfg.top_p if temperature > 0 else 1.0, generator=gen)
         rc = RolloutConfig(n=n, max_turns=self.cfg.max_turns,  # None: the method's per-task limit
                            max_context_tokens=self.cfg.max_context_tokens, seed=seed)
-        return run_rollouts(self.method, tasks, self.kit.env, policy, self.tokenizer, rc, wrap=self.wrap)
+        return run_rollouts(self.method, tasks, self.env, policy, self.tokenizer, rc, wrap=self.wrap)
+
+    @property
+    def env(self):
+        """The search env the policy was trained with (``pipeline.trained_k_docs``: 1 passage
+        per search for the SFT'd tiny model), else the kit's."""
+        from memkit.pipeline import trained_k_docs
+
+        return self.kit.env_for(trained_k_docs(self.policy))
 
     def train_step(self) -> dict:
         """Rollout + update + log (+ eval / checkpoint when due). Returns the step's row."""
