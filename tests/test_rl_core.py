@@ -297,6 +297,28 @@ def test_mem1_mask_gap_is_measured(sdpa_model, capsys):
             print(f"\n[mem1 gap] init_std={init}: mem1_mask max|dlogp|={mx:.4g} mean={mean:.3g}; mem1_exact max={ex:.2g}")
 
 
+@pytest.mark.parametrize("mode", ["separate", "mem1_mask", "mem1_exact"])
+def test_loss_masked_logprobs_equal_full_logits(mode):
+    """token_logprobs(loss_mask=m) runs the LM head only where m needs it: same log-probs,
+    entropies and gradients on the scored tokens as the full [B, L, V] path, 0 elsewhere."""
+    from memkit.rl.losses import token_logprobs
+
+    model = _model("sdpa", 0.2)
+    b = pack(TRAJS, mode, pad_id=0)
+    args = (b.input_ids, model_attention_mask(b.attention_mask, model), b.position_ids, b.pred_index)
+    m = b.loss_mask.bool()
+    runs = []
+    for mask in (None, m):
+        model.zero_grad()
+        logp, ent = token_logprobs(model, *args, with_entropy=True, loss_mask=mask)
+        ((logp * m).sum() + (ent * m).sum()).backward()
+        runs.append((logp, ent, [p.grad.clone() for p in model.parameters()]))
+    (lf, ef, gf), (lm, em, gm) = runs
+    assert (lm[~m] == 0).all() and (em[~m] == 0).all()
+    assert (lf[m] - lm[m]).abs().max() <= 1e-5 and (ef[m] - em[m]).abs().max() <= 1e-5
+    assert max(float((a - c).abs().max()) for a, c in zip(gf, gm)) <= 1e-4  # float32 summation order
+
+
 def test_react_packs_into_one_causal_sequence(sdpa_model):
     tr = react_traj(0)
     last = tr.calls[-1]

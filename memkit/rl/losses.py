@@ -226,7 +226,8 @@ def entropy_from_logits_loop(logits) -> list:
 
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask=None, position_ids=None,
-                   pred_index: torch.Tensor | None = None, with_entropy: bool = False):
+                   pred_index: torch.Tensor | None = None, with_entropy: bool = False,
+                   loss_mask: torch.Tensor | None = None):
     """Token-aligned log-probs of ``input_ids`` under ``model`` (one forward pass).
 
     input_ids ``[B, L]``; attention_mask ``[B, L]`` (padding, bool/0-1) or ``[B, 1, L, L]``
@@ -236,21 +237,42 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask=None, position
 
         out[b, i] = log_softmax(logits[b, pred_index[b, i]])[input_ids[b, i]]
 
+    ``loss_mask [B, L]``: when given, only those tokens are scored (0 elsewhere) and the LM
+    head runs only at their predicting positions (``models.decoder_and_head``): the same
+    numbers for the tokens a loss uses, without the ``[B, L, V]`` logits of the context.
+
     Returns ``logp [B, L]`` (float32), and ``entropy [B, L]`` of the same distributions when
     ``with_entropy``.
     """
+    from memkit.models.loading import decoder_and_head
+
     B, L = input_ids.shape
     if pred_index is None:
         pred_index = torch.arange(-1, L - 1, device=input_ids.device).expand(B, L)
     kw = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
     if position_ids is not None:
         kw["position_ids"] = position_ids
-    logits = model(**kw).logits.float()  # [B, L, V]
     src = pred_index.clamp(min=0)
+    valid = pred_index >= 0
+    parts = decoder_and_head(model) if loss_mask is not None else None
+    if parts is not None:
+        decoder, head = parts
+        b, t = (loss_mask.bool() & valid).nonzero(as_tuple=True)  # the N scored tokens
+        hidden = decoder(**kw).last_hidden_state  # [B, L, H]
+        logits = head(hidden[b, src[b, t]]).float()  # [N, V]
+        logp = torch.zeros((B, L), dtype=torch.float32, device=input_ids.device)
+        logp[b, t] = logits.gather(-1, input_ids[b, t, None])[:, 0] - torch.logsumexp(logits, dim=-1)
+        if with_entropy:
+            ent = torch.zeros_like(logp)
+            ent[b, t] = entropy_from_logits(logits)
+            return logp, ent
+        return logp
+    logits = model(**kw).logits.float()  # [B, L, V]
     rows = torch.arange(B, device=input_ids.device).unsqueeze(-1)  # [B, 1]
     lse = torch.logsumexp(logits, dim=-1)  # [B, L]
     logp = logits[rows, src, input_ids] - lse.gather(1, src)  # [B, L], no [B, L, V] copy
-    valid = pred_index >= 0
+    if loss_mask is not None:
+        valid = valid & loss_mask.bool()
     logp = torch.where(valid, logp, torch.zeros_like(logp))
     if with_entropy:
         ent = entropy_from_logits(logits).gather(1, src)

@@ -115,10 +115,10 @@ class Learner:
         mask = model_attention_mask(batch.attention_mask.to(dev), self.policy)
         return batch.input_ids.to(dev), mask, batch.position_ids.to(dev), batch.pred_index.to(dev)
 
-    def _logprobs(self, model, inputs, with_entropy=False):
+    def _logprobs(self, model, inputs, with_entropy=False, loss_mask=None):
         ids, mask, pos, pred = inputs
         with self.acc.autocast():
-            return token_logprobs(model, ids, mask, pos, pred, with_entropy=with_entropy)
+            return token_logprobs(model, ids, mask, pos, pred, with_entropy=with_entropy, loss_mask=loss_mask)
 
     def _values(self, critic, batch, inputs) -> torch.Tensor:
         ids, mask, pos, _ = inputs
@@ -137,12 +137,12 @@ class Learner:
         dev, inputs = self.acc.device, self._inputs(batch)
         m = batch.loss_mask.to(dev)
         rollout_old = batch.old_logprobs.to(dev)
-        old = self._logprobs(self.policy, inputs) * m if self.cfg.recompute_old_logprobs else rollout_old
+        old = self._logprobs(self.policy, inputs, loss_mask=m) if self.cfg.recompute_old_logprobs else rollout_old
         exp = {"batch": batch, "inputs": inputs, "m": m, "old": old, "gap": float(((old - rollout_old).abs() * m).sum())}
         if self.cfg.kl_coef > 0:
             ctx = self.policy.disable_adapter() if self.is_peft else contextlib.nullcontext()
             with ctx:
-                exp["ref"] = self._logprobs(self.policy if self.is_peft else self.ref, inputs)
+                exp["ref"] = self._logprobs(self.policy if self.is_peft else self.ref, inputs, loss_mask=m)
         if self.critic is not None:
             values = self._values(self.acc.unwrap_model(self.critic), batch, inputs)
             exp["values"] = values * m
@@ -245,7 +245,7 @@ class Learner:
     def _micro(self, e: dict, w: torch.Tensor, W: int, acc: dict) -> None:
         cfg, m = self.cfg, e["m"]
         want_ent = cfg.log_entropy or cfg.entropy_coef > 0
-        out = self._logprobs(self.model, e["inputs"], with_entropy=want_ent)
+        out = self._logprobs(self.model, e["inputs"], with_entropy=want_ent, loss_mask=m)
         logp, ent = out if want_ent else (out, None)
         pg, _ = ppo_clip_loss(logp, e["old"], e["adv"], w, cfg.clip_low, cfg.clip_high, "seq-mean-token-sum",
                               cfg.clip_ratio_c)
