@@ -21,7 +21,8 @@ loop students can read in one screen. The loop is the textbook one:
    skipped, as in ``Generation.text``) contains a stop string ("stop", ids end with the
    token that completed the stop string), or at
    ``max_new_tokens`` ("length"). Finished rows are dropped from the batch and the cache
-   (``DynamicCache.batch_select_indices``), so long and short answers do not cost the same.
+   (``DynamicCache.batch_select_indices``) once they are half of it (a compaction copies the
+   cache), so long and short answers do not cost the same.
 
 **Which log-prob is recorded.** For every sampled token we store
 ``log_softmax(logits / T)[token]`` with ``T = temperature`` (``T = 1`` for greedy). This is
@@ -108,6 +109,7 @@ class HFBackend:
         self.pad_id = pad if pad is not None else (min(self.eos_ids) if self.eos_ids else 0)
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
         self._growable: bool | None = None  # decided on first use (kv.growable)
+        self.compact_below = 0.5  # drop finished rows when the live ones fall to this share of the batch
         self._stops: tuple[str, ...] = ()
         self._stop_hit: dict[int, bool] = {}
 
@@ -187,7 +189,7 @@ class HFBackend:
             logits = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                                 past_key_values=cache, use_cache=True).logits[:, -1, :]
             next_pos = positions[:, -1] + 1  # (B,)
-        active = list(range(B))  # original row index of each batch row still generating
+        rows: list[int | None] = list(range(B))  # batch position -> original row; None = finished
         out_ids: list[list[int]] = [[] for _ in range(B)]
         out_lp: list[list[float]] = [[] for _ in range(B)]
         finish: list[str] = ["length"] * B
@@ -195,8 +197,10 @@ class HFBackend:
 
         for _ in range(max_new_tokens):
             tok, lp = sample_next(logits, temperature, top_p, generator)
-            keep = []
-            for j, (row, t, l) in enumerate(zip(active, tok.tolist(), lp.tolist())):
+            live = []
+            for j, (row, t, l) in enumerate(zip(rows, tok.tolist(), lp.tolist())):
+                if row is None:  # finished earlier, still in the batch until the next compaction
+                    continue
                 out_ids[row].append(t)
                 out_lp[row].append(l)
                 if t in self.eos_ids:
@@ -204,15 +208,19 @@ class HFBackend:
                 elif stop and self._may_stop(t) and self._hits_stop(out_ids[row], stop, window):
                     finish[row] = "stop"
                 elif len(out_ids[row]) < max_new_tokens:
-                    keep.append(j)
-            if not keep:
+                    live.append(j)
+                    continue
+                rows[j] = None
+            if not live:
                 break
-            if len(keep) < len(active):  # drop finished rows from the batch and the cache
-                idx = torch.tensor(keep, device=dev)
+            # Drop finished rows from the batch and the cache once they are a large share of it:
+            # each compaction copies the whole cache, so it is amortised rather than done per row.
+            if len(live) <= self.compact_below * len(rows):
+                idx = torch.tensor(live, device=dev)
                 cache.batch_select_indices(idx)
                 mask, tok, next_pos = mask[idx], tok[idx], next_pos[idx]
-                active = [active[j] for j in keep]
-            mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
+                rows = [rows[j] for j in live]
+            mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
             logits = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
                                 past_key_values=cache, use_cache=True).logits[:, -1, :]
             next_pos = next_pos + 1
