@@ -33,14 +33,18 @@ def test_make_batch_masks_outputs_only(tok):
     assert not (out & ~attn.bool()).any()  # padding is never a target
 
 
-def _loss_loop(model, examples, context_weight):
-    """Per-example reference: mean NLL over all output tokens (+ w * mean NLL over context tokens)."""
+def _loss_loop(model, examples, context_weight, keep=None):
+    """Per-example reference: mean NLL over all output tokens (+ w * mean NLL over the context
+    tokens, only those with ``keep[i][t]`` when ``keep`` is given)."""
     out_nll, ctx_nll = [], []
-    for c, o in examples:
+    for i, (c, o) in enumerate(examples):
         seq = torch.tensor([c + o])
         logp = torch.log_softmax(model(input_ids=seq).logits[0].float(), -1)
         for t in range(1, len(c) + len(o)):
-            (out_nll if t >= len(c) else ctx_nll).append(-logp[t - 1, seq[0, t]].item())
+            if t >= len(c):
+                out_nll.append(-logp[t - 1, seq[0, t]].item())
+            elif keep is None or keep[i][t]:
+                ctx_nll.append(-logp[t - 1, seq[0, t]].item())
     loss = sum(out_nll) / len(out_nll)
     return loss + (context_weight * sum(ctx_nll) / len(ctx_nll) if context_weight else 0.0)
 
@@ -54,6 +58,25 @@ def test_sft_loss_matches_per_example_loop(tok, w):
     with torch.no_grad():
         got = sft_loss(model, ids, attn, out, context_weight=w).item()
     assert got == pytest.approx(_loss_loop(model, ex, w), abs=1e-4)
+
+
+@pytest.mark.parametrize("lm_head_on_scored_only", [True, False])
+def test_sft_loss_on_a_context_subset_matches_loop(tok, monkeypatch, lm_head_on_scored_only):
+    """context_keep scores a subset of context tokens; both code paths (LM head on the scored
+    positions only, and the full-logits path a DDP-wrapped model takes) equal the loop."""
+    import memkit.sft as sft
+
+    if not lm_head_on_scored_only:
+        monkeypatch.setattr(sft, "decoder_and_head", lambda model: None)
+    model = build_tiny(tok, seed=1)
+    ex = _examples(tok)
+    ids, attn, out = make_batch(ex, pad_id=tok.pad_token_id)
+    keep = torch.rand(ids.shape, generator=torch.Generator().manual_seed(3)) < 0.3
+    with torch.no_grad():
+        got = sft.sft_loss(model, ids, attn, out, context_weight=0.7, context_keep=keep).item()
+    want = _loss_loop(model, ex, 0.7, keep=keep.tolist())
+    assert got == pytest.approx(want, abs=1e-4)
+    assert got != pytest.approx(_loss_loop(model, ex, 0.7), abs=1e-3)  # the subset matters
 
 
 def test_sft_learns_the_outputs(tok):
@@ -106,3 +129,18 @@ def test_time_budget_stops_training_and_ends_the_schedule(tok):
     hist = train_sft(model, tok, _examples(tok), cfg, progress=False)
     assert hist[-1]["step"] < 10_000 - 1 and hist[-1]["seconds"] >= 0.5
     assert hist[-1]["lr"] < 1e-3 * 0.05  # the cosine ran on wall time, not on the 10k steps
+
+
+def test_sft_falls_back_when_torch_compile_fails(tok, monkeypatch):
+    """A machine where inductor cannot build (no C++ compiler) still trains, uncompiled, with a warning."""
+    def broken_compile(module, **kw):
+        def run(*a, **k):
+            raise RuntimeError("no C++ compiler")
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    model = build_tiny(tok, seed=0)
+    cfg = SFTConfig(steps=3, batch_size=4, compile=True, log_every=1)
+    with pytest.warns(UserWarning, match="torch.compile failed"):
+        hist = train_sft(model, tok, _examples(tok), cfg, progress=False)
+    assert [r["step"] for r in hist] == [0, 1, 2] and all(math.isfinite(r["loss"]) for r in hist)

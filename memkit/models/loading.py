@@ -2,7 +2,7 @@
 
 Specs (no hub needed for the first three):
 
-* ``"tiny"``          a freshly initialised ~4M-param Llama (:mod:`memkit.models.tiny`) with
+* ``"tiny"``          a freshly initialised ~1.2M-param Llama (:mod:`memkit.models.tiny`) with
   a BPE tokenizer trained on synthetic-world text: ``texts=`` if given, else the tokenizer
   cached at ``<cache_dir>/tiny-tokenizer``, else one trained on world 0's passages and tasks
   (``world_texts(make_world(0), make_tasks(...))``) and cached there.

@@ -1,4 +1,4 @@
-"""A small byte-level BPE tokenizer for the tiny model, trained on the synthetic world.
+r"""A small byte-level BPE tokenizer for the tiny model, trained on the synthetic world.
 
 Why train one: the tiny model learns from scratch on a 2-core CPU, so every vocabulary row
 costs parameters and steps. A 2k-token BPE fitted to the world's own text (fictional names,
