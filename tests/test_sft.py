@@ -90,6 +90,7 @@ def test_sft_learns_the_outputs(tok):
     with torch.no_grad():
         after = sft_loss(model, ids, attn, out).item()
     assert before > math.log(50) and after < 0.25 * before, (before, after)
+    assert model.config._attn_implementation == "sdpa"  # trained with eager on CPU, handed back as built
     assert [r["step"] for r in hist] == [0, 10, 20, 30, 39]
 
 
