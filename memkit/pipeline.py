@@ -64,7 +64,7 @@ def load_kit(world_seed: int = 0, retriever: str = "bm25", k_docs: int = 3, voca
 
     world = make_world(seed=world_seed)
     env = SearchEnv(make_retriever(retriever, world.passages), k=k_docs)
-    return Kit(world=world, env=env, tokenizer=world_tokenizer(world, world_seed, vocab_size, env), world_seed=world_seed)
+    return Kit(world=world, env=env, tokenizer=world_tokenizer(world, world_seed, vocab_size), world_seed=world_seed)
 
 
 class _ByteTokenizer:
@@ -93,10 +93,11 @@ def oracle_transcripts(world, env, n_tasks: int = 20, seed: int = 1) -> list[str
     return texts
 
 
-def world_tokenizer(world, world_seed: int, vocab_size: int | None = None, env=None):
+def world_tokenizer(world, world_seed: int, vocab_size: int | None = None):
     """BPE trained on the world's passages, questions, every method's prompts and oracle outputs
-    (rolled out in ``env``, default BM25 top-3), so the agents' own phrases ("Nothing found
-    yet. Next I need") are a few ids, not a dozen pieces (cached per world seed)."""
+    (always rolled out with BM25 top-3, so the cached tokenizer does not depend on which kit
+    asked first), so the agents' own phrases ("Nothing found yet. Next I need") are a few ids,
+    not a dozen pieces (cached per world seed and vocabulary size)."""
     from transformers import AutoTokenizer
 
     from memkit.models import train_tokenizer
@@ -109,10 +110,9 @@ def world_tokenizer(world, world_seed: int, vocab_size: int | None = None, env=N
         return AutoTokenizer.from_pretrained(path)
     tasks = make_tasks(world, n=200, k=2, seed=world_seed + 1)
     prompts = [get_method(m).next_call(get_method(m).new_state(t)).text for m in METHODS for t in tasks[:20]]
-    if env is None:
-        from memkit.envs import SearchEnv, make_retriever
+    from memkit.envs import SearchEnv, make_retriever
 
-        env = SearchEnv(make_retriever("bm25", world.passages), k=3)
+    env = SearchEnv(make_retriever("bm25", world.passages), k=3)
     outputs = oracle_transcripts(world, env)
     tok = train_tokenizer(list(world_texts(world, tasks)) + prompts + outputs, vocab_size=vocab_size)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")

@@ -119,14 +119,14 @@ def sft_loss(model, ids, attn, output_mask, context_weight: float = 0.0, context
     parts = decoder_and_head(model)
     if parts is not None:
         decoder, head = parts
-        hidden = decoder(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1]  # [B, T-1, H]
+        hidden = decoder(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state[:, :-1]  # [B, T-1, H]
         nll = torch.nn.functional.cross_entropy(head(hidden[scored]).float(), ids[:, 1:][scored], reduction="none")
         is_out = out[scored]  # [N_scored]
         loss = nll[is_out].sum() / is_out.sum().clamp(min=1)
         if context_weight:
             loss = loss + context_weight * nll[~is_out].sum() / (~is_out).sum().clamp(min=1)
         return loss
-    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()  # e.g. a DDP-wrapped model
+    logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1].float()  # e.g. a DDP-wrapped model
     nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")  # [B, T-1]
     loss = (nll * out).sum() / out.sum().clamp(min=1)
     if context_weight:
@@ -171,34 +171,36 @@ def train_sft(model, tokenizer, examples, cfg: SFTConfig, log=None, progress: bo
         from tqdm.auto import tqdm
 
         steps = tqdm(steps, desc="sft", leave=False)
-    for step in steps:
-        if not queue:
-            queue = chunks[:]
-            rng.shuffle(queue)
-        ids, attn, output_mask = make_batch([examples[i] for i in queue.pop()], pad_id)
-        ids, attn, output_mask = ids.to(device), attn.to(device), output_mask.to(device)
-        keep = None
-        if cfg.context_weight and cfg.context_fraction < 1.0:
-            keep = torch.rand(ids.shape, generator=gen) < cfg.context_fraction
-            keep = keep.to(device)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
-            loss = sft_loss(model, ids, attn, output_mask, cfg.context_weight, keep)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        out_of_time = bool(cfg.max_seconds) and time.perf_counter() - t0 >= cfg.max_seconds
-        if step % cfg.log_every == 0 or step == cfg.steps - 1 or out_of_time:
-            row = {"step": step, "loss": loss.item(), "lr": sched.get_last_lr()[0], "seconds": time.perf_counter() - t0}
-            history.append(row)
-            if log:
-                log(row)
-        if out_of_time:
-            break
-    if attn_impl is not None and model.config._attn_implementation != attn_impl:
-        model.set_attn_implementation(attn_impl)  # rollouts keep what the model was built with
-    model.eval()
+    try:
+        for step in steps:
+            if not queue:
+                queue = chunks[:]
+                rng.shuffle(queue)
+            ids, attn, output_mask = make_batch([examples[i] for i in queue.pop()], pad_id)
+            ids, attn, output_mask = ids.to(device), attn.to(device), output_mask.to(device)
+            keep = None
+            if cfg.context_weight and cfg.context_fraction < 1.0:
+                keep = torch.rand(ids.shape, generator=gen) < cfg.context_fraction
+                keep = keep.to(device)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
+                loss = sft_loss(model, ids, attn, output_mask, cfg.context_weight, keep)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            out_of_time = bool(cfg.max_seconds) and time.perf_counter() - t0 >= cfg.max_seconds
+            if step % cfg.log_every == 0 or step == cfg.steps - 1 or out_of_time:
+                row = {"step": step, "loss": loss.item(), "lr": sched.get_last_lr()[0], "seconds": time.perf_counter() - t0}
+                history.append(row)
+                if log:
+                    log(row)
+            if out_of_time:
+                break
+    finally:  # also on an exception or an interrupted notebook cell
+        if attn_impl is not None and model.config._attn_implementation != attn_impl:
+            model.set_attn_implementation(attn_impl)  # rollouts keep what the model was built with
+        model.eval()
     return history
 
 

@@ -385,3 +385,14 @@ def test_oracle_text_parses_in_its_own_format(world, env):
         assert m.parse(text, spec.role).ok, (name, text)
         assert any(text.endswith(s) for s in spec.stop), (name, text)  # generation would stop exactly there
         assert re.search(r"\S", spec.text)
+
+
+def test_numbered_questions_splits_the_composite_prompt():
+    from memkit.agents.base import numbered_questions
+    from memkit.world.schema import Question, compose_prompt
+
+    qs = [Question(id=f"q{i}", kind="1hop", text=t, answers=["x"]) for i, t in
+          enumerate(['Who directed "Vokbros Signal"?', "In which year was Shorpi Vepo born?"])]
+    out = numbered_questions(compose_prompt(qs))
+    assert out == 'Q1: Who directed "Vokbros Signal"? Q2: In which year was Shorpi Vepo born?'
+    assert numbered_questions("Which river flows through Kulshos?") == "Q1: Which river flows through Kulshos?"

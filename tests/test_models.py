@@ -125,6 +125,38 @@ def test_greedy_is_padding_invariant(model, tok, prompts):
         assert torch.allclose(sequence_logprobs(model, p, o.ids), torch.tensor(o.logprobs), atol=1e-4)
 
 
+def test_batched_prefill_paths_equal_one_prompt_at_a_time(model, tok, prompts):
+    """More distinct prompts than one prefill chunk holds (8 rows), duplicated rows (prefilled
+    once, cache rows copied) and compaction at every finished row: greedy ids and log-probs
+    equal generating each prompt alone with a plain DynamicCache."""
+    unique = [prompts[j % 4] + prompts[(j + 1) % 4][: j // 4 + 1] for j in range(10)]
+    rows = unique + unique[:4]
+    be = HFBackend(model, tok)
+    be.compact_below = 1.0
+    batched = be.generate(rows, 20, stop=("in",), temperature=0)
+    assert len({o.finish for o in batched}) == 2  # some rows stop early: compaction runs
+    plain = HFBackend(model, tok)
+    plain._growable = False
+    for p, o in zip(rows, batched):
+        ref = plain.generate([p], 20, stop=("in",), temperature=0)[0]
+        assert o.ids == ref.ids and o.finish == ref.finish
+        assert max(abs(a - b) for a, b in zip(o.logprobs, ref.logprobs)) < 1e-4
+
+
+def test_growing_layer_grows_and_refuses_what_it_cannot_track():
+    from memkit.models.kv import GrowingLayer
+
+    k, v = torch.randn(2, 1, 3, 4), torch.randn(2, 1, 3, 4)
+    layer = GrowingLayer(k, v, capacity=4)
+    k2, v2 = torch.randn(2, 1, 3, 4), torch.randn(2, 1, 3, 4)
+    keys, values = layer.update(k2, v2)  # 6 tokens > capacity 4: the buffer grows
+    assert torch.equal(keys, torch.cat([k, k2], 2)) and torch.equal(values, torch.cat([v, v2], 2))
+    layer.batch_select_indices(torch.tensor([1]))
+    assert torch.equal(layer.keys, torch.cat([k, k2], 2)[1:])
+    with pytest.raises(NotImplementedError):
+        layer.crop(2)
+
+
 def test_stop_strings_truncate_right_after_completing_token(model, tok, prompts):
     be = HFBackend(model, tok)
     free = be.generate(prompts, 24, temperature=0)

@@ -131,3 +131,14 @@ def test_time_budget_stops_training_and_ends_the_schedule(tok):
     assert hist[-1]["step"] < 10_000 - 1 and hist[-1]["seconds"] >= 0.5
     assert hist[-1]["lr"] < 1e-3 * 0.05  # the cosine ran on wall time, not on the 10k steps
 
+
+
+def test_decoder_and_head_refuses_models_that_rescale_their_logits(tok):
+    """Gemma-style logit softcapping happens in forward() after the head: body + head alone
+    would give other log-probs, so the helper must send callers to the full forward."""
+    from memkit.models.loading import decoder_and_head
+
+    model = build_tiny(tok, seed=0)
+    assert decoder_and_head(model) is not None
+    model.config.final_logit_softcapping = 30.0
+    assert decoder_and_head(model) is None

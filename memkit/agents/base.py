@@ -214,7 +214,10 @@ def numbered_questions(text: str) -> str:
     m = _COMPOSITE.search(text)
     if m is None:
         return f"Q1: {text.strip()}"
-    questions = re.findall(r'"([^"]*)"', m.group(1))
+    body = m.group(1).strip()
+    # compose_prompt joins '"q1" "q2"': split on that separator, so a question that quotes a
+    # title ('Who directed "Vokbros Signal"?') stays one question
+    questions = body[1:-1].split('" "') if body.startswith('"') and body.endswith('"') else [body]
     listed = " ".join(f"Q{i}: {q}" for i, q in enumerate(questions, 1))
     return text[: m.start()] + listed + text[m.end():]
 
@@ -251,8 +254,8 @@ def compact_prompt_wrap(method_name: str):
 
 
 def _number_question_segment(text: str) -> str:
-    """Number the questions inside a question segment, keeping its wrapper (``Question: ``,
-    ``<question>...</question>``, trailing newline)."""
+    """Number the questions inside a question segment: ``<question>...</question>`` and the
+    trailing newline are kept, a ``Question: `` prefix is dropped (the ``Q1:`` labels replace it)."""
     for head, tail in (("<question>", "</question>"), ("Question: ", "")):
         if text.startswith(head) and text.rstrip("\n").endswith(tail):
             body = text[len(head): len(text.rstrip("\n")) - len(tail)]

@@ -62,6 +62,13 @@ class GrowingLayer(DynamicLayer):
         self._k, self._v = self._k[indices], self._v[indices]
         self._view()
 
+    def _unsupported(self, *args, **kwargs):
+        # DynamicLayer's versions reassign keys/values and would leave _k/_v/_n stale: the next
+        # update() would then write at the old length. Our generation loop never calls them.
+        raise NotImplementedError("GrowingLayer supports update() and batch_select_indices() only")
+
+    crop = batch_repeat_interleave = reorder_cache = reset = offload = prefetch = _unsupported
+
 
 def dedupe(prompts: list[list[int]]) -> tuple[list[list[int]], list[int]]:
     """Unique prompts (first-seen order) and, per input row, the index of its unique prompt."""

@@ -4,7 +4,7 @@ Specs (no hub needed for the first three):
 
 * ``"tiny"``          a freshly initialised ~1.2M-param Llama (:mod:`memkit.models.tiny`) with
   a BPE tokenizer trained on synthetic-world text: ``texts=`` if given, else the tokenizer
-  cached at ``<cache_dir>/tiny-tokenizer``, else one trained on world 0's passages and tasks
+  cached at ``<cache_dir>/tiny-tokenizer-<TOKENIZER_SCHEME>``, else one trained on world 0's passages and tasks
   (``world_texts(make_world(0), make_tasks(...))``) and cached there.
 * a local directory   any ``save_pretrained`` checkpoint (model + tokenizer), e.g. an SFT'd
   tiny model or a downloaded Qwen.
@@ -71,17 +71,37 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("MEMKIT_CACHE") or Path.home() / ".cache" / "memkit").expanduser()
 
 
+#: Config fields of models whose forward changes the logits after the LM head (Gemma 2/3,
+#: Cohere, Granite): body + head alone would give other log-probs.
+_LOGIT_POSTPROCESSING = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+def _wrapped_for_training(model) -> bool:
+    """DDP, FSDP (1 or 2) or a DeepSpeed engine around the model."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel) or type(model).__name__ == "DeepSpeedEngine":
+        return True
+    try:
+        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+    except ImportError:  # a torch built without distributed
+        return False
+    return isinstance(model, (FSDPModule, FullyShardedDataParallel))
+
+
 def decoder_and_head(model):
     """``(transformer body, LM head)`` of a causal LM, peft-wrapped or not, or None.
 
     Losses that need log-probs at a few positions (SFT outputs, RL response tokens) run the
-    body once and the head only where needed: the head is ~1/3 of the tiny model's FLOPs per
-    token, and most positions of a call are context. Not for DDP-wrapped models: calling the
-    inner modules would bypass DDP's gradient hooks (callers fall back to ``model(...)``).
+    body once and the head only where needed: the head is ~25% of the tiny model's FLOPs per
+    token, and most positions of a call are context. None (callers fall back to ``model(...)``)
+    for DDP/FSDP/DeepSpeed-wrapped models, whose forward runs the gradient hooks or the
+    unsharding, and for models whose forward changes the logits after the head.
     """
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        return None
+    if _wrapped_for_training(model):
+        return None  # the wrapper's forward does the gradient hooks / unsharding: go through it
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    cfg = getattr(base, "config", None)
+    if any(getattr(cfg, name, None) not in (None, 1, 1.0) for name in _LOGIT_POSTPROCESSING):
+        return None  # its forward rescales the head's logits after the head (softcapping, ...)
     decoder = getattr(base, getattr(base, "base_model_prefix", "model"), None)
     head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
     return (decoder, head) if decoder is not None and head is not None else None

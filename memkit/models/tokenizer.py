@@ -1,7 +1,7 @@
 r"""A small byte-level BPE tokenizer for the tiny model, trained on the synthetic world.
 
 Why train one: the tiny model learns from scratch on a 2-core CPU, so every vocabulary row
-costs parameters and steps. A 2k-token BPE fitted to the world's own text (fictional names,
+costs parameters and steps. A BPE of at most 4096 entries fitted to the world's own text (fictional names,
 attribute words) gives short sequences; every XML-ish tag the methods use (``<think>``,
 ``<mem>``, ``<information>`` ...) is one *added* token, so
 
@@ -37,7 +37,7 @@ PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 SPECIAL_TOKENS = (PAD, BOS, EOS)  # ids 0, 1, 2
 
 #: Bumped whenever the pre-tokenization changes, so cached tokenizers (and models) are not reused.
-TOKENIZER_SCHEME = "words3"
+TOKENIZER_SCHEME = "words4"  # words4: corpus always rolled out with BM25 top-3
 #: Default vocabulary size: most fictional names become one or two ids (copying is shorter).
 DEFAULT_VOCAB = 4096
 #: Non-word runs (spaces, punctuation) are pre-tokens of their own; BPE merges inside a piece.
