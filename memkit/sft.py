@@ -14,8 +14,9 @@ a random half of the context tokens each step (``context_fraction``). Measured o
 128; 2-objective EM per question on 100 held-out tasks after 3000 steps of 16 calls, GPU sweep):
 context fraction 1.0 -> 0.70, 0.5 -> 0.70, 0.25 -> 0.35-0.45, 0.1 -> 0.16; EM jumps between
 steps 1500 (0.15) and 2500 (0.55) as the copying heads form, 6000 steps reach 0.85. On this
-machine's 2 cores a step takes ~0.26 s, so ``memkit sft``'s 10 minutes end near step 2200
-(measured: EM 0.32; all 3000 steps, ~14 minutes, EM 0.435).
+machine's 2 cores a step takes ~0.24 s, so ``memkit sft``'s 10 minutes end near step 2500
+(measured with the defaults, lr 4e-3 and 200 warmup steps: EM 0.52; with lr 3e-3 and 50 warmup
+steps 0.32 in 10 minutes and 0.435 after all 3000 steps in 14).
 
     L(θ) = L_bc(θ) + w_ctx · (− mean_{context tokens} log π_θ(x_{i,t} | x_{i,<t}))
 
@@ -45,12 +46,12 @@ class SFTConfig:
     method: str = "mem1"
     objectives: tuple[int, ...] = (1, 2)  # k values of the training tasks
     n_tasks: int = 4000  # oracle tasks to clone (~15k calls). Measured (memkit sft, 10 min): 4000 ->
-    # EM 0.32, 12000 (~45k calls, each seen about once) -> 0.305: more data does not help at this length
-    steps: int = 3000  # optimizer steps (~0.26 s each for 16 x ~210 tokens, bf16, 2 CPU threads: a
-    # 10-minute budget ends near step 2200, see max_seconds)
+    # EM 0.32, 12000 (~45k calls, each seen about once) -> 0.305 (both at lr 3e-3): more data does not help
+    steps: int = 3000  # optimizer steps (~0.24 s each for 16 x ~210 tokens, bf16, 2 CPU threads: a
+    # 10-minute budget ends near step 2500, see max_seconds)
     batch_size: int = 16
-    lr: float = 3e-3
-    warmup: int = 50
+    lr: float = 4e-3
+    warmup: int = 200  # measured (memkit sft, 10 min): lr 3e-3 / warmup 50 -> EM 0.32, 4e-3 / 200 -> 0.52
     max_len: int = 768  # sequences longer than this are dropped (counted in the log)
     context_weight: float = 1.0  # w_ctx: LM loss on context tokens (0 = output-only SFT, see above)
     context_fraction: float = 0.5  # share of context tokens scored by L_ctx each step (a fresh random
