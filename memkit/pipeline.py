@@ -9,7 +9,7 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from memkit.agents import METHODS, get_method
@@ -33,6 +33,7 @@ class Kit:
     env: object
     tokenizer: object
     world_seed: int
+    _envs_by_k: dict = field(default_factory=dict, repr=False, compare=False)  # env_for's cache
 
     def env_for(self, k_docs: int | None):
         """The search env returning ``k_docs`` passages per query (same retriever), or ``env``."""
@@ -40,10 +41,9 @@ class Kit:
 
         if k_docs is None or k_docs == self.env.k:
             return self.env
-        envs = self.__dict__.setdefault("_envs", {})
-        if k_docs not in envs:
-            envs[k_docs] = SearchEnv(self.env.retriever, k=k_docs)
-        return envs[k_docs]
+        if k_docs not in self._envs_by_k:
+            self._envs_by_k[k_docs] = SearchEnv(self.env.retriever, k=k_docs)
+        return self._envs_by_k[k_docs]
 
 
 #: ``model.config`` attribute naming the passages per search a model was trained with (set by
@@ -100,6 +100,7 @@ def world_tokenizer(world, world_seed: int, vocab_size: int | None = None):
     not a dozen pieces (cached per world seed and vocabulary size)."""
     from transformers import AutoTokenizer
 
+    from memkit.envs import SearchEnv, make_retriever
     from memkit.models import train_tokenizer
     from memkit.models.tokenizer import DEFAULT_VOCAB, TOKENIZER_SCHEME
     from memkit.world import make_tasks, world_texts
@@ -110,8 +111,6 @@ def world_tokenizer(world, world_seed: int, vocab_size: int | None = None):
         return AutoTokenizer.from_pretrained(path)
     tasks = make_tasks(world, n=200, k=2, seed=world_seed + 1)
     prompts = [get_method(m).next_call(get_method(m).new_state(t)).text for m in METHODS for t in tasks[:20]]
-    from memkit.envs import SearchEnv, make_retriever
-
     env = SearchEnv(make_retriever("bm25", world.passages), k=3)
     outputs = oracle_transcripts(world, env)
     tok = train_tokenizer(list(world_texts(world, tasks)) + prompts + outputs, vocab_size=vocab_size)

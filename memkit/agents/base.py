@@ -256,8 +256,9 @@ def compact_prompt_wrap(method_name: str):
 def _number_question_segment(text: str) -> str:
     """Number the questions inside a question segment: ``<question>...</question>`` and the
     trailing newline are kept, a ``Question: `` prefix is dropped (the ``Q1:`` labels replace it)."""
-    for head, tail in (("<question>", "</question>"), ("Question: ", "")):
-        if text.startswith(head) and text.rstrip("\n").endswith(tail):
-            body = text[len(head): len(text.rstrip("\n")) - len(tail)]
-            return head.replace("Question: ", "") + numbered_questions(body) + tail + text[len(text.rstrip("\n")):]
-    return numbered_questions(text.rstrip("\n")) + text[len(text.rstrip("\n")):]
+    body = text.rstrip("\n")
+    newline = text[len(body):]
+    open_tag, close_tag = "<question>", "</question>"
+    if body.startswith(open_tag) and body.endswith(close_tag):
+        return open_tag + numbered_questions(body[len(open_tag): -len(close_tag)]) + close_tag + newline
+    return numbered_questions(body.removeprefix("Question: ")) + newline
