@@ -25,7 +25,8 @@ import time
 import torch
 
 from memkit.pipeline import fresh_tiny, load_kit, rollout
-from memkit.rl.packing import MODES, pack, packed_token_logprobs
+from memkit.rl.packed_forward import packed_token_logprobs
+from memkit.rl.packing import MODES, pack
 from memkit.world import make_tasks
 
 

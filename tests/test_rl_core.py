@@ -9,8 +9,9 @@ import torch
 
 from memkit.rl import advantages as adv
 from memkit.rl import losses as L
-from memkit.rl.packing import (model_attention_mask, pack, packed_token_logprobs, packing_gap,
-                               recompute_call_logprobs)
+from memkit.rl.packed_forward import (model_attention_mask, packed_token_logprobs, packing_gap,
+                                      recompute_call_logprobs)
+from memkit.rl.packing import pack
 from memkit.rollout.trajectory import Call, Trajectory
 
 SEEDS = range(6)
@@ -454,7 +455,7 @@ def test_segments_tile_rows_and_name_mem1_blocks(mode):
 def test_mask_form_logit_gap(impl, sdpa_model):
     """The 0/1-float pitfall as a number: float01 moves the logits a lot on both backends, a
     bool mask only on eager (added as +1/+0), an additive 0/-inf mask never."""
-    from memkit.rl.packing import mask_form_logit_gap, mask_in_form
+    from memkit.rl.packed_forward import mask_form_logit_gap, mask_in_form
     model = sdpa_model if impl == "sdpa" else _model("eager")
     b = pack(TRAJS, "mem1_exact")
     gap = {f: mask_form_logit_gap(model, b, f) for f in ("bool", "additive", "float01")}

@@ -4,8 +4,9 @@ from memkit.rl.advantages import (broadcast_to_calls, discounted_returns, gae, g
                                   masked_whiten)
 from memkit.rl.losses import (aggregate, entropy_from_logits, kl_penalty, masked_mean, ppo_clip_loss,
                               token_logprobs, value_loss)
-from memkit.rl.packing import (PackedBatch, model_attention_mask, pack, packed_token_logprobs,
-                               packing_gap, recompute_call_logprobs)
+from memkit.rl.packed_forward import (model_attention_mask, packed_token_logprobs, packing_gap,
+                                      recompute_call_logprobs)
+from memkit.rl.packing import PackedBatch, pack
 
 __all__ = [
     "aggregate", "masked_mean", "ppo_clip_loss", "value_loss", "kl_penalty", "entropy_from_logits",

@@ -231,7 +231,7 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask=None, position
     """Token-aligned log-probs of ``input_ids`` under ``model`` (one forward pass).
 
     input_ids ``[B, L]``; attention_mask ``[B, L]`` (padding, bool/0-1) or ``[B, 1, L, L]``
-    (bool, True = may attend, or additive float 0/-inf, see ``packing.model_attention_mask``);
+    (bool, True = may attend, or additive float 0/-inf, see ``packed_forward.model_attention_mask``);
     position_ids ``[B, L]`` or None; pred_index ``[B, L]`` long: which position's logits predict
     token i (default i - 1, the causal predecessor; -1 = no prediction, logp = 0 there).
 

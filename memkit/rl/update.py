@@ -29,7 +29,8 @@ from memkit.rl.advantages import grpo_advantages
 from memkit.rl.config import TrainConfig
 from memkit.rl.critic import ValueModel, loss_weights, trajectory_gae, weighted_sum
 from memkit.rl.losses import kl_penalty, ppo_clip_loss, token_logprobs, value_loss
-from memkit.rl.packing import PackedBatch, model_attention_mask, pack
+from memkit.rl.packed_forward import model_attention_mask
+from memkit.rl.packing import PackedBatch, pack
 from memkit.rollout.trajectory import Trajectory
 
 
