@@ -102,10 +102,10 @@ def test_tiny_model_shape_and_seed(tok):
 # ----------------------------------------------------------------------------- generation
 def test_recorded_logprobs_match_fresh_forward(model, tok, prompts):
     be = HFBackend(model, tok)
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(3)
     outs = be.generate(prompts, 24, stop=("in",), temperature=0.9, top_p=0.95, generator=g)
-    # rows finish at different steps, so the dropped-row (cache pruning) path is exercised
-    assert {o.finish for o in outs} == {"stop", "length"}
+    # rows finish at different steps and for each reason, so the dropped-row (cache pruning) path is exercised
+    assert {o.finish for o in outs} == {"stop", "eos", "length"}
     for p, o in zip(prompts, outs):
         assert isinstance(o, Generation) and len(o.ids) == len(o.logprobs) > 0
         ref = sequence_logprobs(model, p, o.ids, temperature=0.9)
@@ -113,6 +113,20 @@ def test_recorded_logprobs_match_fresh_forward(model, tok, prompts):
         assert (ref - torch.tensor(o.logprobs)).abs().max().item() <= 1e-4
     # and the temperature matters: T=1 log-probs differ, so the check above is not vacuous
     assert (sequence_logprobs(model, prompts[0], outs[0].ids) - torch.tensor(outs[0].logprobs)).abs().max() > 1e-2
+
+
+def test_generation_stats_count_the_work_done(model, tok, prompts):
+    be = HFBackend(model, tok)
+    outs = be.generate(prompts + [prompts[1]], 10, temperature=0)  # a duplicate prompt is prefilled once
+    st = be.stats
+    assert st.calls == 1 and st.prefill_tokens == sum(len(p) for p in prompts)
+    # every token after the first of each row comes from one decode step that included the row
+    assert 1 <= st.decode_steps <= 9 and st.decode_rows >= sum(len(o.ids) - 1 for o in outs)
+    assert st.decode_rows <= st.decode_steps * len(outs) and st.prefill_seconds > 0 and st.decode_seconds > 0
+    be.generate(prompts[:1], 3, temperature=0)
+    assert be.stats.calls == 2
+    be.stats.reset()
+    assert be.stats.calls == 0 and be.stats.prefill_tokens == 0
 
 
 def test_greedy_is_padding_invariant(model, tok, prompts):
@@ -189,6 +203,35 @@ def test_sampling_is_reproducible_with_a_seeded_generator(model, tok, prompts):
     assert run(7, temperature=1.0) != run(8, temperature=1.0)
     # a vanishing nucleus keeps only the argmax: sampling becomes greedy
     assert run(7, temperature=1.0, top_p=1e-6) == [o.ids for o in be.generate(prompts, 12, temperature=0)]
+
+
+def test_inverse_cdf_sampling_matches_a_loop_and_the_distribution():
+    from memkit.models.generation import inverse_cdf_sample
+
+    g = torch.Generator().manual_seed(0)
+    probs = torch.rand(6, 50, generator=g) ** 4
+    probs[:, ::3] = 0.0  # zero-probability tokens (e.g. outside the nucleus) must never be drawn
+    probs[2] = 0.0
+    probs[2, 17] = 0.3  # one token left, unnormalised
+    draws = torch.stack([inverse_cdf_sample(probs, torch.Generator().manual_seed(s)) for s in range(300)])
+
+    def loop(seed):  # the naive reference: walk each row's cumulative sum until it passes u * total
+        u = torch.rand((probs.shape[0], 1), generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        out = []
+        for row, ui in zip(probs.double().tolist(), u[:, 0].tolist()):
+            target, acc = ui * sum(row), 0.0
+            out.append(next(i for i, p in enumerate(row) if (acc := acc + p) > target))
+        return out
+
+    assert [loop(s) for s in range(300)] == draws.tolist()
+    assert not (probs.gather(1, draws.T) == 0).any()
+    assert (draws[:, 2] == 17).all()
+    # the law: frequencies of 200k draws from one row agree with p / sum(p)
+    p = torch.tensor([0.5, 0.0, 0.2, 0.25, 0.05])
+    n = 200_000
+    x = inverse_cdf_sample(p.expand(n, -1), torch.Generator().manual_seed(1))
+    freq = torch.bincount(x, minlength=5).double() / n
+    assert torch.allclose(freq, p.double(), atol=4e-3), freq
 
 
 def test_generate_rejects_bad_input(model, tok):
@@ -305,3 +348,4 @@ def test_smollm2_loads_offline_and_chat_wrap_renders(tmp_path_factory):
     ids = torch.tensor([pol.tokenizer.encode(text)])
     with torch.no_grad():
         assert torch.allclose(pol.model(ids).logits, again.model(ids).logits, atol=1e-5)
+

@@ -34,6 +34,7 @@ log-probs come from different distributions.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
@@ -90,9 +91,38 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
         # drop a token when the mass strictly before it already reaches top_p (keeps >= 1 token)
         sorted_p = sorted_p.masked_fill(sorted_p.cumsum(-1) - sorted_p >= top_p, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
-    gen_device = generator.device if generator is not None else probs.device
-    tok = torch.multinomial(probs.to(gen_device), 1, generator=generator)[:, 0].to(probs.device)
+    tok = inverse_cdf_sample(probs, generator)
     return tok, logp.gather(-1, tok[:, None])[:, 0]
+
+
+def inverse_cdf_sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One draw per row of ``probs`` (B, V), non-negative and not necessarily normalised.
+
+    Inverse-transform sampling: with ``c = cumsum(p)`` and ``u ~ U[0, c_V)``, token ``i`` is the
+    first with ``c_i > u``, which happens with probability ``p_i / c_V``; zero-probability tokens
+    (``c_i = c_{i-1}``) are never picked. Same law as ``torch.multinomial(p, 1)``, but 20x faster
+    on CPU at (64, 4096) (0.26 vs 5.4 ms, one thread), where multinomial was 13% of a rollout.
+    """
+    cdf = probs.double().cumsum(-1)  # float64: the last entries of a float32 cumsum drift
+    gen_device = generator.device if generator is not None else probs.device
+    u = torch.rand((probs.shape[0], 1), generator=generator, device=gen_device, dtype=torch.float64).to(probs.device)
+    tok = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)[:, 0]
+    return tok.clamp_(max=probs.shape[-1] - 1)
+
+
+@dataclass
+class GenerationStats:
+    """Where :class:`HFBackend`'s time went (summed over ``generate`` calls; ``reset()`` to restart)."""
+
+    calls: int = 0
+    prefill_seconds: float = 0.0
+    prefill_tokens: int = 0  # prompt tokens actually run (after deduplication, padding excluded)
+    decode_seconds: float = 0.0  # decode forwards + sampling + stop checks
+    decode_steps: int = 0  # batched forwards of one new token per row
+    decode_rows: int = 0  # rows summed over decode steps (rows / steps = mean batch)
+
+    def reset(self) -> None:
+        self.__init__()
 
 
 class HFBackend:
@@ -112,6 +142,7 @@ class HFBackend:
         self.compact_below = 0.5  # drop finished rows when the live ones fall to this share of the batch
         self._stops: tuple[str, ...] = ()
         self._stop_hit: dict[int, bool] = {}
+        self.stats = GenerationStats()
 
     @property
     def device(self) -> torch.device:
@@ -178,17 +209,22 @@ class HFBackend:
             model.train(was_training)
 
     def _loop(self, prompts, max_new_tokens, stop, temperature, top_p, generator, dev):
-        B = len(prompts)
+        B, st, t0 = len(prompts), self.stats, time.perf_counter()
         if self._growable is None:
             self._growable = growable(self.model)
         if self._growable:  # deduplicated, length-bucketed prefill into a preallocated cache (kv.py)
             logits, cache, mask, next_pos = prefill(self.model, prompts, self.pad_id, max_new_tokens)
+            st.prefill_tokens += sum(len(p) for p in {tuple(p) for p in prompts})
         else:  # e.g. sliding-window caches: one plain prefill, DynamicCache
             input_ids, mask, positions = (t.to(dev) for t in left_pad(prompts, self.pad_id))
             cache = DynamicCache(config=self.model.config)
             logits = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                                 past_key_values=cache, use_cache=True).logits[:, -1, :]
             next_pos = positions[:, -1] + 1  # (B,)
+            st.prefill_tokens += sum(len(p) for p in prompts)
+        t1 = time.perf_counter()
+        st.calls += 1
+        st.prefill_seconds += t1 - t0
         rows: list[int | None] = list(range(B))  # batch position -> original row; None = finished
         out_ids: list[list[int]] = [[] for _ in range(B)]
         out_lp: list[list[float]] = [[] for _ in range(B)]
@@ -224,7 +260,9 @@ class HFBackend:
             logits = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
                                 past_key_values=cache, use_cache=True).logits[:, -1, :]
             next_pos = next_pos + 1
-
+            st.decode_steps += 1
+            st.decode_rows += len(rows)
+        st.decode_seconds += time.perf_counter() - t1
         return [Generation(out_ids[i], out_lp[i], self.tokenizer.decode(out_ids[i], skip_special_tokens=True), finish[i])
                 for i in range(B)]
 

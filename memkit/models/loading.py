@@ -22,7 +22,7 @@ import os
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -54,12 +54,16 @@ class Policy:
     tokenizer: object
     spec: str
     wrap: Callable[[list[Segment]], list[Segment]]
+    _backend: object = field(default=None, init=False, repr=False, compare=False)
 
     def backend(self):
-        """An :class:`~memkit.models.generation.HFBackend` over this policy."""
+        """The :class:`~memkit.models.generation.HFBackend` over this policy (one per policy, so
+        its caches and ``stats`` carry over from one rollout to the next)."""
         from memkit.models.generation import HFBackend
 
-        return HFBackend(self.model, self.tokenizer)
+        if self._backend is None or self._backend.model is not self.model:
+            self._backend = HFBackend(self.model, self.tokenizer)
+        return self._backend
 
     @property
     def chat(self) -> bool:
