@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--method", type=lambda s: _methods(s)[0], required=True, help=", ".join(METHODS))
     sp.add_argument("--steps", type=int, default=SFTConfig.steps)
     sp.add_argument("--max-minutes", type=float, default=10.0,
-                    help="wall-clock budget of the whole SFT (oracle data + optimisation): the cosine schedule "
+                    help="wall-clock budget of the whole SFT (oracle data + optimisation): the learning-rate schedule "
                          "shrinks to fit, so a slow machine trains fewer steps (default 10; 0 = exactly --steps, "
                          "reproducible)")
     sp.add_argument("--eval-tasks", type=int, default=100, help="held-out tasks to evaluate after training (0 = skip)")

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from memkit.models import build_tiny, train_tokenizer
-from memkit.sft import SFTConfig, collect_examples, make_batch, save_checkpoint, sft_loss, train_sft
+from memkit.sft import SFTConfig, collect_examples, lr_shape, make_batch, save_checkpoint, sft_loss, train_sft
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +129,25 @@ def test_time_budget_stops_training_and_ends_the_schedule(tok):
     cfg = SFTConfig(steps=10_000, batch_size=6, lr=1e-3, warmup=1, log_every=10_000, max_seconds=0.5)
     hist = train_sft(model, tok, _examples(tok), cfg, progress=False)
     assert hist[-1]["step"] < 10_000 - 1 and hist[-1]["seconds"] >= 0.5
-    assert hist[-1]["lr"] < 1e-3 * 0.05  # the cosine ran on wall time, not on the 10k steps
+    assert hist[-1]["lr"] < 1e-3 * 0.05  # the schedule ran on wall time, not on the 10k steps
+
+
+def test_lr_schedules_hold_then_decay_and_reject_unknown_names(tok):
+    wsd = lr_shape(SFTConfig(schedule="wsd", decay_fraction=0.25))
+    assert [wsd(f) for f in (0.0, 0.5, 0.75)] == [1.0, 1.0, 1.0]
+    assert wsd(0.875) == pytest.approx(0.5) and wsd(1.0) == 0.0
+    cos = lr_shape(SFTConfig(schedule="cosine"))
+    assert cos(0.0) == 1.0 and cos(0.5) == pytest.approx(0.5) and cos(1.0) == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="'wsd' or 'cosine'"):
+        SFTConfig(schedule="linear")
+    with pytest.raises(ValueError, match="decay_fraction"):
+        SFTConfig(decay_fraction=0.0)
+    # through the optimiser: warmup, the plateau at lr, then the decay to 0 over the last fifth
+    cfg = SFTConfig(steps=50, batch_size=6, lr=1e-3, warmup=5, log_every=1, decay_fraction=0.2)
+    lrs = [r["lr"] for r in train_sft(build_tiny(tok, seed=0), tok, _examples(tok), cfg, progress=False)]
+    # (row s logs the rate of step s + 1)
+    assert lrs[0] < lrs[2] < 1e-3 and all(x == pytest.approx(1e-3) for x in lrs[3:40])
+    assert all(a > b for a, b in zip(lrs[39:], lrs[40:])) and lrs[-1] == 0.0
 
 
 
@@ -142,3 +160,18 @@ def test_decoder_and_head_refuses_models_that_rescale_their_logits(tok):
     assert decoder_and_head(model) is not None
     model.config.final_logit_softcapping = 30.0
     assert decoder_and_head(model) is None
+
+
+def test_sft_trains_on_all_cores_and_restores_the_callers_threads():
+    import os
+
+    from memkit.pipeline import all_cores
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)  # what the notebooks set for generation
+        with all_cores() as n:
+            assert torch.get_num_threads() == n == max(1, len(os.sched_getaffinity(0)))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
