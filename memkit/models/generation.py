@@ -213,8 +213,8 @@ class HFBackend:
         if self._growable is None:
             self._growable = growable(self.model)
         if self._growable:  # deduplicated, length-bucketed prefill into a preallocated cache (kv.py)
-            logits, cache, mask, next_pos = prefill(self.model, prompts, self.pad_id, max_new_tokens)
-            st.prefill_tokens += sum(len(p) for p in {tuple(p) for p in prompts})
+            logits, cache, mask, next_pos, n_run = prefill(self.model, prompts, self.pad_id, max_new_tokens)
+            st.prefill_tokens += n_run
         else:  # e.g. sliding-window caches: one plain prefill, DynamicCache
             input_ids, mask, positions = (t.to(dev) for t in left_pad(prompts, self.pad_id))
             cache = DynamicCache(config=self.model.config)

@@ -111,7 +111,7 @@ def left_pad(prompts: list[list[int]], pad_id: int, width: int | None = None):
 
 def prefill(model, prompts: list[list[int]], pad_id: int, room: int, max_rows: int = 8,
             max_tokens: int = 4096):
-    """Prefill ``prompts`` and return ``(logits, cache, mask, next_pos)`` ready for decoding.
+    """Prefill ``prompts`` and return ``(logits, cache, mask, next_pos, n_run)`` ready for decoding.
 
     Args:
         prompts: B token-id lists (duplicates allowed; each distinct one is run once).
@@ -119,7 +119,7 @@ def prefill(model, prompts: list[list[int]], pad_id: int, room: int, max_rows: i
     Returns:
         logits (B, V) of the next token; a ``DynamicCache`` over (B, ·, L) built from
         :class:`GrowingLayer`; the 2D attention mask (B, L) with L = longest prompt; next
-        position id per row (B,).
+        position id per row (B,); the number of prompt tokens actually run (distinct prompts).
     """
     dev = next(model.parameters()).device
     uniq, rows = dedupe(prompts)
@@ -149,7 +149,7 @@ def prefill(model, prompts: list[list[int]], pad_id: int, room: int, max_rows: i
     out = DynamicCache(config=model.config)
     out.layers = [GrowingLayer(k, v, L + room) for k, v in zip(keys, values)]
     next_pos = mask.sum(-1)  # = last position + 1
-    return logits, out, mask, next_pos
+    return logits, out, mask, next_pos, sum(len(p) for p in uniq)
 
 
 def growable(model) -> bool:

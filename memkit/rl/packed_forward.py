@@ -111,12 +111,9 @@ def packing_gap(model, trajectories: list[Trajectory], mode: str, pad_id: int = 
         row_max = []
         for t, c in enumerate(tr.calls):
             ref = recompute_call_logprobs(model, c)
-            if mode == "separate":
-                b = int(((batch.traj_index == i) & (batch.call_index == t)).nonzero()[0])
-                sel = (batch.call_ids[b] == t) & (batch.loss_mask[b] > 0)
-            else:
-                b = i
-                sel = (batch.call_ids[b] == t) & (batch.loss_mask[b] > 0)
+            # separate: one row per call; the 2D modes: one row per trajectory
+            b = int(((batch.traj_index == i) & (batch.call_index == t)).nonzero()[0]) if mode == "separate" else i
+            sel = (batch.call_ids[b] == t) & (batch.loss_mask[b] > 0)
             ok = ref.new_ones(len(ref), dtype=torch.bool)
             if c.n_context == 0 and len(ok):
                 ok[0] = False
