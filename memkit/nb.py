@@ -167,3 +167,15 @@ def smoke_scale(smoke: bool, small: T, full: T) -> T:
                             f"({type(smoke).__name__}); with papermill use -p SMOKE True")
     return small if smoke else full
 
+
+
+def budget_left(t_start: float, total_s: float, reserve_s: float = 0.0, floor_s: float = 60.0) -> float:
+    """Seconds a notebook's next stage may use so the whole run fits in ``total_s``.
+
+    ``t_start``: the notebook's ``time.perf_counter()`` at its first cell; ``reserve_s``: what the
+    stages after this one need. A full-mode RL cell gets what an SFT (10 minutes when its model
+    is not cached yet) and the earlier sections left, but never less than ``floor_s``.
+    """
+    import time
+
+    return max(total_s - reserve_s - (time.perf_counter() - t_start), floor_s)

@@ -12,6 +12,7 @@ import ast
 import io
 import json
 import sys
+import time
 
 import nbformat
 import pytest
@@ -216,6 +217,12 @@ def test_figure_path_smoke_scale_progress(tmp_path, monkeypatch):
     assert list(mnb.progress(range(3))) == [0, 1, 2]
     monkeypatch.setenv("MEMKIT_PAPERMILL", "0")
     assert not mnb.in_papermill() and not mnb.progress(range(3), file=io.StringIO()).disable
+
+
+def test_budget_left_counts_from_the_notebook_start():
+    now = time.perf_counter()
+    assert mnb.budget_left(now - 600, 1800, reserve_s=240) == pytest.approx(960, abs=5)  # 30 - 10 - 4 min
+    assert mnb.budget_left(now - 1700, 1800, reserve_s=240, floor_s=90) == 90  # late: the floor, not < 0
 
 
 # ------------------------------------------------------------------ harness: execution (slow)

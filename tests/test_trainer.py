@@ -163,6 +163,19 @@ def test_resume_continues_exactly(kit, tmp_path):
     assert torch.equal(loaded.model.state_dict()["model.embed_tokens.weight"], sa["model.embed_tokens.weight"])
 
 
+def test_wall_clock_budget_stops_evaluates_and_saves(kit, tmp_path):
+    """`max_seconds`: the loop stops before a step would start past the budget, and the stop
+    ends like a finished run (a final eval at the stop step, a checkpoint of it)."""
+    from memkit.rl.trainer import train
+
+    res = train(_loop_cfg(tmp_path / "r", 50, max_seconds=1e-3, eval_every=10, save_every=10), kit, progress=False)
+    assert len(res.history) == 1  # the first step starts inside the budget and overruns it
+    assert [e["step"] for e in res.eval_history] == [0, 1]
+    assert res.path == tmp_path / "r" / "checkpoints" / "step-000001" and (res.path / "policy").is_dir()
+    with pytest.raises(ValueError, match="max_seconds"):
+        TrainConfig(max_seconds=0).validate()
+
+
 def dw_params_tiny(kit):
     from memkit.models import build_tiny
 
@@ -195,6 +208,9 @@ def test_bad_inputs_name_the_fix(tmp_path, capsys):
     rc = main(["train", "--method", "mem1", "--init", "tiny-sft", "--out", str(tmp_path / "x")])
     err = capsys.readouterr().err
     assert rc == 2 and "memkit sft --method mem1" in err and len(err.strip().splitlines()) == 1
+    rc = main(["train", "--method", "mem1", "--init", "tiny", "--max-minutes", "0", "--out", str(tmp_path / "y")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "max_seconds" in err and len(err.strip().splitlines()) == 1
 
 
 def test_train_rolls_out_with_the_prompt_sft_used(kit, tmp_path, monkeypatch):

@@ -29,6 +29,8 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     sp.add_argument("--packing", choices=("auto",) + MODES, default=d.packing,
                     help="auto = mem1_mask for mem1, separate otherwise")
     sp.add_argument("--steps", type=int, default=d.steps)
+    sp.add_argument("--max-minutes", type=float, default=None,
+                    help="wall-clock budget: stop (evaluate, save) before a step would start past it")
     sp.add_argument("--lora", action="store_true", help="train LoRA adapters instead of all weights")
     sp.add_argument("--out", default=None, help="run directory (default runs/<method>-<algo>)")
     sp.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
@@ -55,6 +57,7 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
 def config_from_args(args) -> TrainConfig:
     return TrainConfig(
         algo=args.algo, method=args.method, init=args.init, packing=args.packing, steps=args.steps, lora=args.lora,
+        max_seconds=None if args.max_minutes is None else 60 * args.max_minutes,
         out_dir=args.out or f"runs/{args.method}-{args.algo}", tasks_per_step=args.tasks_per_step,
         n_samples=args.n, objectives=tuple(args.objectives), lr=args.lr, critic_lr=args.critic_lr,
         kl_coef=args.kl_coef, agg=args.agg, ppo_epochs=args.ppo_epochs, micro_batch_size=args.micro_batch_size,

@@ -45,6 +45,9 @@ class TrainConfig:
     # ---- rollouts ----------------------------------------------------------------------
     steps: int = 50
     """Training steps; each is one rollout batch followed by ``ppo_epochs`` passes over it."""
+    max_seconds: float | None = None
+    """Wall-clock budget of the training loop (None = run all ``steps``). The loop stops before a
+    step would start past it, then evaluates and saves where it stopped (``Trainer.run``)."""
     tasks_per_step: int = 8
     """Distinct tasks per step (global, split over processes)."""
     n_samples: int = 4
@@ -177,6 +180,8 @@ class TrainConfig:
             bad("n_samples", "GRPO needs a group of >= 2 samples per task (set n_samples=4 or use algo='ppo')")
         if not self.objectives or min(self.objectives) < 1:
             bad("objectives", "give question counts >= 1, e.g. (2,)")
+        if self.max_seconds is not None and self.max_seconds <= 0:
+            bad("max_seconds", "must be > 0, or None for no wall-clock budget")
         if self.lr <= 0 or self.critic_lr <= 0:
             bad("lr", "learning rates must be > 0")
         if self.kl_coef < 0 or self.entropy_coef < 0:

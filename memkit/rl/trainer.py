@@ -114,6 +114,40 @@ class Trainer(Learner):
             self.save()
         return row
 
+    def run(self, progress: bool = True, log=None, desc: str | None = None) -> None:
+        """Train until ``cfg.steps`` or the ``cfg.max_seconds`` budget, whichever comes first.
+
+        A budget stop still ends like a full run: a final evaluation (unless this step was just
+        evaluated) and a checkpoint. Every process takes the same decision (the slowest one's
+        clock), so DDP ranks never wait on each other at different steps.
+        """
+        cfg, t0 = self.cfg, time.perf_counter()
+        bar = None
+        if progress and self.acc.is_main_process:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=cfg.steps, initial=self.step, desc=desc or f"{cfg.algo} {cfg.method}")
+        while self.step < cfg.steps and not self._out_of_time(t0):
+            row = self.train_step()
+            if log and self.acc.is_main_process:
+                log(row)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(reward=f"{row['reward_mean']:.3f}", em=f"{row['em']:.3f}",
+                                valid=f"{row['valid_rate']:.2f}")
+        if bar is not None:
+            bar.close()
+        if self.step < cfg.steps:  # stopped by the budget: train_step's "last step" work was not done
+            if cfg.eval_every and (not self.eval_history or self.eval_history[-1]["step"] != self.step):
+                self.evaluate()
+            if self.files and getattr(self.last_checkpoint, "name", None) != f"step-{self.step:06d}":
+                self.save()
+
+    def _out_of_time(self, t0: float) -> bool:
+        if self.cfg.max_seconds is None:
+            return False
+        return self._sum([float(time.perf_counter() - t0 >= self.cfg.max_seconds)])[0] > 0
+
     def _rollout_stats(self, trajs) -> dict:
         from memkit.metrics import peak_tokens, summarize
 
@@ -203,7 +237,7 @@ def load_init(cfg: TrainConfig, kit):
 
 
 def train(cfg: TrainConfig, kit=None, progress=True, log=None, resume: bool = False) -> TrainResult:
-    """Run ``cfg.steps`` RL steps (continuing the run in ``cfg.out_dir`` when ``resume``).
+    """Run ``cfg.steps`` RL steps or ``cfg.max_seconds`` (continuing ``cfg.out_dir`` when ``resume``).
 
     ``progress``: a tqdm bar (main process); ``log``: called with every step row.
     """
@@ -218,20 +252,7 @@ def train(cfg: TrainConfig, kit=None, progress=True, log=None, resume: bool = Fa
     trainer = Trainer(cfg, model, tok, wrap, kit, acc)
     if resume:
         trainer.resume()
-    bar = None
-    if progress and acc.is_main_process:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=cfg.steps, initial=trainer.step, desc=f"{cfg.algo} {cfg.method}")
-    while trainer.step < cfg.steps:
-        row = trainer.train_step()
-        if log and acc.is_main_process:
-            log(row)
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(reward=f"{row['reward_mean']:.3f}", em=f"{row['em']:.3f}")
-    if bar is not None:
-        bar.close()
+    trainer.run(progress=progress, log=log)
     return TrainResult(trainer.history, trainer.eval_history, trainer.policy, getattr(trainer, "last_checkpoint", None))
 
 
