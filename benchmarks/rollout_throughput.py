@@ -9,11 +9,13 @@ The model is the SFT'd tiny model when `memkit sft --method M` has cached one (r
 turn counts), else a fresh tiny model (its outputs are mostly invalid after one call).
 The model is loaded once and shared by both paths, so the ratio measures generation only.
 
-Measured on this 2-core machine (SFT'd MEM1 tiny model, 1 thread): 4.6x wall, 4.9x tokens/s.
-The breakdown lines say why it stops there: decoding batches well (1.91 ms per token one by
-one, 0.26 ms per row in batches of ~30: 6.5x), but prefill costs ~46 us per prompt token either
-way (compute-bound, only deduplication saves: 1.3x) and is a third of the batched time. More
-needs prefix caching across turns and continuous batching, not a faster decode step.
+Measured on this 2-core machine (SFT'd MEM1 tiny model, 1 thread): 4.6x wall before shared-
+prefix prefill, 5.2-5.4x after (28,826 instead of 35,373 prompt tokens), 5.6x with 2 threads;
+run-to-run spread on the shared machine is ~15%. The breakdown lines say why it stops there:
+decoding batches well (~2 ms per token one by one, ~0.27 ms per row in batches of ~30: ~8x),
+but the batched decode step is memory-bound (each step reads every row's KV cache: ~0.7 ms of
+attention per layer at 30 rows x 250 tokens), and prefill costs ~45-60 us per prompt token
+either way (deduplication and prefix sharing save tokens, 1.7x, not time per token).
 """
 from __future__ import annotations
 

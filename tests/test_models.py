@@ -157,6 +157,56 @@ def test_batched_prefill_paths_equal_one_prompt_at_a_time(model, tok, prompts):
         assert max(abs(a - b) for a, b in zip(o.logprobs, ref.logprobs)) < 1e-4
 
 
+def test_prefix_groups_pick_the_grouping_that_saves_most():
+    from memkit.models.kv import prefix_groups
+
+    instr = [7] * 5  # a short instruction every prompt starts with
+    task_a, task_b = instr + list(range(100, 125)), instr + list(range(200, 220))  # 30 and 25 tokens
+    prompts = [task_a + [1, 2], task_b + [3], task_a + [4], task_a + [5, 6, 7], task_b + [8, 9]]
+    groups = sorted(prefix_groups(prompts, min_len=4))
+    # per task: 2 * 30 + 1 * 25 = 85 tokens saved, against 4 * 5 = 20 for the shared instruction
+    assert groups == [(25, [1, 4]), (30, [0, 2, 3])]
+    assert prefix_groups(prompts, min_len=31) == []  # no prefix is long enough
+    # a prompt that is a prefix of another keeps one token of its own (its logits start decoding)
+    assert prefix_groups([task_a, task_a + [9]], min_len=4) == [(29, [0, 1])]
+    rng = random.Random(0)  # random batches: groups are disjoint and really share their prefix
+    for _ in range(50):
+        base = [[rng.randrange(5) for _ in range(rng.randrange(1, 12))] for _ in range(3)]
+        batch = [rng.choice(base) + [rng.randrange(5) for _ in range(rng.randrange(1, 6))] for _ in range(8)]
+        seen = set()
+        for P, rows in prefix_groups(batch, min_len=2):
+            assert len(rows) >= 2 and not seen & set(rows) and P >= 2
+            seen |= set(rows)
+            assert all(batch[r][:P] == batch[rows[0]][:P] and len(batch[r]) > P for r in rows)
+
+
+def test_shared_prefix_prefill_equals_one_prompt_at_a_time(model, tok, prompts):
+    """Rows sharing a long prefix (a GRPO group's task prompt) with suffixes of different
+    lengths: the prefix runs once, and greedy ids and log-probs equal generating each prompt
+    alone with a plain DynamicCache (the padding between prefix and suffix is masked and
+    skipped by the position ids)."""
+    head = prompts[3] + prompts[1]  # > 16 tokens
+    rows = [head + prompts[3][: 1 + 2 * j] for j in range(6)] + [prompts[2], prompts[0] + prompts[2]]
+    assert len(set(map(tuple, rows))) == len(rows) and len(prompts[3]) > 11
+    be = HFBackend(model, tok)
+    batched = be.generate(rows, 12, temperature=0)
+    from memkit.models.kv import prefix_groups
+
+    (P, members), = prefix_groups(rows, be.min_shared_prefix)
+    assert sorted(members) == list(range(6)) and P >= len(head)
+    assert be.stats.prefill_tokens == sum(map(len, rows)) - (len(members) - 1) * P
+    off = HFBackend(model, tok)
+    off.min_shared_prefix = None
+    assert [o.ids for o in off.generate(rows, 12, temperature=0)] == [o.ids for o in batched]
+    assert off.stats.prefill_tokens == sum(map(len, rows))
+    plain = HFBackend(model, tok)
+    plain._growable = False
+    for p, o in zip(rows, batched):
+        ref = plain.generate([p], 12, temperature=0)[0]
+        assert o.ids == ref.ids and o.finish == ref.finish
+        assert max(abs(a - b) for a, b in zip(o.logprobs, ref.logprobs)) < 1e-4
+
+
 def test_growing_layer_grows_and_refuses_what_it_cannot_track():
     from memkit.models.kv import GrowingLayer
 

@@ -11,9 +11,9 @@ loop students can read in one screen. The loop is the textbook one:
    an unbatched forward, so padding does not shift RoPE (this is what makes batched
    output equal unbatched output). Pads get position 0; they are masked anyway.
 3. **KV cache.** A prefill fills the cache (:mod:`memkit.models.kv`: identical prompts run
-   once, the rest in length-sorted chunks, written into a buffer preallocated for the new
-   tokens); every later step feeds only the (B', 1) new tokens, the mask grows by one
-   column, positions by 1.
+   once, a prefix shared by several prompts once, the rest in length-sorted chunks, written
+   into a buffer preallocated for the new tokens); every later step feeds only the (B', 1)
+   new tokens, the mask grows by one column, positions by 1.
 4. **Sampling.** ``temperature == 0`` -> greedy argmax; else sample from
    softmax(logits / T), optionally restricted to the top-p nucleus.
 5. **Finishing.** A row ends on an EOS id ("eos", the EOS id is kept in ``ids`` because the
@@ -140,6 +140,7 @@ class HFBackend:
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
         self._growable: bool | None = None  # decided on first use (kv.growable)
         self.compact_below = 0.5  # drop finished rows when the live ones fall to this share of the batch
+        self.min_shared_prefix: int | None = 16  # share prompt prefixes of >= this many tokens (None: off)
         self._stops: tuple[str, ...] = ()
         self._stop_hit: dict[int, bool] = {}
         self.stats = GenerationStats()
@@ -213,7 +214,8 @@ class HFBackend:
         if self._growable is None:
             self._growable = growable(self.model)
         if self._growable:  # deduplicated, length-bucketed prefill into a preallocated cache (kv.py)
-            logits, cache, mask, next_pos, n_run = prefill(self.model, prompts, self.pad_id, max_new_tokens)
+            logits, cache, mask, next_pos, n_run = prefill(self.model, prompts, self.pad_id, max_new_tokens,
+                                                           min_shared=self.min_shared_prefix)
             st.prefill_tokens += n_run
         else:  # e.g. sliding-window caches: one plain prefill, DynamicCache
             input_ids, mask, positions = (t.to(dev) for t in left_pad(prompts, self.pad_id))

@@ -12,6 +12,14 @@ Measured on the tiny model (one CPU thread, 64 contexts of ~330 tokens, 40 new t
 * **Duplicate contexts are prefilled once.** A GRPO group starts from one prompt (and samples
   that made the same choices share later contexts too): rows with identical ids share one
   prefill and their cache rows are copied (vLLM's prefix caching, for whole contexts).
+* **Shared prefixes are prefilled once.** Rows that start alike (the samples of a GRPO group
+  share the task prompt at every turn) are grouped by :func:`prefix_groups`; all groups'
+  prefixes run once, batched, and every prompt's own part runs on top of a copy of its
+  prefix's cache (vLLM's automatic prefix caching, within one batch). SmolLM2-135M, 2 groups x
+  4 prompts sharing 250 tokens (2 threads): 2,378 -> 878 prompt tokens, 3.7-4.2 s -> 1.5 s.
+  The tiny model's 64 MEM1 rollouts run 18% fewer prompt tokens (35,373 -> 28,826) but take
+  about the same prefill time: at 1.2M parameters attention and cache copies, not the
+  projections that sharing saves, are most of the cost.
 * ``logits_to_keep=1``: only the last position's logits are computed during prefill.
 
 Numbers stay those of a plain forward: every row keeps its own positions (``cumsum(mask) -
@@ -89,6 +97,46 @@ def length_chunks(lengths: list[int], max_rows: int, max_tokens: int) -> list[li
     return chunks + [cur] if cur else chunks
 
 
+def _lcp(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def prefix_groups(prompts: list[list[int]], min_len: int = 16) -> list[tuple[int, list[int]]]:
+    """Disjoint groups of >= 2 prompts sharing a prefix of >= ``min_len`` tokens: ``[(P, rows)]``.
+
+    Prompts sorted lexicographically put shared prefixes next to each other; cutting that order
+    where the neighbours' common prefix falls below a threshold ``tau`` gives groups whose
+    shared prefix ``P`` is the smallest neighbour LCP inside (capped so every row keeps >= 1
+    token of its own, whose logits start decoding). ``tau`` is chosen among the neighbour LCPs
+    to save the most tokens, ``sum((len(rows) - 1) * P)``: a batch-wide instruction (short, all
+    rows) loses to per-task prompts (long, a few rows each) when those save more.
+    """
+    n = len(prompts)
+    order = sorted(range(n), key=lambda i: prompts[i])
+    adj = [_lcp(prompts[order[j - 1]], prompts[order[j]]) for j in range(1, n)]  # adj[j-1]: order[j-1] vs order[j]
+    best: tuple[int, list] = (0, [])
+    for tau in sorted({a for a in adj if a >= min_len}):
+        groups, start = [], 0
+        for end in range(1, n + 1):  # the run order[start:end] ends where the neighbour LCP drops below tau
+            if end < n and adj[end - 1] >= tau:
+                continue
+            if end - start >= 2:
+                run = order[start:end]
+                P = min(min(adj[start:end - 1]), min(len(prompts[i]) for i in run) - 1)
+                if P >= min_len:
+                    groups.append((P, run))
+            start = end
+        saved = sum((len(rows) - 1) * P for P, rows in groups)
+        if saved > best[0]:
+            best = (saved, groups)
+    return best[1]
+
+
 def _forward_last(model, ids, mask, positions, cache):
     try:
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
@@ -109,34 +157,90 @@ def left_pad(prompts: list[list[int]], pad_id: int, width: int | None = None):
     return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
 
 
+def _prefix_caches(model, heads: list[list[int]], pad_id: int, max_rows: int, max_tokens: int, dev):
+    """Keys/values of each shared prefix, batched like any prompts: per head, per layer ``(k, v)``
+    of shape (heads, P, head_dim) (its real columns only)."""
+    out: list = [None] * len(heads)
+    for chunk in length_chunks([len(h) for h in heads], max_rows, max_tokens):
+        ids, mask, pos = (t.to(dev) for t in left_pad([heads[i] for i in chunk], pad_id))
+        cache = DynamicCache(config=model.config)
+        _forward_last(model, ids, mask, pos, cache)
+        for r, i in enumerate(chunk):
+            P = len(heads[i])
+            out[i] = [(layer.keys[r, :, -P:], layer.values[r, :, -P:]) for layer in cache.layers]
+    return out
+
+
+def _past_from_prefixes(model, kv, P_rows: list[int], head_rows: list[int | None], dev):
+    """A DynamicCache of the chunk's prefixes, right-aligned in width max(P), and its (b, width) mask."""
+    b, width = len(P_rows), max(P_rows)
+    mask = torch.zeros((b, width), dtype=torch.long, device=dev)
+    cache = DynamicCache(config=model.config)
+    some = kv[next(h for h in head_rows if h is not None)]
+    for li, (k0, v0) in enumerate(some):
+        k = k0.new_zeros((b, k0.shape[0], width, k0.shape[2]))
+        v = v0.new_zeros((b, v0.shape[0], width, v0.shape[2]))
+        for r, (P, h) in enumerate(zip(P_rows, head_rows)):
+            if P:
+                k[r, :, width - P:], v[r, :, width - P:] = kv[h][li]
+                mask[r, width - P:] = 1
+        cache.update(k, v, li)
+    return cache, mask
+
+
 def prefill(model, prompts: list[list[int]], pad_id: int, room: int, max_rows: int = 8,
-            max_tokens: int = 4096):
+            max_tokens: int = 4096, min_shared: int | None = 16):
     """Prefill ``prompts`` and return ``(logits, cache, mask, next_pos, n_run)`` ready for decoding.
 
     Args:
         prompts: B token-id lists (duplicates allowed; each distinct one is run once).
         room: tokens to be generated after the prompt (the buffer is allocated for them).
+        min_shared: shortest prefix worth sharing between distinct prompts (:func:`prefix_groups`);
+            None turns prefix sharing off.
     Returns:
         logits (B, V) of the next token; a ``DynamicCache`` over (B, ·, L) built from
-        :class:`GrowingLayer`; the 2D attention mask (B, L) with L = longest prompt; next
-        position id per row (B,); the number of prompt tokens actually run (distinct prompts).
+        :class:`GrowingLayer`; the 2D attention mask (B, L), L >= the longest prompt (a row whose
+        prefix was shared has padding between prefix and suffix: masked, positions skip it);
+        next position id per row (B,); the number of prompt tokens actually run.
     """
     dev = next(model.parameters()).device
     uniq, rows = dedupe(prompts)
-    L = max(len(p) for p in uniq)
-    mask = torch.zeros((len(uniq), L), dtype=torch.long, device=dev)
+    n = len(uniq)
+    # 1. shared prefixes, each run once (all of them batched together)
+    groups = prefix_groups(uniq, min_shared) if min_shared is not None else []
+    P_of, head_of = [0] * n, [None] * n
+    for g, (P, members) in enumerate(groups):
+        for i in members:
+            P_of[i], head_of[i] = P, g
+    heads = [uniq[members[0]][:P] for P, members in groups]
+    kv = _prefix_caches(model, heads, pad_id, max_rows, max_tokens, dev) if heads else []
+    n_run = sum(map(len, heads))
+    # 2. every distinct prompt's own part, in length-sorted chunks, on top of its prefix's cache.
+    # A row's span in its chunk is its prefix + the chunk's padded suffix width: the buffer is
+    # as wide as the widest span (= the longest prompt when nothing is shared).
+    own = [len(uniq[i]) - P_of[i] for i in range(n)]
+    chunks = length_chunks(own, max_rows, max_tokens)
+    L = max(P_of[i] + max(own[j] for j in chunk) for chunk in chunks for i in chunk)
+    mask = torch.zeros((n, L), dtype=torch.long, device=dev)
     logits, keys, values = None, [], []
-    for chunk in length_chunks([len(p) for p in uniq], max_rows, max_tokens):
-        ids, cmask, pos = (t.to(dev) for t in left_pad([uniq[i] for i in chunk], pad_id))
-        cache = DynamicCache(config=model.config)
+    for chunk in chunks:
+        ids, cmask, pos = (t.to(dev) for t in left_pad([uniq[i][P_of[i]:] for i in chunk], pad_id))
+        n_run += int(cmask.sum())
+        P_rows = [P_of[i] for i in chunk]
+        if max(P_rows):
+            cache, pmask = _past_from_prefixes(model, kv, P_rows, [head_of[i] for i in chunk], dev)
+            cmask = torch.cat([pmask, cmask], dim=1)
+            pos = pos + torch.tensor(P_rows, device=dev)[:, None]
+        else:
+            cache = DynamicCache(config=model.config)
         last = _forward_last(model, ids, cmask, pos, cache)
-        idx, width = torch.tensor(chunk, device=dev), ids.shape[1]
+        idx, width = torch.tensor(chunk, device=dev), cmask.shape[1]  # <= L: the chunk's widest span
         if logits is None:
-            logits = last.new_empty((len(uniq), last.shape[-1]))
+            logits = last.new_empty((n, last.shape[-1]))
             for layer in cache.layers:
                 k, v = layer.keys, layer.values
-                keys.append(k.new_zeros((len(uniq), k.shape[1], L, k.shape[3])))
-                values.append(v.new_zeros((len(uniq), v.shape[1], L, v.shape[3])))
+                keys.append(k.new_zeros((n, k.shape[1], L, k.shape[3])))
+                values.append(v.new_zeros((n, v.shape[1], L, v.shape[3])))
         logits[idx] = last
         mask[idx, L - width:] = cmask
         for layer, k_all, v_all in zip(cache.layers, keys, values):
@@ -149,7 +253,7 @@ def prefill(model, prompts: list[list[int]], pad_id: int, room: int, max_rows: i
     out = DynamicCache(config=model.config)
     out.layers = [GrowingLayer(k, v, L + room) for k, v in zip(keys, values)]
     next_pos = mask.sum(-1)  # = last position + 1
-    return logits, out, mask, next_pos, sum(len(p) for p in uniq)
+    return logits, out, mask, next_pos, n_run
 
 
 def growable(model) -> bool:
