@@ -97,6 +97,9 @@ def main(out_dir: str) -> None:
         if learner.acc.is_main_process:
             torch.save({"params": params(learner), "stats": stats}, Path(out_dir) / f"{algo}.pt")
         learner.acc.wait_for_everyone()
+    # an explicit teardown: left to interpreter exit, gloo's threads can abort a rank
+    # ("terminate called without an active exception", seen once in CI)
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -77,9 +77,12 @@ def test_two_processes_match_one_process(tmp_path):
     micro-batch), 2 PPO epochs: same parameters and gradients as one process on all of it."""
     worker = Path(__file__).with_name("dist_worker.py")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(worker.parent.parent), str(worker.parent)]))
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(worker), str(tmp_path)], env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(worker), str(tmp_path)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    if proc.returncode != 0:  # one retry for the launcher, not the numbers: a rank once aborted in gloo's
+        first = proc.stderr[-1500:]  # thread teardown in CI ("terminate called without an active exception")
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+        assert proc.returncode == 0, f"failed twice; first:\n{first}\nsecond:\n{proc.stderr[-1500:]}"
     for algo in dw.CASES:
         two = torch.load(tmp_path / f"{algo}.pt")
         one = _run(algo, dw.trajectories())

@@ -77,6 +77,10 @@ def cmd_train(args) -> int:
               f"{r['seconds']:.1f}s", flush=True)
 
     result = train(cfg, progress=False, log=log, resume=args.resume)
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():  # torchrun / accelerate launch: tear the process
+        dist.destroy_process_group()  # group down now; gloo's threads can abort a rank at interpreter exit
     for e in result.eval_history[-len(cfg.eval_objectives):]:
         print(f"eval step {e['step']} k={e['k']}: EM {e['em']:.3f}  F1 {e['f1']:.3f}  invalid {e['invalid_rate']:.2f}")
     print(f"logs in {cfg.out_dir}/metrics.csv; checkpoint {result.path}")
