@@ -23,8 +23,9 @@ Measured on the tiny model (one CPU thread, 64 contexts of ~330 tokens, 40 new t
 * ``logits_to_keep=1``: only the last position's logits are computed during prefill.
 
 Numbers stay those of a plain forward: every row keeps its own positions (``cumsum(mask) -
-1``) and its padding is masked, so the extra padding columns between a chunk and the buffer's
-right edge change nothing (tested against unbatched generation).
+1``, continued after a shared prefix) and its padding is masked, so the padding columns left of
+a chunk in the buffer, and between a shared prefix and a row's own part, change nothing (tested
+against unbatched generation).
 """
 from __future__ import annotations
 
