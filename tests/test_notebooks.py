@@ -38,11 +38,12 @@ EXPECTATIONS: dict[str, dict] = {
                                     "float01_mask_logit_diff_min": 0.1, "correct_mask_logit_diff_max": 1e-4,
                                     "mem1_mask_logprob_gap_min": 1e-4, "mem1_mask_calls12_logprob_gap_max": 1e-4,
                                     "tokens_ratio_mask_8_max": 0.8, "tokens_ratio_exact_8_max": 0.8,
-                                    "rl_steps_eq": 2},
+                                    "rl_steps_eq": 2, "headroom_slots_eq": 8, "headroom_em_bound_max": 1.0},
     "03_memsearcher_multicontext_grpo": {"advantage_copy_err_max": 1e-6, "reward_cases_ok_eq": True,
                                          "conversation_prefix_ok_eq": True, "conversation_logprob_gap_max": 1e-4,
                                          "fig3_react_growth_min": 5, "fig3_memsearcher_growth_max": 2,
-                                         "rl_steps_eq": 2, "table2_rows_eq": 3},
+                                         "rl_steps_eq": 2, "table2_rows_eq": 3, "headroom_slots_eq": 8,
+                                         "headroom_em_bound_max": 1.0},
 }
 
 REQUIRED = {"SMOKE", "MODEL", "SEED", "OUT_DIR"}
