@@ -15,6 +15,7 @@ import sys
 import time
 
 import nbformat
+import papermill
 import pytest
 from nbtools import (NOTEBOOKS_DIR, check_expectations, code_cells_with_outputs, make_notebook,
                      run_notebook)
@@ -69,6 +70,12 @@ def test_parameters_cell(path):
     assert not missing, f"{path.name}: parameters cell must declare {sorted(missing)}"
     assert ast.literal_eval(declared["SMOKE"]) is True, (
         f"{path.name}: commit SMOKE = True so nbval and the browser check stay fast")
+    # papermill parses the cell with its own line grammar: a line it cannot read (e.g. a quote
+    # in a comment) is dropped from `papermill --help-notebook` with only a warning.
+    inferred = set(papermill.inspect_notebook(str(path)))
+    unread = set(declared) - inferred
+    assert not unread, (f"{path.name}: papermill cannot parse the parameters line(s) of {sorted(unread)}; "
+                        "keep each on one line as NAME = value  # comment, without quotes in the comment")
 
 
 @pytest.mark.parametrize("path", _nb_params())
