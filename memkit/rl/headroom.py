@@ -13,9 +13,9 @@ temperature T that answer it right:
 The bound is optimistic: it assumes RL turns every slot it ever sampled right into a greedy
 answer (and breaks none). The sample accuracy on greedy-*right* slots says how much of an RL
 run's training-reward rise is mere sharpening (sampling catching up with greedy), which moves
-the greedy EM not at all. Slots are scored as the methods' reward does
+the greedy EM not at all. Slots are scored by EM with the count rule of the methods' rewards
 (:func:`memkit.metrics.score_multi`: a wrong answer count scores every slot 0; an invalid
-trajectory answers nothing).
+trajectory answers nothing) — EM, also where the training reward is F1 (MemSearcher eq. 9).
 """
 from __future__ import annotations
 
@@ -41,6 +41,12 @@ def exploration_headroom(greedy: list[Trajectory], samples: list[Trajectory]) ->
     """
     if not greedy:
         raise ValueError("no greedy trajectories: roll out the tasks once with temperature 0")
+    greedy_ids = [t.task_id for t in greedy]
+    if len(set(greedy_ids)) != len(greedy_ids):
+        raise ValueError("greedy has several trajectories for one task; roll out the tasks once (n=1) with temperature 0")
+    stray = sorted({t.task_id for t in samples} - set(greedy_ids))
+    if stray:
+        raise ValueError(f"samples of tasks without a greedy trajectory: {stray[:3]}; roll out the same tasks both ways")
     by_task: dict[str, list[list[float]]] = defaultdict(list)
     for t in samples:
         by_task[t.task_id].append(slot_scores(t))
@@ -82,6 +88,11 @@ def measure_headroom(method: str, kit, policy, k: int = 2, n_tasks: int = 50, n_
         raise ValueError(f"temperature={temperature}: the samples must be sampled (e.g. 1.0, as RL rollouts)")
     if n_samples < 1:
         raise ValueError(f"n_samples={n_samples} must be >= 1")
+    if isinstance(policy, str) and policy != "oracle":  # load once: both rollouts use the same model
+        from memkit.agents import get_method
+        from memkit.pipeline import resolve_policy
+
+        policy = resolve_policy(policy, get_method(method), kit, seed=seed)[3]
     tasks = make_tasks(kit.world, n=n_tasks, k=k, seed=seed + k)
     greedy = rollout(method, tasks, kit, policy=policy, n=1, temperature=0.0, seed=seed, **rollout_kw)
     samples = rollout(method, tasks, kit, policy=policy, n=n_samples, temperature=temperature, seed=seed + 1,
