@@ -179,6 +179,24 @@ def test_wall_clock_budget_stops_evaluates_and_saves(kit, tmp_path):
         TrainConfig(max_seconds=0).validate()
 
 
+def test_task_pool_replaces_the_training_tasks(kit, tmp_path):
+    """`Trainer.task_pool`: every step draws its tasks from it (the overfitting diagnostic trains
+    on the evaluation tasks this way); the default pool holds only training tasks; empty refuses."""
+    from memkit.models.tiny import build_tiny
+    from memkit.rl.trainer import Trainer
+    from memkit.world import make_tasks
+
+    tr = Trainer(_loop_cfg(tmp_path / "p", 1).validate(), build_tiny(kit.tokenizer, seed=0), kit.tokenizer, kit=kit)
+    held_out = {t.prompt for t in make_tasks(kit.world, n=32, k=2, seed=1002)}
+    assert not held_out & {t.prompt for s in range(20) for t in tr.step_tasks(s)}
+    tr.task_pool = make_tasks(kit.world, n=3, k=2, seed=1002)
+    drawn = {t.prompt for s in range(20) for t in tr.step_tasks(s)}
+    assert drawn == {t.prompt for t in tr.task_pool}
+    tr.task_pool = []
+    with pytest.raises(ValueError, match="task_pool is empty"):
+        tr.step_tasks(0)
+
+
 def dw_params_tiny(kit):
     from memkit.models import build_tiny
 

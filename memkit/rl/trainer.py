@@ -55,18 +55,25 @@ class Trainer(Learner):
         self.step, self.history, self.eval_history = 0, [], []
         self.files = RunFiles(cfg.out_dir, self.acc) if cfg.out_dir else None
         self.last_checkpoint: Path | None = None
+        # The training tasks; None = ``pipeline.training_tasks(kit, cfg.objectives, cfg.n_train_tasks,
+        # cfg.seed)`` on first use. Set it to train on other tasks (e.g. the evaluation tasks, to test
+        # whether RL can fit what it fails to generalise); a resumed run must set it again.
+        self.task_pool: list | None = None
 
     def step_tasks(self, step: int) -> list:
         """The global task list of ``step`` (a function of (seed, step): resumable)."""
         if self.kit is None:
             raise ValueError("this Trainer has no kit; pass kit=memkit.pipeline.load_kit() to roll out")
-        if not hasattr(self, "_pool"):
+        if self.task_pool is None:
             from memkit.pipeline import training_tasks
 
-            self._pool = training_tasks(self.kit, self.cfg.objectives, self.cfg.n_train_tasks, self.cfg.seed)
+            self.task_pool = training_tasks(self.kit, self.cfg.objectives, self.cfg.n_train_tasks, self.cfg.seed)
+        if not self.task_pool:
+            raise ValueError("Trainer.task_pool is empty; give it tasks (memkit.world.make_tasks) or leave it None")
         rng = random.Random(self.cfg.seed * 1_000_003 + step)
         n = self.cfg.tasks_per_step
-        return rng.sample(self._pool, n) if n <= len(self._pool) else rng.choices(self._pool, k=n)
+        pool = self.task_pool
+        return rng.sample(pool, n) if n <= len(pool) else rng.choices(pool, k=n)
 
     def rollout(self, tasks, n: int, temperature: float, seed: int) -> list[Trajectory]:
         """Roll out ``n`` samples of each task with the current policy on this process."""
