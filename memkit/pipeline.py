@@ -141,27 +141,33 @@ def ensure_sft(method_name: str, kit: "Kit", cfg=None, progress: bool = True) ->
     return path
 
 
+def load_spec(spec, method_name: str, kit: Kit, seed: int = 0):
+    """A policy spec as a loaded :class:`memkit.models.Policy`, to load a model once for many
+    rollouts ("tiny" builds a new random model, seeded by ``seed``, on every load). "oracle" and
+    already loaded policies pass through unchanged."""
+    if not isinstance(spec, str) or spec == "oracle":
+        return spec
+    from memkit.models import load_policy
+
+    if spec.startswith("tiny-sft"):  # "tiny-sft" or "tiny-sft:<tag>"
+        tag = spec.split(":", 1)[1] if ":" in spec else "default"
+        path = sft_checkpoint_path(method_name, kit.world_seed, tag)
+        if not path.exists():
+            raise FileNotFoundError(f"no SFT'd tiny model for method {method_name!r} at {path}; "
+                                    f"train it first with `memkit sft --method {method_name}`")
+        spec = str(path)
+    return fresh_tiny(kit, seed) if spec == "tiny" else load_policy(spec)
+
+
 def resolve_policy(spec: str, method, kit: Kit, temperature: float = 0.0, seed: int = 0,
                    oracle_cfg: OracleConfig | None = None):
     """Return ``(engine_policy, tokenizer, wrap, loaded)``; ``loaded`` is the models.Policy or None.
 
     ``spec`` is a policy spec string or an already loaded :class:`memkit.models.Policy` (reused
-    as is, e.g. to roll out many batches without reloading the model)."""
-    if not isinstance(spec, str):
-        return _model_policy(spec, temperature, seed)
-    if spec == "oracle":
+    as is, e.g. to roll out many batches without reloading the model: :func:`load_spec`)."""
+    if isinstance(spec, str) and spec == "oracle":
         return OraclePolicy(method, kit.tokenizer, oracle_cfg, seed=seed), kit.tokenizer, None, None
-    from memkit.models import load_policy
-
-    if spec.startswith("tiny-sft"):  # "tiny-sft" or "tiny-sft:<tag>"
-        tag = spec.split(":", 1)[1] if ":" in spec else "default"
-        path = sft_checkpoint_path(method.name, kit.world_seed, tag)
-        if not path.exists():
-            raise FileNotFoundError(f"no SFT'd tiny model for method {method.name!r} at {path}; "
-                                    f"train it first with `memkit sft --method {method.name}`")
-        spec = str(path)
-    loaded = fresh_tiny(kit, seed) if spec == "tiny" else load_policy(spec)
-    return _model_policy(loaded, temperature, seed)
+    return _model_policy(load_spec(spec, method.name, kit, seed), temperature, seed)
 
 
 def _model_policy(loaded, temperature: float, seed: int):
@@ -226,6 +232,7 @@ def evaluate(method_name: str, kit: Kit, objectives=(1, 2, 4, 8), n_tasks: int =
     from memkit.world import make_tasks
 
     results = {}
+    policy = load_spec(policy, method_name, kit, seed)  # once for every k
     for k in objectives:
         tasks = make_tasks(kit.world, n=n_tasks, k=k, seed=seed + k, kinds=kinds)
         t0 = time.perf_counter()

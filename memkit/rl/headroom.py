@@ -81,18 +81,14 @@ def measure_headroom(method: str, kit, policy, k: int = 2, n_tasks: int = 50, n_
     uses) once greedily and ``n_samples`` times at ``temperature``; return :func:`exploration_headroom`.
     ``policy``: a spec as in :func:`memkit.pipeline.rollout` (checkpoint dir, "tiny-sft", "oracle")
     or a loaded :class:`memkit.models.Policy`."""
-    from memkit.pipeline import rollout
+    from memkit.pipeline import load_spec, rollout
     from memkit.world import make_tasks
 
     if temperature <= 0:
         raise ValueError(f"temperature={temperature}: the samples must be sampled (e.g. 1.0, as RL rollouts)")
     if n_samples < 1:
         raise ValueError(f"n_samples={n_samples} must be >= 1")
-    if isinstance(policy, str) and policy != "oracle":  # load once: both rollouts use the same model
-        from memkit.agents import get_method
-        from memkit.pipeline import resolve_policy
-
-        policy = resolve_policy(policy, get_method(method), kit, seed=seed)[3]
+    policy = load_spec(policy, method, kit, seed)  # once: greedy and samples score the same model
     tasks = make_tasks(kit.world, n=n_tasks, k=k, seed=seed + k)
     greedy = rollout(method, tasks, kit, policy=policy, n=1, temperature=0.0, seed=seed, **rollout_kw)
     samples = rollout(method, tasks, kit, policy=policy, n=n_samples, temperature=temperature, seed=seed + 1,
