@@ -61,6 +61,55 @@ def test_naive_micro_batch_mean_would_not_be_exact(monkeypatch):
     assert max(float((one[k] - naive[k]).abs().max()) for k in grads) > 1e-4
 
 
+def test_micro_batches_group_similar_lengths(monkeypatch):
+    """Micro-batches are cut from a mini-batch sorted by trajectory length: fewer padded token slots
+    than cutting it in rollout order, and (test above) the same update."""
+    import memkit.rl.update as U
+
+    trajs = dw.trajectories(range(4))
+    lengths = [U.trajectory_tokens(t) for t in trajs]
+    assert len(set(lengths)) > 2  # uneven lengths, or there is nothing to sort
+    sorted_stats = dw.make_learner("ppo", packing="mem1_exact", micro_batch_size=2).update(trajs)
+    monkeypatch.setattr(U, "trajectory_tokens", lambda t: 0)  # a stable sort on a constant: rollout order
+    plain_stats = dw.make_learner("ppo", packing="mem1_exact", micro_batch_size=2).update(trajs)
+    assert sorted_stats["tokens_processed"] == plain_stats["tokens_processed"]
+    assert sorted_stats["padded_tokens"] < plain_stats["padded_tokens"]
+    assert abs(sorted_stats["pg_loss"] - plain_stats["pg_loss"]) < 1e-5
+
+
+@pytest.mark.parametrize("packing", ["separate", "mem1_exact"])
+def test_update_scores_the_policy_at_the_sampling_temperature(packing):
+    """Rollouts at T = 0.6 record log_softmax(logits / 0.6); the update recomputes the same numbers
+    (old-log-prob gap ~ 0, first PPO ratio 1). Scoring at T = 1 instead would be off by far more."""
+    from memkit.models import HFBackend
+
+    class Tok(dw.Tok):
+        def decode(self, ids, skip_special_tokens=False):
+            return " ".join(map(str, ids))
+
+    learner = dw.make_learner("grpo", packing=packing, temperature=0.6, ppo_epochs=1)
+    backend = HFBackend(learner.policy, Tok())
+    backend.eos_ids = set()  # no EOS: every output keeps its length, so the calls' context_refs stay right
+    gen = torch.Generator().manual_seed(0)
+    trajs = []
+    for task in range(3):
+        for sample in range(2):
+            t = dw.mem1_traj(task, sample, 1 + (task + sample) % 3)
+            for i, call in enumerate(t.calls):  # regenerate each output from its (rebuilt) context
+                if i:
+                    prev = t.calls[i - 1]
+                    call.context_ids = t.calls[0].context_ids + prev.output_ids + prev.observation_ids
+                out = backend.generate([call.context_ids], max_new_tokens=call.n_output, temperature=0.6,
+                                       generator=gen)[0]
+                call.output_ids, call.logprobs = out.ids, out.logprobs
+            trajs.append(t)
+    stats = learner.update(trajs)
+    assert stats["old_logprob_gap"] < 1e-5, stats["old_logprob_gap"]
+    assert abs(stats["ratio"] - 1.0) < 1e-4  # one mini-batch, one epoch: the policy scored is the one sampled
+    at_t1 = dw.make_learner("grpo", packing=packing, temperature=1.0).update(trajs)
+    assert at_t1["old_logprob_gap"] > 100 * max(stats["old_logprob_gap"], 1e-6)
+
+
 def test_loss_weights_reproduce_aggregate_over_split_rows():
     g = torch.Generator().manual_seed(0)
     v = torch.randn(6, 9, generator=g, dtype=torch.float64)

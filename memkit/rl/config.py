@@ -61,8 +61,11 @@ class TrainConfig:
     max_context_tokens: int = 2048
     """A call whose context is longer ends its trajectory as invalid (format penalty)."""
     temperature: float = 1.0
-    """Sampling temperature of training rollouts. The loss scores tokens at T = 1, so keep 1.0
-    (the papers do) unless ``recompute_old_logprobs`` (then old log-probs are T = 1 too)."""
+    """Sampling temperature of training rollouts, and of the policy the loss trains: every log-prob
+    of the update (new, old, reference) is ``log_softmax(logits / T)``, the numbers the rollout
+    records, so the first PPO ratio is 1 for any T (verl divides the logits the same way). The
+    papers use 1.0. Greedy evaluation is the same policy for every T; a lower T makes the samples
+    differ from greedy only where the model is unsure."""
     top_p: float = 1.0
     """Nucleus sampling for training rollouts (1.0 = off)."""
 

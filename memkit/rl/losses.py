@@ -227,7 +227,7 @@ def entropy_from_logits_loop(logits) -> list:
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask=None, position_ids=None,
                    pred_index: torch.Tensor | None = None, with_entropy: bool = False,
-                   loss_mask: torch.Tensor | None = None):
+                   loss_mask: torch.Tensor | None = None, temperature: float = 1.0):
     """Token-aligned log-probs of ``input_ids`` under ``model`` (one forward pass).
 
     input_ids ``[B, L]``; attention_mask ``[B, L]`` (padding, bool/0-1) or ``[B, 1, L, L]``
@@ -235,7 +235,12 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask=None, position
     position_ids ``[B, L]`` or None; pred_index ``[B, L]`` long: which position's logits predict
     token i (default i - 1, the causal predecessor; -1 = no prediction, logp = 0 there).
 
-        out[b, i] = log_softmax(logits[b, pred_index[b, i]])[input_ids[b, i]]
+        out[b, i] = log_softmax(logits[b, pred_index[b, i]] / T)[input_ids[b, i]]
+
+    ``temperature`` T: the policy scored is the tempered one, softmax(logits / T), which is what
+    :class:`~memkit.models.HFBackend` samples from and records at T (verl's actor divides the
+    logits by the rollout temperature the same way). T = 1 is the model itself; greedy decoding
+    is the same for every T.
 
     ``loss_mask [B, L]``: when given, only those tokens are scored (0 elsewhere) and the LM
     head runs only at their predicting positions (``models.decoder_and_head``): the same
@@ -260,6 +265,8 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask=None, position
         b, t = (loss_mask.bool() & valid).nonzero(as_tuple=True)  # the N scored tokens
         hidden = decoder(**kw).last_hidden_state  # [B, L, H]
         logits = head(hidden[b, src[b, t]]).float()  # [N, V]
+        if temperature != 1.0:
+            logits = logits / temperature
         logp = torch.zeros((B, L), dtype=torch.float32, device=input_ids.device)
         logp[b, t] = logits.gather(-1, input_ids[b, t, None])[:, 0] - torch.logsumexp(logits, dim=-1)
         if with_entropy:
@@ -268,6 +275,8 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask=None, position
             return logp, ent
         return logp
     logits = model(**kw).logits.float()  # [B, L, V]
+    if temperature != 1.0:
+        logits = logits / temperature
     rows = torch.arange(B, device=input_ids.device).unsqueeze(-1)  # [B, 1]
     lse = torch.logsumexp(logits, dim=-1)  # [B, L]
     logp = logits[rows, src, input_ids] - lse.gather(1, src)  # [B, L], no [B, L, V] copy

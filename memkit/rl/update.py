@@ -54,6 +54,13 @@ def trainable_calls(traj: Trajectory) -> Trajectory:
     return out
 
 
+def trajectory_tokens(traj: Trajectory) -> int:
+    """Tokens a trajectory brings to a forward pass whatever the packing: its first context plus
+    every output and observation (the length of its ``mem1_mask`` row; a sort key for micro-batches)."""
+    first = len(traj.calls[0].context_ids) if traj.calls else 0
+    return first + sum(len(c.output_ids) + len(c.observation_ids) for c in traj.calls)
+
+
 class Learner:
     """Policy, reference, critic and optimizers (prepared by ``accelerate``) and ``update``."""
 
@@ -119,7 +126,8 @@ class Learner:
     def _logprobs(self, model, inputs, with_entropy=False, loss_mask=None):
         ids, mask, pos, pred = inputs
         with self.acc.autocast():
-            return token_logprobs(model, ids, mask, pos, pred, with_entropy=with_entropy, loss_mask=loss_mask)
+            return token_logprobs(model, ids, mask, pos, pred, with_entropy=with_entropy, loss_mask=loss_mask,
+                                  temperature=self.cfg.temperature)  # the policy trained is the one sampled
 
     def _values(self, critic, batch, inputs) -> torch.Tensor:
         ids, mask, pos, _ = inputs
@@ -167,7 +175,8 @@ class Learner:
     def update(self, trajs: list[Trajectory]) -> dict:
         """PPO/GRPO update on this process's trajectories (all samples of a task must be on
         the same process). Returns global stats: pg_loss, kl, entropy, clip_frac, approx_kl,
-        ratio, grad_norm, lr (+ vf_loss, value_mean for ppo), old_logprob_gap, tokens."""
+        ratio, grad_norm, lr (+ vf_loss, value_mean for ppo), old_logprob_gap, trained_tokens,
+        tokens_processed (padding excluded) and padded_tokens (the ``B x L`` slots the forwards ran)."""
         cfg = self.cfg
         trajs = [trainable_calls(t) for t in trajs]
         for t in trajs:
@@ -178,13 +187,17 @@ class Learner:
         traj_adv = None
         if cfg.algo == "grpo":
             traj_adv = grpo_advantages(rewards, [t.task_id for t in trajs], norm_std=cfg.grpo_norm_std)
-        # mini-batches of local trajectories, each cut into the same number of micro-batches on every process
+        # mini-batches of local trajectories, each cut into the same number of micro-batches on every process.
+        # Within a mini-batch, trajectories of similar length share a micro-batch: rows are padded to the
+        # longest one and a 2D-masked row costs O(L^2) in attention, so this saves work (``padded_tokens``)
+        # without changing the update: its loss weights are normalised over the whole mini-batch however
+        # it is cut (tests/test_trainer.py).
         bounds = [round(i * len(trajs) / cfg.mini_batches) for i in range(cfg.mini_batches + 1)]
         plan = []
         for a, b in zip(bounds[:-1], bounds[1:]):
             n_micro = max(1, self._max(math.ceil((b - a) / cfg.micro_batch_size)))
-            plan.append([list(range(a, b))[j * cfg.micro_batch_size:(j + 1) * cfg.micro_batch_size]
-                         for j in range(n_micro)])
+            order = sorted(range(a, b), key=lambda i: trajectory_tokens(trajs[i]))
+            plan.append([order[j * cfg.micro_batch_size:(j + 1) * cfg.micro_batch_size] for j in range(n_micro)])
         exps = [[self._experience([trajs[i] for i in c], None if traj_adv is None else traj_adv[c], rewards[c])
                  for c in mini] for mini in plan]
         if cfg.algo == "ppo" and cfg.whiten_advantages:
@@ -197,7 +210,8 @@ class Learner:
         live = [e for mini in exps for e in mini if e is not None]
         first = self._sum([sum(e["gap"] for e in live), sum(float(e["m"].sum()) for e in live),
                            sum(e["batch"].n_tokens for e in live),
-                           sum(float(e.get("values", e["m"] * 0).sum()) for e in live)])
+                           sum(float(e.get("values", e["m"] * 0).sum()) for e in live),
+                           sum(e["batch"].n_padded_tokens for e in live)])
         keys = ("pg_loss", "kl", "entropy", "clip_frac", "approx_kl", "ratio", "vf_loss", "vf_clip_frac", "tokens")
         tot = dict(zip(keys, self._sum([acc[k] for k in keys])))
         n_tok, n_opt = max(tot["tokens"], 1.0), max(acc["n_opt"], 1.0)
@@ -205,7 +219,7 @@ class Learner:
                  "clip_frac": tot["clip_frac"] / n_tok, "approx_kl": tot["approx_kl"] / n_tok,
                  "ratio": tot["ratio"] / n_tok, "grad_norm": acc["grad_norm"] / n_opt,
                  "lr": self.sched.get_last_lr()[0], "old_logprob_gap": first[0] / max(first[1], 1.0),
-                 "trained_tokens": first[1], "tokens_processed": first[2]}
+                 "trained_tokens": first[1], "tokens_processed": first[2], "padded_tokens": first[4]}
         if self.critic is not None:
             stats.update(vf_loss=tot["vf_loss"] / n_opt, vf_clip_frac=tot["vf_clip_frac"] / n_tok,
                          value_mean=first[3] / max(first[1], 1.0), critic_grad_norm=acc["critic_grad_norm"] / n_opt)
@@ -294,4 +308,4 @@ class Learner:
     # ------------------------------------------------------------------------- the loop
 
 
-__all__ = ["Learner", "make_accelerator", "trainable_calls"]
+__all__ = ["Learner", "make_accelerator", "trainable_calls", "trajectory_tokens"]
