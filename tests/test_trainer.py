@@ -61,17 +61,17 @@ def test_naive_micro_batch_mean_would_not_be_exact(monkeypatch):
     assert max(float((one[k] - naive[k]).abs().max()) for k in grads) > 1e-4
 
 
-def test_micro_batches_group_similar_lengths(monkeypatch):
+def test_micro_batches_group_similar_lengths():
     """Micro-batches are cut from a mini-batch sorted by trajectory length: fewer padded token slots
     than cutting it in rollout order, and (test above) the same update."""
-    import memkit.rl.update as U
+    from memkit.rl.update import trajectory_tokens
 
     trajs = dw.trajectories(range(4))
-    lengths = [U.trajectory_tokens(t) for t in trajs]
-    assert len(set(lengths)) > 2  # uneven lengths, or there is nothing to sort
+    assert len({trajectory_tokens(t) for t in trajs}) > 2  # uneven lengths, or there is nothing to sort
     sorted_stats = dw.make_learner("ppo", packing="mem1_exact", micro_batch_size=2).update(trajs)
-    monkeypatch.setattr(U, "trajectory_tokens", lambda t: 0)  # a stable sort on a constant: rollout order
-    plain_stats = dw.make_learner("ppo", packing="mem1_exact", micro_batch_size=2).update(trajs)
+    plain = dw.make_learner("ppo", packing="mem1_exact", micro_batch_size=2)
+    plain.sort_micro_batches = False
+    plain_stats = plain.update(trajs)
     assert sorted_stats["tokens_processed"] == plain_stats["tokens_processed"]
     assert sorted_stats["padded_tokens"] < plain_stats["padded_tokens"]
     assert abs(sorted_stats["pg_loss"] - plain_stats["pg_loss"]) < 1e-5
@@ -87,7 +87,7 @@ def test_update_scores_the_policy_at_the_sampling_temperature(packing):
         def decode(self, ids, skip_special_tokens=False):
             return " ".join(map(str, ids))
 
-    learner = dw.make_learner("grpo", packing=packing, temperature=0.6, ppo_epochs=1)
+    learner = dw.make_learner("grpo", packing=packing, temperature=0.6, ppo_epochs=1, recompute_old_logprobs=True)
     backend = HFBackend(learner.policy, Tok())
     backend.eos_ids = set()  # no EOS: every output keeps its length, so the calls' context_refs stay right
     gen = torch.Generator().manual_seed(0)
@@ -106,8 +106,25 @@ def test_update_scores_the_policy_at_the_sampling_temperature(packing):
     stats = learner.update(trajs)
     assert stats["old_logprob_gap"] < 1e-5, stats["old_logprob_gap"]
     assert abs(stats["ratio"] - 1.0) < 1e-4  # one mini-batch, one epoch: the policy scored is the one sampled
-    at_t1 = dw.make_learner("grpo", packing=packing, temperature=1.0).update(trajs)
+    at_t1 = dw.make_learner("grpo", packing=packing, temperature=1.0, recompute_old_logprobs=True).update(trajs)
     assert at_t1["old_logprob_gap"] > 100 * max(stats["old_logprob_gap"], 1e-6)
+    # so for these exact packings the default (None) skips the recompute and gets the same update
+    auto = dw.make_learner("grpo", packing=packing, temperature=0.6, ppo_epochs=1)
+    assert auto.recompute is False
+    auto.update(trajs)
+    assert _max_diff(dw.params(learner), dw.params(auto)) < 1e-5
+
+
+def test_old_logprobs_are_recomputed_only_where_they_differ():
+    from memkit.rl.config import TrainConfig
+
+    def resolved(**kw):
+        return TrainConfig(method="mem1", **kw).resolved_recompute()
+
+    assert resolved(packing="mem1_mask") and resolved(packing="auto")  # mem1 -> mem1_mask: App. B.7's gap
+    assert not resolved(packing="mem1_exact") and not resolved(packing="separate")
+    assert resolved(packing="separate", mixed_precision="bf16")  # rollout fp32, update bf16
+    assert not resolved(packing="mem1_mask", recompute_old_logprobs=False)  # an explicit choice wins
 
 
 def test_loss_weights_reproduce_aggregate_over_split_rows():

@@ -106,9 +106,12 @@ class TrainConfig:
     """Entropy bonus weight (entropy is logged either way when ``log_entropy``)."""
     log_entropy: bool = True
     """Compute the policy entropy on trained tokens (costs a [B, L, V] softmax)."""
-    recompute_old_logprobs: bool = True
-    """Recompute old log-probs with the packed forward before updating (verl). Needed for
-    ``mem1_mask`` whose packed log-probs differ from the rollout's; the gap is logged."""
+    recompute_old_logprobs: bool | None = None
+    """Recompute old log-probs with the packed forward before updating (verl; the mean gap to the
+    rollout's is logged as ``old_logprob_gap``). None = only where they differ from what the rollout
+    recorded: ``mem1_mask`` packing (App. B.7's position ids) or mixed precision. ``separate`` and
+    ``mem1_exact`` rows reproduce the rollout's log-probs (tested to 1e-4), so their rollout values
+    serve as old log-probs and the update saves a forward pass (``benchmarks/update_cost.py``)."""
 
     # ---- credit assignment ---------------------------------------------------------------
     grpo_norm_std: bool = True
@@ -153,6 +156,11 @@ class TrainConfig:
         if self.packing == "auto":
             return "mem1_mask" if self.method == "mem1" else "separate"
         return self.packing
+
+    def resolved_recompute(self) -> bool:
+        if self.recompute_old_logprobs is None:
+            return self.resolved_packing() == "mem1_mask" or self.mixed_precision != "no"
+        return bool(self.recompute_old_logprobs)
 
     def validate(self) -> "TrainConfig":
         from memkit.agents import METHODS

@@ -67,11 +67,13 @@ class Learner:
     def __init__(self, cfg: TrainConfig, model, tokenizer, wrap=None, accelerator=None):
         self.cfg = cfg.validate()
         self.packing = cfg.resolved_packing()
+        self.recompute = cfg.resolved_recompute()
         self.acc = accelerator or make_accelerator(cfg)
         self.tokenizer, self.wrap = tokenizer, wrap
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.is_peft = hasattr(model, "disable_adapter")
         self.keep_grads = False  # leave the last mini-batch's gradients in .grad (for inspection)
+        self.sort_micro_batches = True  # cut micro-batches from length-sorted mini-batches (False: rollout order)
         model.eval()  # dropout off for the whole run (rollout and update see the same policy)
         self.ref = None
         if cfg.kl_coef > 0 and not self.is_peft:
@@ -146,7 +148,7 @@ class Learner:
         dev, inputs = self.acc.device, self._inputs(batch)
         m = batch.loss_mask.to(dev)
         rollout_old = batch.old_logprobs.to(dev)
-        old = self._logprobs(self.policy, inputs, loss_mask=m) if self.cfg.recompute_old_logprobs else rollout_old
+        old = self._logprobs(self.policy, inputs, loss_mask=m) if self.recompute else rollout_old
         exp = {"batch": batch, "inputs": inputs, "m": m, "old": old, "gap": float(((old - rollout_old).abs() * m).sum())}
         if self.cfg.kl_coef > 0:
             ctx = self.policy.disable_adapter() if self.is_peft else contextlib.nullcontext()
@@ -196,7 +198,9 @@ class Learner:
         plan = []
         for a, b in zip(bounds[:-1], bounds[1:]):
             n_micro = max(1, self._max(math.ceil((b - a) / cfg.micro_batch_size)))
-            order = sorted(range(a, b), key=lambda i: trajectory_tokens(trajs[i]))
+            order = list(range(a, b))
+            if self.sort_micro_batches:
+                order.sort(key=lambda i: trajectory_tokens(trajs[i]))
             plan.append([order[j * cfg.micro_batch_size:(j + 1) * cfg.micro_batch_size] for j in range(n_micro)])
         exps = [[self._experience([trajs[i] for i in c], None if traj_adv is None else traj_adv[c], rewards[c])
                  for c in mini] for mini in plan]
