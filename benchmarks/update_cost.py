@@ -39,9 +39,11 @@ from memkit.pipeline import load_kit, prompt_wrap, sft_checkpoint_path
 from memkit.rl.config import TrainConfig
 from memkit.rl.trainer import Trainer, load_init, make_accelerator
 
-SETUPS = {  # the notebooks' full-mode batches
-    "mem1": dict(algo="ppo", packing="mem1_exact", agg="token-mean", mini_batches=1, critic_lr=1e-3),
-    "memsearcher": dict(algo="grpo", packing="separate", agg="seq-mean-token-mean", mini_batches=2),
+SETUPS = {  # the notebooks' full-mode batches (TrainConfig fields)
+    "mem1": dict(algo="ppo", packing="mem1_exact", agg="token-mean", mini_batches=1, critic_lr=1e-3,
+                 tasks_per_step=8, n_samples=4),
+    "memsearcher": dict(algo="grpo", packing="separate", agg="seq-mean-token-mean", mini_batches=2,
+                        tasks_per_step=4, n_samples=5),
 }
 
 
@@ -55,13 +57,14 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     kit = load_kit(0)
-    tasks = args.tasks or (8 if args.method == "mem1" else 4)
-    n = args.n or (4 if args.method == "mem1" else 5)
+    setup = dict(SETUPS[args.method])
+    setup["tasks_per_step"] = args.tasks or setup["tasks_per_step"]
+    setup["n_samples"] = n = args.n or setup["n_samples"]
     init = "tiny-sft" if sft_checkpoint_path(args.method, kit.world_seed).exists() else "tiny"
 
     def trainer_for(recompute: bool, sort: bool) -> Trainer:  # a fresh one: every update starts from the same weights
-        cfg = TrainConfig(method=args.method, init=init, objectives=(2,), lr=3e-4, tasks_per_step=tasks, n_samples=n,
-                          eval_every=0, save_every=0, out_dir="", recompute_old_logprobs=recompute, **SETUPS[args.method])
+        cfg = TrainConfig(method=args.method, init=init, objectives=(2,), lr=3e-4, eval_every=0, save_every=0,
+                          out_dir="", recompute_old_logprobs=recompute, **setup)
         model, tok, wrap = load_init(cfg, kit)
         trainer = Trainer(cfg, model, tok, prompt_wrap(cfg.method, tok, wrap, cfg.prompt), kit, make_accelerator(cfg))
         trainer.sort_micro_batches = sort

@@ -165,7 +165,7 @@ def resolve_policy(spec: str, method, kit: Kit, temperature: float = 0.0, seed: 
 
     ``spec`` is a policy spec string or an already loaded :class:`memkit.models.Policy` (reused
     as is, e.g. to roll out many batches without reloading the model: :func:`load_spec`)."""
-    if isinstance(spec, str) and spec == "oracle":
+    if spec == "oracle":  # a loaded Policy never equals the string
         return OraclePolicy(method, kit.tokenizer, oracle_cfg, seed=seed), kit.tokenizer, None, None
     return _model_policy(load_spec(spec, method.name, kit, seed), temperature, seed)
 
