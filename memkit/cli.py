@@ -78,12 +78,15 @@ def cmd_eval(args) -> int:
 
 
 def cmd_sft(args) -> int:
-    from memkit.pipeline import evaluate, load_kit, train_sft_model
+    from memkit.pipeline import busy_cpu_note, evaluate, load_kit, train_sft_model
     from memkit.sft import SFTConfig
 
     kit = load_kit(args.world_seed)
     cfg = SFTConfig(method=args.method, steps=args.steps, n_tasks=args.n_tasks, objectives=tuple(args.objectives),
                     seed=args.seed, max_seconds=60 * args.max_minutes if args.max_minutes else None)
+    note = busy_cpu_note() if cfg.max_seconds else None
+    if note:
+        print(note, file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     path, history, n_ex = train_sft_model(args.method, kit, cfg, log=lambda r: print(
         f"step {r['step']:5d}  loss {r['loss']:.4f}  lr {r['lr']:.2e}  {r['seconds']:.0f}s", flush=True))

@@ -175,3 +175,13 @@ def test_sft_trains_on_all_cores_and_restores_the_callers_threads():
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_busy_cpu_note_warns_only_when_other_jobs_hold_the_cores():
+    from memkit.pipeline import busy_cpu_note, cpu_busy_share
+
+    assert busy_cpu_note(busy=0.05) is None
+    note = busy_cpu_note(busy=0.9)
+    assert note is not None and "--max-minutes 0" in note and "90%" in note
+    share = cpu_busy_share(interval=0.05)
+    assert share is None or 0.0 <= share <= 1.0
