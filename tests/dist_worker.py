@@ -76,13 +76,18 @@ def make_learner(algo: str, sort_micro_batches: bool = True, **over):
     return learner
 
 
+def models(learner) -> dict:
+    """The trained modules by name: the policy and, for PPO, the critic."""
+    out = {"policy": learner.policy}
+    if learner.critic is not None:
+        out["critic"] = learner.acc.unwrap_model(learner.critic)
+    return out
+
+
 def params(learner) -> dict:
     """Parameters and (with ``keep_grads``) the last mini-batch's gradients of policy and critic."""
     out = {}
-    models = {"policy": learner.policy}
-    if learner.critic is not None:
-        models["critic"] = learner.acc.unwrap_model(learner.critic)
-    for name, model in models.items():
+    for name, model in models(learner).items():
         for k, p in model.named_parameters():
             out[f"{name}.{k}"] = p.detach().cpu().clone()
             if p.grad is not None:
