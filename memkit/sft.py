@@ -13,8 +13,10 @@ is the signal that grows copying ("induction") heads. It is on by default (w = 1
 a random half of the context tokens each step (``context_fraction``). Measured on MEM1 (hidden
 128; 2-objective EM per question on 100 held-out tasks after 3000 steps of 16 calls, GPU sweep):
 context fraction 1.0 -> 0.70, 0.5 -> 0.70, 0.25 -> 0.35-0.45, 0.1 -> 0.16; EM jumps between
-steps 1500 (0.15) and 2500 (0.55) as the copying heads form, 6000 steps reach 0.85. On this
-machine's 2 cores a step takes ~0.24 s, so ``memkit sft``'s 10 minutes end near step 2500.
+steps 1500 (0.15) and 2500 (0.55) as the copying heads form, 6000 steps reach 0.85. On 2 CPU
+cores a float32 step takes ~0.2 s, so ``memkit sft``'s 10 minutes reach all 3000 steps (measured:
+2,998 steps, EM 0.635); with the bf16 autocast it used to apply on every CPU, a machine without
+AMX ran 1,588 steps in the same 10 minutes and ended at EM 0.29 (see ``sft_autocast_dtype``).
 Since the skill arrives late, the learning rate is held at its peak and decayed only over the
 last fifth of the run (warmup-stable-decay): measured with ``memkit sft --method mem1`` (10
 minutes, 2527 steps) EM **0.76**, against 0.52 with a cosine decay and otherwise the same
@@ -49,7 +51,7 @@ class SFTConfig:
     objectives: tuple[int, ...] = (1, 2)  # k values of the training tasks
     n_tasks: int = 4000  # oracle tasks to clone (~15k calls). Measured (memkit sft, 10 min): 4000 ->
     # EM 0.32, 12000 (~45k calls, each seen about once) -> 0.305 (both at lr 3e-3): more data does not help
-    steps: int = 3000  # optimizer steps (~0.24 s each for 16 x ~210 tokens, bf16, 2 CPU threads: a
+    steps: int = 3000  # optimizer steps (~0.2 s each for 16 x ~210 tokens, float32, 2 CPU threads: a
     # 10-minute budget ends near step 2500, see max_seconds)
     batch_size: int = 16
     lr: float = 4e-3
@@ -64,8 +66,10 @@ class SFTConfig:
     context_fraction: float = 0.5  # share of context tokens scored by L_ctx each step (a fresh random
     # subset per batch, an unbiased estimate of L_ctx). Measured (3000 steps, 2-objective EM on 100
     # held-out tasks): 1.0 -> 0.70, 0.5 -> 0.70, 0.25 -> 0.35-0.45, 0.1 -> 0.16; 0.5 costs 0.82x a step
-    bf16: bool = True  # bfloat16 autocast for the forward/backward (weights and AdamW stay float32);
-    # ~2x faster on CPUs with AVX512-BF16/AMX and on GPUs, numerically fine for this loss
+    bf16: bool | None = None  # bfloat16 autocast for the forward/backward (weights and AdamW stay
+    # float32). None = where it is faster (sft_autocast_dtype): GPUs with bf16 and CPUs with AMX
+    # tiles. Measured on this machine's AVX512-BF16 CPU *without* AMX (300 real MEM1 steps, 2
+    # threads): bf16 370 ms a step, float32 219 ms, so float32 there
     max_seconds: float | None = 600.0  # wall-clock budget (pipeline.train_sft_model: data + training):
     # the schedule runs on max(step/steps, elapsed/budget) and training stops when either ends
     # (machine-dependent; None = by steps). The default is `memkit sft`'s 10 minutes, so a notebook
@@ -146,6 +150,25 @@ def sft_loss(model, ids, attn, output_mask, context_weight: float = 0.0, context
     return loss
 
 
+def sft_autocast_dtype(bf16: bool | None, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype of an SFT step: bfloat16 or None (plain float32).
+
+    ``bf16=None`` picks bfloat16 only where the hardware multiplies it natively and faster: a
+    CUDA device that supports it, or a CPU with AMX tiles. AVX512-BF16 alone is not enough for
+    the tiny model: its matmuls are small (hidden 128), so the casts around them cost more than
+    the bf16 arithmetic saves (measured: 1.69x slower steps than float32).
+    """
+    if bf16 is None:
+        if device.type == "cuda":
+            bf16 = torch.cuda.is_bf16_supported()
+        elif device.type == "cpu":
+            caps = getattr(torch.cpu, "get_capabilities", dict)()
+            bf16 = bool(caps.get("amx_bf16") or caps.get("amx_tile"))
+        else:
+            bf16 = False
+    return torch.bfloat16 if bf16 else None
+
+
 def lr_shape(cfg: SFTConfig):
     """The learning-rate factor after warmup as a function of run progress ``f`` in [0, 1].
 
@@ -195,6 +218,7 @@ def train_sft(model, tokenizer, examples, cfg: SFTConfig, log=None, progress: bo
         # CPU training: eager attention is faster than SDPA's CPU flash kernel at head_dim 32,
         # T ~ 200 (measured 0.157 vs 0.205 s a step, 16 sequences, 2 threads); same numbers.
         model.set_attn_implementation("eager")
+    autocast = sft_autocast_dtype(cfg.bf16, device)
     model.train()
     steps = range(cfg.steps)
     if progress:
@@ -212,7 +236,7 @@ def train_sft(model, tokenizer, examples, cfg: SFTConfig, log=None, progress: bo
             if cfg.context_weight and cfg.context_fraction < 1.0:
                 keep = torch.rand(ids.shape, generator=gen) < cfg.context_fraction
                 keep = keep.to(device)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
+            with torch.autocast(device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
                 loss = sft_loss(model, ids, attn, output_mask, cfg.context_weight, keep)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -221,7 +245,8 @@ def train_sft(model, tokenizer, examples, cfg: SFTConfig, log=None, progress: bo
             sched.step()
             out_of_time = bool(cfg.max_seconds) and time.perf_counter() - t0 >= cfg.max_seconds
             if step % cfg.log_every == 0 or step == cfg.steps - 1 or out_of_time:
-                row = {"step": step, "loss": loss.item(), "lr": sched.get_last_lr()[0], "seconds": time.perf_counter() - t0}
+                row = {"step": step, "loss": loss.item(), "lr": sched.get_last_lr()[0], "seconds": time.perf_counter() - t0,
+                       "autocast": str(autocast).removeprefix("torch.") if autocast else "float32"}
                 history.append(row)
                 if log:
                     log(row)

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from memkit.models import build_tiny, train_tokenizer
-from memkit.sft import SFTConfig, collect_examples, lr_shape, make_batch, save_checkpoint, sft_loss, train_sft
+from memkit.sft import (SFTConfig, collect_examples, lr_shape, make_batch, save_checkpoint, sft_autocast_dtype, sft_loss,
+                        train_sft)
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +93,28 @@ def test_sft_learns_the_outputs(tok):
     assert before > math.log(50) and after < 0.25 * before, (before, after)
     assert model.config._attn_implementation == "sdpa"  # trained with eager on CPU, handed back as built
     assert [r["step"] for r in hist] == [0, 10, 20, 30, 39]
+
+
+@pytest.mark.parametrize("caps,auto", [({"avx512_bf16": True, "amx_tile": True, "amx_bf16": True}, torch.bfloat16),
+                                       ({"avx512_bf16": True, "amx_tile": False, "amx_bf16": False}, None),
+                                       ({}, None)])
+def test_sft_autocasts_to_bf16_only_on_cpus_with_amx(monkeypatch, caps, auto):
+    """bf16=None: bfloat16 where AMX multiplies it (a CPU with AVX512-BF16 alone ran the tiny
+    model's steps 1.69x slower than float32); an explicit True/False always wins."""
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
+    cpu = torch.device("cpu")
+    assert sft_autocast_dtype(None, cpu) is auto
+    assert sft_autocast_dtype(True, cpu) is torch.bfloat16 and sft_autocast_dtype(False, cpu) is None
+
+
+@pytest.mark.parametrize("bf16,dtype", [(True, torch.bfloat16), (False, torch.float32)])
+def test_sft_steps_run_in_the_chosen_precision(tok, bf16, dtype):
+    model = build_tiny(tok, seed=0)
+    seen = []
+    model.lm_head.register_forward_hook(lambda mod, args, out: seen.append(out.dtype))
+    hist = train_sft(model, tok, _examples(tok), SFTConfig(steps=2, batch_size=6, bf16=bf16, log_every=1), progress=False)
+    assert set(seen) == {dtype} and hist[0]["autocast"] == str(dtype).removeprefix("torch.")
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # weights and AdamW stay float32
 
 
 class _Call:
