@@ -24,6 +24,7 @@ import time
 
 import torch
 
+from memkit.cpu import keep_freed_memory
 from memkit.pipeline import fresh_tiny, load_kit, rollout
 from memkit.rl.packed_forward import packed_token_logprobs
 from memkit.rl.packing import MODES, pack
@@ -50,6 +51,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=4242)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    keep_freed_memory()  # as the memkit CLI does; MEMKIT_KEEP_FREED_MEMORY=0 to compare
 
     kit = load_kit(0)
     tasks = make_tasks(kit.world, n=args.n_trajs, k=args.objectives, seed=args.seed)

@@ -23,6 +23,12 @@ forward of the SFT'd model costs 1.59 ms at 1 row and 4.41 ms at 26 rows x 300 c
 which sdpa reads the KV cache for 0.46 ms per layer (8 MB at ~17 GB/s). With all of that attention
 free the batched run would still take ~4.2 s (4.5x): 8x needs fewer decode steps (continuous
 batching across turns, so finished rows make room for the next call) rather than cheaper ones.
+
+Measured on the next fresh machine (1 thread; the float32-SFT'd MEM1 model, 349 batched decode
+steps x 28.8 rows): 5.1-5.7x (mean 5.4x, 8 runs) with glibc's default malloc, 5.5-6.1x (mean
+5.8x, 10 runs) with `memkit.cpu.keep_freed_memory`, which the script applies as the CLI does
+(batched 3.2-3.5 s instead of 3.4-3.8 s: fewer page faults on the KV-cache buffers and prefill
+activations; one by one ~19.6 s either way). `MEMKIT_KEEP_FREED_MEMORY=0` measures without it.
 """
 from __future__ import annotations
 
@@ -32,6 +38,7 @@ from dataclasses import replace
 
 import torch
 
+from memkit.cpu import keep_freed_memory
 from memkit.models import load_policy
 from memkit.pipeline import fresh_tiny, load_kit, rollout, sft_checkpoint_path
 from memkit.world import make_tasks
@@ -58,11 +65,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for tiny on a shared 2-core box)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    kept = keep_freed_memory()  # as the memkit CLI does; MEMKIT_KEEP_FREED_MEMORY=0 to compare
     kit = load_kit(0)
     ckpt = sft_checkpoint_path(args.method, kit.world_seed)
     policy = load_policy(str(ckpt)) if ckpt.exists() else fresh_tiny(kit)
     tasks = make_tasks(kit.world, n=args.n // args.group, k=args.objectives, seed=4242)
-    print(f"policy={ckpt if ckpt.exists() else 'tiny (random init)'} method={args.method} k={args.objectives} trajectories={args.n} threads={torch.get_num_threads()}")
+    print(f"policy={ckpt if ckpt.exists() else 'tiny (random init)'} method={args.method} k={args.objectives} trajectories={args.n} "
+          f"threads={torch.get_num_threads()} keep_freed_memory={kept}")
 
     stats = policy.backend().stats
     t0 = time.perf_counter()

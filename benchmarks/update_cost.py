@@ -35,6 +35,7 @@ import time
 
 import torch
 
+from memkit.cpu import keep_freed_memory
 from memkit.pipeline import load_kit, prompt_wrap, sft_checkpoint_path
 from memkit.rl.config import TrainConfig
 from memkit.rl.trainer import Trainer, load_init, make_accelerator
@@ -56,6 +57,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    keep_freed_memory()  # as the memkit CLI does; MEMKIT_KEEP_FREED_MEMORY=0 to compare
     kit = load_kit(0)
     setup = dict(SETUPS[args.method])
     setup["tasks_per_step"] = args.tasks or setup["tasks_per_step"]

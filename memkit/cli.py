@@ -78,7 +78,8 @@ def cmd_eval(args) -> int:
 
 
 def cmd_sft(args) -> int:
-    from memkit.pipeline import busy_cpu_note, evaluate, load_kit, train_sft_model
+    from memkit.cpu import busy_cpu_note
+    from memkit.pipeline import evaluate, load_kit, train_sft_model
     from memkit.sft import SFTConfig
 
     kit = load_kit(args.world_seed)
@@ -167,7 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    from memkit.cpu import keep_freed_memory
+
     args = build_parser().parse_args(argv)
+    keep_freed_memory()  # reuse freed tensor memory instead of page-faulting it back (memkit.cpu)
     func = getattr(args, "func", None) or args.handler
     try:
         return func(args) or 0

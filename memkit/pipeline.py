@@ -9,7 +9,6 @@ import hashlib
 import json
 import os
 import time
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -256,65 +255,12 @@ def training_tasks(kit: Kit, objectives, n_tasks: int, seed: int, kinds=("1hop",
     return [t for k in objectives for t in make_tasks(kit.world, n=per_k, k=k, seed=seed * 100 + k, kinds=kinds)]
 
 
-@contextmanager
-def all_cores():
-    """Train on every core this process may use, then restore the caller's thread count.
-
-    Notebooks on a 2-core machine set one torch thread for generation (small batched decodes
-    gain nothing from two and lose a lot to OpenMP spin-waits on a busy box), but SFT's
-    matmuls do run ~1.8x faster on two: a time-budgeted SFT inside a notebook then takes as
-    many steps, and gives the same model, as `memkit sft` from the shell.
-    """
-    import torch
-
-    before = torch.get_num_threads()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    torch.set_num_threads(max(before, cores))
-    try:
-        yield torch.get_num_threads()
-    finally:
-        torch.set_num_threads(before)
-
-
-def cpu_busy_share(interval: float = 0.5) -> float | None:
-    """Share of all cores' time spent busy over the next ``interval`` seconds (Linux ``/proc/stat``).
-
-    Called while this process sleeps, so it measures *other* jobs. None where ``/proc/stat`` is missing.
-    """
-    def sample():
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-        return sum(fields), fields[3] + fields[4]  # total, idle + iowait
-
-    try:
-        total0, idle0 = sample()
-        time.sleep(interval)
-        total1, idle1 = sample()
-    except (OSError, ValueError, IndexError):
-        return None
-    return 1.0 - (idle1 - idle0) / max(total1 - total0, 1)
-
-
-def busy_cpu_note(busy: float | None = None) -> str | None:
-    """A warning when other processes already use the cores a time-budgeted SFT will train on.
-
-    The budget is wall-clock, so a shared CPU means fewer steps, and the tiny model's EM rises
-    steeply near the step counts a 10-minute run reaches (measured, `memkit sft --method mem1` on
-    2 cores: alone 2,444 steps -> EM 0.735; beside other jobs ~2,000 steps -> 0.475).
-    ``busy`` defaults to :func:`cpu_busy_share` (half a second of sampling).
-    """
-    busy = cpu_busy_share() if busy is None else busy
-    if busy is None or busy < 0.25:
-        return None
-    return (f"note: other jobs keep the CPU {100 * busy:.0f}% busy; a time-budgeted SFT trains fewer steps beside "
-            "them and ends less accurate. Run it alone, or pass --max-minutes 0 to train all --steps whatever the time.")
-
-
 def train_sft_model(method_name: str, kit: Kit, cfg=None, progress: bool = True, log=None, path: Path | None = None):
     """Clone the method's (imperfect) oracle into a fresh tiny model; save and return it.
 
     Returns ``(path, history, n_examples)``.
     """
+    from memkit.cpu import all_cores
     from memkit.sft import SFTConfig, collect_examples, save_checkpoint, train_sft
 
     t0 = time.perf_counter()

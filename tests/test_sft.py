@@ -188,7 +188,7 @@ def test_decoder_and_head_refuses_models_that_rescale_their_logits(tok):
 def test_sft_trains_on_all_cores_and_restores_the_callers_threads():
     import os
 
-    from memkit.pipeline import all_cores
+    from memkit.cpu import all_cores
 
     before = torch.get_num_threads()
     try:
@@ -201,10 +201,60 @@ def test_sft_trains_on_all_cores_and_restores_the_callers_threads():
 
 
 def test_busy_cpu_note_warns_only_when_other_jobs_hold_the_cores():
-    from memkit.pipeline import busy_cpu_note, cpu_busy_share
+    from memkit.cpu import busy_cpu_note, cpu_busy_share
 
     assert busy_cpu_note(busy=0.05) is None
     note = busy_cpu_note(busy=0.9)
     assert note is not None and "--max-minutes 0" in note and "90%" in note
     share = cpu_busy_share(interval=0.05)
     assert share is None or 0.0 <= share <= 1.0
+
+
+def test_keep_freed_memory_sets_glibc_thresholds_once(monkeypatch):
+    """mallopt(M_MMAP_THRESHOLD = -3, 32 MiB) and mallopt(M_TRIM_THRESHOLD = -1, 1 GiB), once per
+    process; a C library without glibc's mallopt, or MEMKIT_KEEP_FREED_MEMORY=0, leaves malloc alone."""
+    import ctypes
+
+    import memkit.cpu as cpu
+
+    calls = []
+
+    class GlibcLike:
+        def gnu_get_libc_version(self):
+            return b"2.36"
+
+        def mallopt(self, param, value):
+            calls.append((param, value))
+            return 1
+
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: GlibcLike())
+    monkeypatch.delenv("MEMKIT_KEEP_FREED_MEMORY", raising=False)
+    monkeypatch.setattr(cpu, "_kept", None)
+    assert cpu.keep_freed_memory() is True and cpu.keep_freed_memory() is True
+    assert sorted(calls) == [(-3, 32 << 20), (-1, 1 << 30)]  # (param, value) each once
+
+    class NotGlibc:  # e.g. musl or macOS: no gnu_get_libc_version
+        def mallopt(self, param, value):
+            raise AssertionError("must not be called")
+
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: NotGlibc())
+    monkeypatch.setattr(cpu, "_kept", None)
+    assert cpu.keep_freed_memory() is False
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: GlibcLike())
+    monkeypatch.setattr(cpu, "_kept", None)
+    monkeypatch.setenv("MEMKIT_KEEP_FREED_MEMORY", "0")
+    assert cpu.keep_freed_memory() is False and len(calls) == 2
+
+
+def test_keep_freed_memory_takes_effect_on_this_machine():
+    """On the real C library (glibc here) both mallopt calls succeed (mallopt returns 1)."""
+    import os
+    import platform
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "MEMKIT_KEEP_FREED_MEMORY"}
+    out = subprocess.run([sys.executable, "-c", "from memkit.cpu import keep_freed_memory as k; print(k(), k())"],
+                         capture_output=True, text=True, timeout=60, env=env)
+    expected = "True True" if platform.libc_ver()[0] == "glibc" else "False False"
+    assert out.stdout.strip() == expected, out.stderr
