@@ -52,7 +52,7 @@ class SFTConfig:
     n_tasks: int = 4000  # oracle tasks to clone (~15k calls). Measured (memkit sft, 10 min): 4000 ->
     # EM 0.32, 12000 (~45k calls, each seen about once) -> 0.305 (both at lr 3e-3): more data does not help
     steps: int = 3000  # optimizer steps (~0.2 s each for 16 x ~210 tokens, float32, 2 CPU threads: a
-    # 10-minute budget ends near step 2500, see max_seconds)
+    # 10-minute budget reaches about all of them, 2,998 measured; see max_seconds)
     batch_size: int = 16
     lr: float = 4e-3
     warmup: int = 200  # measured (memkit sft, 10 min): lr 3e-3 / warmup 50 -> EM 0.32, 4e-3 / 200 -> 0.52
@@ -153,10 +153,11 @@ def sft_loss(model, ids, attn, output_mask, context_weight: float = 0.0, context
 def sft_autocast_dtype(bf16: bool | None, device: torch.device) -> torch.dtype | None:
     """The autocast dtype of an SFT step: bfloat16 or None (plain float32).
 
-    ``bf16=None`` picks bfloat16 only where the hardware multiplies it natively and faster: a
-    CUDA device that supports it, or a CPU with AMX tiles. AVX512-BF16 alone is not enough for
-    the tiny model: its matmuls are small (hidden 128), so the casts around them cost more than
-    the bf16 arithmetic saves (measured: 1.69x slower steps than float32).
+    ``bf16=None`` picks bfloat16 only where the hardware has bf16 matrix units: a CUDA device
+    that supports it, or a CPU with AMX tiles (not measured here: no AMX machine was at hand).
+    AVX512-BF16 alone is not enough for the tiny model: its matmuls are small (hidden 128), so
+    the casts around them cost more than the bf16 arithmetic saves (measured on such a CPU: 1.69x
+    slower steps than float32). Pass ``bf16=True/False`` to choose yourself.
     """
     if bf16 is None:
         if device.type == "cuda":
