@@ -14,9 +14,11 @@ a random half of the context tokens each step (``context_fraction``). Measured o
 128; 2-objective EM per question on 100 held-out tasks after 3000 steps of 16 calls, GPU sweep):
 context fraction 1.0 -> 0.70, 0.5 -> 0.70, 0.25 -> 0.35-0.45, 0.1 -> 0.16; EM jumps between
 steps 1500 (0.15) and 2500 (0.55) as the copying heads form, 6000 steps reach 0.85. On 2 CPU
-cores a float32 step takes ~0.2 s, so ``memkit sft``'s 10 minutes reach all 3000 steps (measured:
-2,998 steps, EM 0.635); with the bf16 autocast it used to apply on every CPU, a machine without
-AMX ran 1,588 steps in the same 10 minutes and ended at EM 0.29 (see ``sft_autocast_dtype``).
+cores a float32 step takes ~0.2 s, so ``memkit sft``'s 10 minutes run ~2,850 of its 4000 MEM1
+steps (EM 0.66; with a 3000-step cap: 2,998 steps, 0.635) and ~4,000 MemSearcher steps (shorter
+contexts: EM 0.715, against 0.415 with the 3000-step cap). With the bf16 autocast it used to
+apply on every CPU, a machine without AMX ran 1,588 MEM1 steps in the same 10 minutes and ended
+at EM 0.29 (see ``sft_autocast_dtype``).
 Since the skill arrives late, the learning rate is held at its peak and decayed only over the
 last fifth of the run (warmup-stable-decay): measured with ``memkit sft --method mem1`` (10
 minutes, 2527 steps) EM **0.76**, against 0.52 with a cosine decay and otherwise the same
@@ -51,8 +53,9 @@ class SFTConfig:
     objectives: tuple[int, ...] = (1, 2)  # k values of the training tasks
     n_tasks: int = 4000  # oracle tasks to clone (~15k calls). Measured (memkit sft, 10 min): 4000 ->
     # EM 0.32, 12000 (~45k calls, each seen about once) -> 0.305 (both at lr 3e-3): more data does not help
-    steps: int = 3000  # optimizer steps (~0.2 s each for 16 x ~210 tokens, float32, 2 CPU threads: a
-    # 10-minute budget reaches about all of them, 2,998 measured; see max_seconds)
+    steps: int = 4000  # optimizer steps (~0.2 s each for 16 x ~210 tokens, float32, 2 CPU threads).
+    # The 10-minute budget (max_seconds) usually ends the run first: measured, MEM1 2,851 steps ->
+    # EM 0.66 and MemSearcher 3,987 -> 0.715, against 0.635 and 0.415 with a 3000-step cap
     batch_size: int = 16
     lr: float = 4e-3
     warmup: int = 200  # measured (memkit sft, 10 min): lr 3e-3 / warmup 50 -> EM 0.32, 4e-3 / 200 -> 0.52
