@@ -54,7 +54,8 @@ def keep_freed_memory() -> bool:
         libc.gnu_get_libc_version  # noqa: B018 -- glibc only: the mallopt parameters below are glibc's
     except (OSError, AttributeError):
         return _kept
-    _kept = bool(libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
+    _kept = (libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX) == 1
+             and libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD) == 1)  # mallopt returns 1 on success
     return _kept
 
 

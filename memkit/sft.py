@@ -18,7 +18,7 @@ cores a float32 step takes ~0.2 s, so ``memkit sft``'s 10 minutes run ~2,850 of 
 steps (EM 0.66; with a 3000-step cap: 2,998 steps, 0.635) and ~4,000 MemSearcher steps (shorter
 contexts: EM 0.715, against 0.415 with the 3000-step cap). With the bf16 autocast it used to
 apply on every CPU, a machine without AMX ran 1,588 MEM1 steps in the same 10 minutes and ended
-at EM 0.29 (see ``sft_autocast_dtype``).
+at EM 0.29 (see ``sft_uses_bf16``).
 Since the skill arrives late, the learning rate is held at its peak and decayed only over the
 last fifth of the run (warmup-stable-decay): measured with ``memkit sft --method mem1`` (10
 minutes, 2527 steps) EM **0.76**, against 0.52 with a cosine decay and otherwise the same
@@ -70,7 +70,7 @@ class SFTConfig:
     # subset per batch, an unbiased estimate of L_ctx). Measured (3000 steps, 2-objective EM on 100
     # held-out tasks): 1.0 -> 0.70, 0.5 -> 0.70, 0.25 -> 0.35-0.45, 0.1 -> 0.16; 0.5 costs 0.82x a step
     bf16: bool | None = None  # bfloat16 autocast for the forward/backward (weights and AdamW stay
-    # float32). None = where it is faster (sft_autocast_dtype): GPUs with bf16 and CPUs with AMX
+    # float32). None = where it is faster (sft_uses_bf16): GPUs with bf16 and CPUs with AMX
     # tiles. Measured on this machine's AVX512-BF16 CPU *without* AMX (300 real MEM1 steps, 2
     # threads): bf16 370 ms a step, float32 219 ms, so float32 there
     max_seconds: float | None = 600.0  # wall-clock budget (pipeline.train_sft_model: data + training):
@@ -153,8 +153,8 @@ def sft_loss(model, ids, attn, output_mask, context_weight: float = 0.0, context
     return loss
 
 
-def sft_autocast_dtype(bf16: bool | None, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype of an SFT step: bfloat16 or None (plain float32).
+def sft_uses_bf16(bf16: bool | None, device: torch.device) -> bool:
+    """Does an SFT step autocast to bfloat16 (True) or run in plain float32 (False)?
 
     ``bf16=None`` picks bfloat16 only where the hardware has bf16 matrix units: a CUDA device
     that supports it, or a CPU with AMX tiles (not measured here: no AMX machine was at hand).
@@ -170,7 +170,7 @@ def sft_autocast_dtype(bf16: bool | None, device: torch.device) -> torch.dtype |
             bf16 = bool(caps.get("amx_bf16") or caps.get("amx_tile"))
         else:
             bf16 = False
-    return torch.bfloat16 if bf16 else None
+    return bool(bf16)
 
 
 def lr_shape(cfg: SFTConfig):
@@ -222,7 +222,7 @@ def train_sft(model, tokenizer, examples, cfg: SFTConfig, log=None, progress: bo
         # CPU training: eager attention is faster than SDPA's CPU flash kernel at head_dim 32,
         # T ~ 200 (measured 0.157 vs 0.205 s a step, 16 sequences, 2 threads); same numbers.
         model.set_attn_implementation("eager")
-    autocast = sft_autocast_dtype(cfg.bf16, device)
+    bf16 = sft_uses_bf16(cfg.bf16, device)
     model.train()
     steps = range(cfg.steps)
     if progress:
@@ -240,7 +240,7 @@ def train_sft(model, tokenizer, examples, cfg: SFTConfig, log=None, progress: bo
             if cfg.context_weight and cfg.context_fraction < 1.0:
                 keep = torch.rand(ids.shape, generator=gen) < cfg.context_fraction
                 keep = keep.to(device)
-            with torch.autocast(device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                 loss = sft_loss(model, ids, attn, output_mask, cfg.context_weight, keep)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -250,7 +250,7 @@ def train_sft(model, tokenizer, examples, cfg: SFTConfig, log=None, progress: bo
             out_of_time = bool(cfg.max_seconds) and time.perf_counter() - t0 >= cfg.max_seconds
             if step % cfg.log_every == 0 or step == cfg.steps - 1 or out_of_time:
                 row = {"step": step, "loss": loss.item(), "lr": sched.get_last_lr()[0], "seconds": time.perf_counter() - t0,
-                       "autocast": str(autocast).removeprefix("torch.") if autocast else "float32"}
+                       "autocast": "bfloat16" if bf16 else "float32"}
                 history.append(row)
                 if log:
                     log(row)

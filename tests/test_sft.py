@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from memkit.models import build_tiny, train_tokenizer
-from memkit.sft import (SFTConfig, collect_examples, lr_shape, make_batch, save_checkpoint, sft_autocast_dtype, sft_loss,
+from memkit.sft import (SFTConfig, collect_examples, lr_shape, make_batch, save_checkpoint, sft_uses_bf16, sft_loss,
                         train_sft)
 
 
@@ -95,16 +95,16 @@ def test_sft_learns_the_outputs(tok):
     assert [r["step"] for r in hist] == [0, 10, 20, 30, 39]
 
 
-@pytest.mark.parametrize("caps,auto", [({"avx512_bf16": True, "amx_tile": True, "amx_bf16": True}, torch.bfloat16),
-                                       ({"avx512_bf16": True, "amx_tile": False, "amx_bf16": False}, None),
-                                       ({}, None)])
+@pytest.mark.parametrize("caps,auto", [({"avx512_bf16": True, "amx_tile": True, "amx_bf16": True}, True),
+                                       ({"avx512_bf16": True, "amx_tile": False, "amx_bf16": False}, False),
+                                       ({}, False)])
 def test_sft_autocasts_to_bf16_only_on_cpus_with_amx(monkeypatch, caps, auto):
     """bf16=None: bfloat16 where AMX multiplies it (a CPU with AVX512-BF16 alone ran the tiny
     model's steps 1.69x slower than float32); an explicit True/False always wins."""
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
     cpu = torch.device("cpu")
-    assert sft_autocast_dtype(None, cpu) is auto
-    assert sft_autocast_dtype(True, cpu) is torch.bfloat16 and sft_autocast_dtype(False, cpu) is None
+    assert sft_uses_bf16(None, cpu) is auto
+    assert sft_uses_bf16(True, cpu) is True and sft_uses_bf16(False, cpu) is False
 
 
 @pytest.mark.parametrize("bf16,dtype", [(True, torch.bfloat16), (False, torch.float32)])
