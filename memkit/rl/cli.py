@@ -42,6 +42,9 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     sp.add_argument("--kl-coef", type=float, default=d.kl_coef)
     sp.add_argument("--agg", choices=AGG_MODES, default=d.agg)
     sp.add_argument("--ppo-epochs", type=int, default=d.ppo_epochs)
+    sp.add_argument("--mini-batches", type=int, default=d.mini_batches, help="optimizer steps per epoch")
+    sp.add_argument("--temperature", type=float, default=d.temperature,
+                    help="sampling temperature of training rollouts (the notebooks use 0.5 for the tiny model)")
     sp.add_argument("--micro-batch-size", type=int, default=d.micro_batch_size, help="trajectories per forward")
     sp.add_argument("--eval-every", type=int, default=d.eval_every)
     sp.add_argument("--eval-tasks", type=int, default=d.eval_tasks)
@@ -60,7 +63,8 @@ def config_from_args(args) -> TrainConfig:
         max_seconds=None if args.max_minutes is None else 60 * args.max_minutes,
         out_dir=args.out or f"runs/{args.method}-{args.algo}", tasks_per_step=args.tasks_per_step,
         n_samples=args.n, objectives=tuple(args.objectives), lr=args.lr, critic_lr=args.critic_lr,
-        kl_coef=args.kl_coef, agg=args.agg, ppo_epochs=args.ppo_epochs, micro_batch_size=args.micro_batch_size,
+        kl_coef=args.kl_coef, agg=args.agg, ppo_epochs=args.ppo_epochs, mini_batches=args.mini_batches,
+        temperature=args.temperature, micro_batch_size=args.micro_batch_size,
         eval_every=args.eval_every, eval_tasks=args.eval_tasks, save_every=args.save_every, seed=args.seed,
         world_seed=args.world_seed, device=args.device, mixed_precision=args.mixed_precision,
     ).validate()
