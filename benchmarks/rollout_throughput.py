@@ -42,13 +42,12 @@ the second core. Still short of 8x.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from dataclasses import replace
 
 import torch
 
-from memkit.cpu import keep_freed_memory
+from memkit.cpu import keep_freed_memory, usable_cores
 from memkit.models import load_policy
 from memkit.pipeline import fresh_tiny, load_kit, rollout, sft_checkpoint_path
 from memkit.world import make_tasks
@@ -93,8 +92,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=None,
                     help="torch thread counts to measure both paths at (default: 1 and all cores)")
     args = ap.parse_args()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    thread_counts = args.threads or sorted({1, cores})
+    thread_counts = args.threads or sorted({1, usable_cores()})
     kept = keep_freed_memory()  # as the memkit CLI does; MEMKIT_KEEP_FREED_MEMORY=0 to compare
     kit = load_kit(0)
     ckpt = sft_checkpoint_path(args.method, kit.world_seed)

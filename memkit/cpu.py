@@ -71,6 +71,11 @@ def notebook_cpu_setup(smoke: bool) -> int:
     return torch.get_num_threads()
 
 
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity where the OS reports it, else all)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 @contextmanager
 def all_cores():
     """Train on every core this process may use, then restore the caller's thread count.
@@ -83,8 +88,7 @@ def all_cores():
     import torch
 
     before = torch.get_num_threads()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    torch.set_num_threads(max(before, cores))
+    torch.set_num_threads(max(before, usable_cores()))
     try:
         yield torch.get_num_threads()
     finally:
