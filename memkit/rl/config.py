@@ -69,8 +69,8 @@ class TrainConfig:
     the choices that decide greedy answers. On the tiny SFT'd models that is what moved greedy EM
     (notebooks 02/03 use 0.5): at T = 1 most of the reward gain was sharpening (samples catching
     up with greedy) and held-out greedy EM moved by -0.10 to +0.03; at 0.5, on 50 held-out
-    2-question tasks, MEM1 PPO went 0.65 -> 0.75 (104 steps; 0.64 with another seed) and MemSearcher
-    GRPO (8 tasks x 5 a step) 0.55 -> 0.64 (99 steps; 0.59 with another seed)."""
+    2-question tasks, MEM1 PPO went 0.65 -> 0.75 (104 steps; 0.64 with seeds 1 and 2) and MemSearcher
+    GRPO (8 tasks x 5 a step) 0.55 -> 0.64 (99 steps; 0.59 and 0.56 with seeds 1 and 2)."""
     top_p: float = 1.0
     """Nucleus sampling for training rollouts (1.0 = off)."""
 
