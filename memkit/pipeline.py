@@ -247,12 +247,25 @@ def config_hash(obj) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:10]
 
 
+#: Task seeds reserved for evaluation: :func:`evaluate`'s test tasks (1000 + k, or 1000 + seed + k
+#: in the notebooks) and validation sets (``TrainConfig.eval_seed``). Training never uses them.
+EVAL_SEEDS = range(1000, 10_000)
+
+
+def training_seed(seed: int, k: int) -> int:
+    """The task seed of training run ``seed`` at ``k`` questions: ``100 seed + k``, moved past
+    :data:`EVAL_SEEDS` when it lands there (seed >= 10), so no seed trains on held-out tasks.
+    Seeds 0-9 keep their values, which the cached SFT models were trained on."""
+    base = seed * 100 + k
+    return base + 10_000 if base in EVAL_SEEDS else base
+
+
 def training_tasks(kit: Kit, objectives, n_tasks: int, seed: int, kinds=("1hop", "bridge", "comparison")):
-    """Training tasks, disjoint in seed from :func:`evaluate`'s held-out tasks (seed >= 1000)."""
+    """Training tasks, disjoint in seed from the held-out ones (:func:`training_seed`)."""
     from memkit.world import make_tasks
 
     per_k = max(1, n_tasks // len(objectives))
-    return [t for k in objectives for t in make_tasks(kit.world, n=per_k, k=k, seed=seed * 100 + k, kinds=kinds)]
+    return [t for k in objectives for t in make_tasks(kit.world, n=per_k, k=k, seed=training_seed(seed, k), kinds=kinds)]
 
 
 def train_sft_model(method_name: str, kit: Kit, cfg=None, progress: bool = True, log=None, path: Path | None = None):

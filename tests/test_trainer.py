@@ -310,6 +310,41 @@ def test_task_pool_replaces_the_training_tasks(kit, tmp_path):
         tr.step_tasks(0)
 
 
+def test_training_tasks_never_use_evaluation_seeds(kit):
+    """Seed 10 used to draw its 2-question training tasks from seed 1002, the test tasks of
+    `pipeline.evaluate` and of every notebook's final table. No training seed lands in
+    EVAL_SEEDS now, seeds 0-9 keep the values the cached SFT models were trained on, and
+    TrainConfig.eval_seed refuses seeds outside EVAL_SEEDS."""
+    from memkit.pipeline import EVAL_SEEDS, training_seed, training_tasks
+    from memkit.world import make_tasks
+
+    assert not {training_seed(s, k) for s in range(-3, 200) for k in range(1, 17)} & set(EVAL_SEEDS)
+    assert [training_seed(s, 2) for s in (0, 1, 9)] == [2, 102, 902]
+    test = {t.prompt for t in make_tasks(kit.world, n=50, k=2, seed=1002)}
+    assert not test & {t.prompt for t in training_tasks(kit, (2,), 200, seed=10)}
+    for bad in (0, 902, 9_998):  # a training seed, one more, and a base whose k = 2 leaves the range
+        with pytest.raises(ValueError, match="eval_seed"):
+            TrainConfig(eval_seed=bad).validate()
+    TrainConfig(eval_seed=3000, eval_objectives=(1, 2, 8)).validate()
+
+
+def test_eval_seed_picks_the_evaluation_tasks(kit, tmp_path, monkeypatch):
+    """The periodic evaluation rolls out make_tasks(seed=eval_seed + k): the default is the test
+    tasks (a prefix of pipeline.evaluate's), another base a disjoint validation set."""
+    from memkit.models.tiny import build_tiny
+    from memkit.rl.trainer import Trainer
+    from memkit.world import make_tasks
+
+    seen, rollout = [], Trainer.rollout
+    monkeypatch.setattr(Trainer, "rollout", lambda self, tasks, *a: seen.append(tasks) or rollout(self, tasks, *a))
+    for eval_seed in (1000, 3000):
+        cfg = _loop_cfg(tmp_path / str(eval_seed), 1, eval_tasks=2, eval_seed=eval_seed).validate()
+        Trainer(cfg, build_tiny(kit.tokenizer, seed=0), kit.tokenizer, kit=kit).evaluate()
+    test = [t.prompt for t in make_tasks(kit.world, n=50, k=2, seed=1002)]
+    assert [t.prompt for t in seen[0]] == test[:2]
+    assert not {t.prompt for t in seen[1]} & set(test)
+
+
 def dw_params_tiny(kit):
     from memkit.models import build_tiny
 

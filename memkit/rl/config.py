@@ -136,7 +136,12 @@ class TrainConfig:
     eval_at_start: bool = True
     """Also evaluate before the first step (the step-0 point of learning curves)."""
     eval_tasks: int = 32
-    """Held-out tasks per objective count (``pipeline.evaluate`` seeds: 1000 + k)."""
+    """Held-out tasks per objective count: ``make_tasks(n=eval_tasks, k=k, seed=eval_seed + k)``."""
+    eval_seed: int = 1000
+    """Seed base of those tasks. 1000 = ``pipeline.evaluate``'s default test tasks (the first
+    ``eval_tasks`` of them: a smaller n gives a prefix of the same list). To keep a *validation*
+    set apart from the tasks a final table reports, give it another base (notebook 03 uses 3000).
+    Must lie in ``pipeline.EVAL_SEEDS`` (1000-9999), which training tasks never use."""
     eval_objectives: tuple[int, ...] = (2,)
     """Objective counts evaluated."""
     save_every: int = 10
@@ -189,6 +194,11 @@ class TrainConfig:
                      "n_train_tasks", "keep_checkpoints"):
             if int(getattr(self, name)) < 1:
                 bad(name, "must be >= 1")
+        from memkit.pipeline import EVAL_SEEDS
+
+        if self.eval_seed not in EVAL_SEEDS or self.eval_seed + max(self.eval_objectives, default=0) not in EVAL_SEEDS:
+            bad("eval_seed", f"evaluation seeds live in [{EVAL_SEEDS.start}, {EVAL_SEEDS.stop}) (training tasks use "
+                             "the others, pipeline.training_seed); e.g. 1000 (test) or 3000 (validation)")
         for name in ("eval_every", "save_every", "eval_tasks", "warmup_steps"):
             if int(getattr(self, name)) < 0:
                 bad(name, "must be >= 0 (0 turns it off)")

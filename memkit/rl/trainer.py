@@ -171,15 +171,16 @@ class Trainer(Learner):
                 "response_tokens": tot[8] / N, "n_trajectories": int(tot[0])}
 
     def evaluate(self) -> list[dict]:
-        """Greedy rollouts on held-out tasks (``pipeline.evaluate``'s: seed 1000 + k), main process."""
+        """Greedy rollouts on held-out tasks (seed ``cfg.eval_seed + k``), main process."""
         from memkit.metrics import summarize
         from memkit.world import make_tasks
 
         rows = []
         if self.acc.is_main_process and self.cfg.eval_tasks:
             for k in self.cfg.eval_objectives:
-                tasks = make_tasks(self.kit.world, n=self.cfg.eval_tasks, k=k, seed=1000 + k)
-                trajs = self.rollout(tasks, 1, 0.0, 1000 + k)
+                seed = self.cfg.eval_seed + k
+                tasks = make_tasks(self.kit.world, n=self.cfg.eval_tasks, k=k, seed=seed)
+                trajs = self.rollout(tasks, 1, 0.0, seed)
                 s = summarize(trajs)
                 rows.append({"step": self.step, "k": k, "reward_mean": sum(t.reward for t in trajs) / len(trajs),
                              **{key: s[key] for key in ("em", "f1", "peak_tokens", "invalid_rate", "tool_calls")}})
