@@ -79,23 +79,29 @@ def cmd_eval(args) -> int:
 
 def cmd_sft(args) -> int:
     from memkit.cpu import busy_cpu_note
-    from memkit.pipeline import evaluate, load_kit, train_sft_model
+    from memkit.pipeline import evaluate, load_kit, sft_checkpoint_path, sft_tag, train_sft_model
     from memkit.sft import SFTConfig
 
-    kit = load_kit(args.world_seed)
     cfg = SFTConfig(method=args.method, steps=args.steps, n_tasks=args.n_tasks, objectives=tuple(args.objectives),
                     seed=args.seed, max_seconds=60 * args.max_minutes if args.max_minutes else None)
+    tag = args.tag or sft_tag(cfg)
+    if not all(c.isalnum() or c in "-_." for c in tag):
+        raise ValueError(f"--tag {tag!r}: use letters, digits, '-', '_' or '.' (it becomes part of a directory name)")
+    kit = load_kit(args.world_seed)
     note = busy_cpu_note() if cfg.max_seconds else None
     if note:
         print(note, file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     path, history, n_ex = train_sft_model(args.method, kit, cfg, log=lambda r: print(
-        f"step {r['step']:5d}  loss {r['loss']:.4f}  lr {r['lr']:.2e}  {r['seconds']:.0f}s", flush=True))
-    print(f"trained on {n_ex} calls in {time.perf_counter() - t0:.0f}s; checkpoint: {path}")
+        f"step {r['step']:5d}  loss {r['loss']:.4f}  lr {r['lr']:.2e}  {r['seconds']:.0f}s", flush=True),
+        path=sft_checkpoint_path(args.method, args.world_seed, tag))
+    spec = "tiny-sft" if tag == "default" else f"tiny-sft:{tag}"
+    print(f"trained on {n_ex} calls in {time.perf_counter() - t0:.0f}s; checkpoint: {path}\n"
+          f"use it as --policy {spec} (memkit eval / rollout) or --init {spec} (memkit train)")
     if args.eval_tasks:
-        results = evaluate(args.method, kit, objectives=args.eval_objectives, n_tasks=args.eval_tasks, policy="tiny-sft")
+        results = evaluate(args.method, kit, objectives=args.eval_objectives, n_tasks=args.eval_tasks, policy=spec)
         for k, (summary, _) in results.items():
-            print(f"tiny-sft {args.method} k={k}: EM per question {summary['em']:.3f}  F1 {summary['f1']:.3f}  "
+            print(f"{spec} {args.method} k={k}: EM per question {summary['em']:.3f}  F1 {summary['f1']:.3f}  "
                   f"invalid {summary['invalid_rate']:.2f}  peak tokens {summary['peak_tokens']:.0f}")
     print(f"total wall time {time.perf_counter() - t0:.0f}s")
     return 0
@@ -153,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "reproducible)")
     sp.add_argument("--eval-tasks", type=int, default=100, help="held-out tasks to evaluate after training (0 = skip)")
     sp.add_argument("--eval-objectives", type=_ints, default=[2])
+    sp.add_argument("--tag", default=None,
+                    help="cache tag of the checkpoint (default: 'default' for the default --objectives / --n-tasks / "
+                         "--seed, else one naming them, e.g. k1-2-3-n4000-s0); load it as --policy tiny-sft:TAG")
     sp.set_defaults(func=cmd_sft)
 
     from memkit.reproduce import add_reproduce_parser

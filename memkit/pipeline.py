@@ -16,7 +16,7 @@ from memkit.agents import METHODS, get_method
 from memkit.agents.base import OracleConfig, compact_prompt_wrap
 from memkit.rollout.engine import ModelPolicy, OraclePolicy, RolloutConfig, run_rollouts
 
-POLICY_SPECS = ("oracle", "tiny", "tiny-sft", "smollm2-135m", "<local checkpoint dir>", "<HF model id>")
+POLICY_SPECS = ("oracle", "tiny", "tiny-sft", "tiny-sft:<tag>", "smollm2-135m", "<local checkpoint dir>", "<HF model id>")
 
 
 def cache_dir() -> Path:
@@ -128,6 +128,30 @@ def sft_checkpoint_path(method: str, world_seed: int = 0, tag: str = "default") 
     return cache_dir() / f"tiny-sft-{method}-w{world_seed}-{TOKENIZER_SCHEME}-{tag}"
 
 
+def sft_tag(cfg) -> str:
+    """The cache tag ``memkit sft`` saves an :class:`~memkit.sft.SFTConfig` under: ``default`` for
+    the default recipe (objectives, tasks and seed; the step count or time budget only says how long
+    it trained), else one naming the recipe, e.g. ``k1-2-3-n4000-s0`` (load it as ``tiny-sft:<tag>``).
+    So a variant never overwrites the default model the notebooks and ``memkit train`` start from."""
+    from memkit.sft import SFTConfig
+
+    d = SFTConfig()
+    if (tuple(cfg.objectives), cfg.n_tasks, cfg.seed) == (tuple(d.objectives), d.n_tasks, d.seed):
+        return "default"
+    return f"k{'-'.join(map(str, cfg.objectives))}-n{cfg.n_tasks}-s{cfg.seed}"
+
+
+def sft_spec_path(spec: str, method: str, world_seed: int = 0) -> Path:
+    """The checkpoint of policy spec ``tiny-sft`` (the default SFT model) or ``tiny-sft:<tag>``;
+    a missing one is a :class:`FileNotFoundError` naming the command that makes it."""
+    tag = spec.split(":", 1)[1] if ":" in spec else "default"
+    path = sft_checkpoint_path(method, world_seed, tag)
+    if not path.exists():
+        how = f"`memkit sft --method {method}`" + ("" if tag == "default" else f" with the flags that give tag {tag!r}")
+        raise FileNotFoundError(f"no SFT'd tiny model for method {method!r} at {path}; train it first with {how}")
+    return path
+
+
 def ensure_sft(method_name: str, kit: "Kit", cfg=None, progress: bool = True) -> Path:
     """The SFT'd tiny model for ``cfg``: the default one from ``memkit sft`` when ``cfg`` is None
     (trained now if missing), else one cached under a hash of ``cfg`` (e.g. a short smoke run)."""
@@ -148,13 +172,8 @@ def load_spec(spec, method_name: str, kit: Kit, seed: int = 0):
         return spec
     from memkit.models import load_policy
 
-    if spec.startswith("tiny-sft"):  # "tiny-sft" or "tiny-sft:<tag>"
-        tag = spec.split(":", 1)[1] if ":" in spec else "default"
-        path = sft_checkpoint_path(method_name, kit.world_seed, tag)
-        if not path.exists():
-            raise FileNotFoundError(f"no SFT'd tiny model for method {method_name!r} at {path}; "
-                                    f"train it first with `memkit sft --method {method_name}`")
-        spec = str(path)
+    if spec == "tiny-sft" or spec.startswith("tiny-sft:"):
+        spec = str(sft_spec_path(spec, method_name, kit.world_seed))
     return fresh_tiny(kit, seed) if spec == "tiny" else load_policy(spec)
 
 

@@ -258,3 +258,30 @@ def test_keep_freed_memory_takes_effect_on_this_machine():
                          capture_output=True, text=True, timeout=60, env=env)
     expected = "True True" if platform.libc_ver()[0] == "glibc" else "False False"
     assert out.stdout.strip() == expected, out.stderr
+
+
+def test_sft_variants_get_their_own_cache_tag_and_never_replace_the_default(capsys):
+    """`memkit sft --objectives 1,2,3` used to overwrite the default checkpoint that the notebooks
+    and `memkit train` start from. A variant recipe now saves under a tag naming it, evaluates that
+    model, and loads back as tiny-sft:<tag>; a missing tag and a bad --tag get one clear error."""
+    from memkit.cli import main
+    from memkit.pipeline import sft_checkpoint_path, sft_tag
+    from memkit.rl.config import TrainConfig
+    from memkit.rl.trainer import init_spec
+
+    assert sft_tag(SFTConfig(method="memsearcher", steps=10, max_seconds=None)) == "default"
+    assert sft_tag(SFTConfig(objectives=(1, 2, 3))) == "k1-2-3-n4000-s0"
+    assert sft_tag(SFTConfig(seed=1)) == "k1-2-n4000-s1"
+    default = sft_checkpoint_path("mem1", 0)
+    existed = default.exists()
+    rc = main(["sft", "--method", "mem1", "--objectives", "1,2,3", "--n-tasks", "6", "--steps", "2",
+               "--max-minutes", "0", "--eval-tasks", "1"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "--init tiny-sft:k1-2-3-n6-s0" in out and "tiny-sft:k1-2-3-n6-s0 mem1 k=2: EM" in out
+    assert sft_checkpoint_path("mem1", 0, "k1-2-3-n6-s0").is_dir() and default.exists() == existed
+    assert init_spec(TrainConfig(init="tiny-sft:k1-2-3-n6-s0"), 0) == str(sft_checkpoint_path("mem1", 0, "k1-2-3-n6-s0"))
+    with pytest.raises(FileNotFoundError, match="tag 'k9-n1-s0'"):
+        init_spec(TrainConfig(init="tiny-sft:k9-n1-s0"), 0)
+    assert main(["sft", "--method", "mem1", "--tag", "../x", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--tag '../x'" in err and len(err.strip().splitlines()) == 1

@@ -27,7 +27,8 @@ class TrainConfig:
     """Keyword arguments of ``get_method`` (e.g. memsearcher ``memory_budget_words``)."""
     init: str = "tiny-sft"
     """Initial policy: ``tiny-sft`` (cached SFT checkpoint of ``method``; make it with
-    ``memkit sft --method M``), ``tiny`` (random init), ``smollm2-135m``, a checkpoint dir or a hub id."""
+    ``memkit sft --method M``), ``tiny-sft:<tag>`` (a variant ``memkit sft`` saved under that tag),
+    ``tiny`` (random init), ``smollm2-135m``, a checkpoint dir or a hub id."""
     prompt: str = "auto"
     """Instruction in each context: ``paper`` | ``compact`` | ``auto`` (compact for tiny models,
     as ``memkit sft`` trains them; paper for chat models) — see ``pipeline.prompt_wrap``."""

@@ -219,16 +219,16 @@ def _norm(v):
 
 
 def init_spec(cfg: TrainConfig, world_seed: int) -> str:
-    """``cfg.init`` with ``tiny-sft`` resolved to its cached checkpoint (checked before any work)."""
-    from memkit.pipeline import sft_checkpoint_path
+    """``cfg.init`` with ``tiny-sft`` / ``tiny-sft:<tag>`` resolved to its cached checkpoint
+    (checked before any work)."""
+    from memkit.pipeline import sft_spec_path
 
-    if cfg.init != "tiny-sft":
+    if cfg.init != "tiny-sft" and not cfg.init.startswith("tiny-sft:"):
         return cfg.init
-    path = sft_checkpoint_path(cfg.method, world_seed)
-    if not path.exists():
-        raise FileNotFoundError(f"no SFT'd tiny model for method {cfg.method!r} at {path}; train it first with "
-                                f"`memkit sft --method {cfg.method}` (or use --init tiny for a random policy)")
-    return str(path)
+    try:
+        return str(sft_spec_path(cfg.init, cfg.method, world_seed))
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{e} (or use --init tiny for a random policy)") from None
 
 
 def load_init(cfg: TrainConfig, kit):
