@@ -37,7 +37,8 @@ def cmd_world(args) -> int:
     world = make_world(seed=args.seed)
     out = Path(args.out)
     save_corpus_jsonl(world, out / "corpus.jsonl")
-    tasks = [t for k in args.objectives for t in make_tasks(world, n=args.n_tasks, k=k, seed=args.seed + k)]
+    tasks = [t for k in args.objectives for t in make_tasks(world, n=args.n_tasks, k=k, seed=args.seed + k,
+                                                                  split=None if args.split == "all" else args.split)]
     save_tasks_jsonl(tasks, out / "tasks.jsonl")
     print(f"wrote {len(world.passages)} passages to {out / 'corpus.jsonl'} and {len(tasks)} tasks to {out / 'tasks.jsonl'}")
     return 0
@@ -123,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("world", help="write the synthetic corpus and tasks as JSONL")
     common(sp)
     sp.add_argument("--out", default="world", help="output directory")
+    sp.add_argument("--split", choices=("all", "train", "test"), default="all",
+                    help="questions the tasks draw: test = the held-out ones that no training task asks "
+                         "(memkit.world.question_split); use it for evaluation sets")
     sp.set_defaults(func=cmd_world)
 
     policy_help = "policy: " + ", ".join(POLICY_SPECS)

@@ -244,15 +244,18 @@ def rollout(method_name: str, tasks, kit: Kit, policy: str = "oracle", n: int = 
 
 
 def evaluate(method_name: str, kit: Kit, objectives=(1, 2, 4, 8), n_tasks: int = 50, policy: str = "oracle",
-             seed: int = 1000, kinds=("1hop", "bridge", "comparison"), **rollout_kw):
-    """Run held-out tasks at each objective count; returns ``{k: (summary_dict, trajectories)}``."""
+             seed: int = 1000, kinds=("1hop", "bridge", "comparison"), split: str | None = "test", **rollout_kw):
+    """Run held-out tasks at each objective count; returns ``{k: (summary_dict, trajectories)}``.
+
+    The tasks: ``make_tasks(n=n_tasks, k=k, seed=seed + k, split="test")`` — test questions only
+    (``memkit.world.question_split``), which no training task asks."""
     from memkit.metrics import summarize
     from memkit.world import make_tasks
 
     results = {}
     policy = load_spec(policy, method_name, kit, seed)  # once for every k
     for k in objectives:
-        tasks = make_tasks(kit.world, n=n_tasks, k=k, seed=seed + k, kinds=kinds)
+        tasks = make_tasks(kit.world, n=n_tasks, k=k, seed=seed + k, kinds=kinds, split=split)
         t0 = time.perf_counter()
         trajs = rollout(method_name, tasks, kit, policy=policy, seed=seed, **rollout_kw)
         summary = summarize(trajs)
@@ -280,11 +283,13 @@ def training_seed(seed: int, k: int) -> int:
 
 
 def training_tasks(kit: Kit, objectives, n_tasks: int, seed: int, kinds=("1hop", "bridge", "comparison")):
-    """Training tasks, disjoint in seed from the held-out ones (:func:`training_seed`)."""
+    """Training tasks: train questions only (``memkit.world.question_split``), composed with seeds
+    apart from the held-out ones (:func:`training_seed`)."""
     from memkit.world import make_tasks
 
     per_k = max(1, n_tasks // len(objectives))
-    return [t for k in objectives for t in make_tasks(kit.world, n=per_k, k=k, seed=training_seed(seed, k), kinds=kinds)]
+    return [t for k in objectives for t in make_tasks(kit.world, n=per_k, k=k, seed=training_seed(seed, k), kinds=kinds,
+                                                split="train")]
 
 
 def train_sft_model(method_name: str, kit: Kit, cfg=None, progress: bool = True, log=None, path: Path | None = None):

@@ -320,7 +320,7 @@ def test_training_tasks_never_use_evaluation_seeds(kit):
 
     assert not {training_seed(s, k) for s in range(-3, 200) for k in range(1, 17)} & set(EVAL_SEEDS)
     assert [training_seed(s, 2) for s in (0, 1, 9)] == [2, 102, 902]
-    test = {t.prompt for t in make_tasks(kit.world, n=50, k=2, seed=1002)}
+    test = {t.prompt for t in make_tasks(kit.world, n=50, k=2, seed=1002, split="test")}
     assert not test & {t.prompt for t in training_tasks(kit, (2,), 200, seed=10)}
     for bad in (0, 902, 9_998):  # a training seed, one more, and a base whose k = 2 leaves the range
         with pytest.raises(ValueError, match="eval_seed"):
@@ -340,7 +340,7 @@ def test_eval_seed_picks_the_evaluation_tasks(kit, tmp_path, monkeypatch):
     for eval_seed in (1000, 3000):
         cfg = _loop_cfg(tmp_path / str(eval_seed), 1, eval_tasks=2, eval_seed=eval_seed).validate()
         Trainer(cfg, build_tiny(kit.tokenizer, seed=0), kit.tokenizer, kit=kit).evaluate()
-    test = [t.prompt for t in make_tasks(kit.world, n=50, k=2, seed=1002)]
+    test = [t.prompt for t in make_tasks(kit.world, n=50, k=2, seed=1002, split="test")]
     assert [t.prompt for t in seen[0]] == test[:2]
     assert not {t.prompt for t in seen[1]} & set(test)
 
@@ -417,3 +417,26 @@ def test_train_rolls_out_with_the_prompt_sft_used(kit, tmp_path, monkeypatch):
     assert seen["context"] == compact
     with pytest.raises(ValueError, match="TrainConfig.prompt"):
         _loop_cfg(tmp_path / "q", 1, prompt="short").validate()
+
+
+def test_readme_train_commands_parse_to_the_notebooks_settings():
+    """The README's `memkit train` lines are what a reader copies to redo notebooks 02 / 03 from
+    the shell: they must parse, validate, and carry the notebooks' settings, not the library's
+    large-model defaults (lr 1e-5, T = 1) under which the tiny model barely moves."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    from memkit.cli import build_parser
+    from memkit.rl.cli import config_from_args
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text().replace("\\\n", " ")
+    lines = [ln.split("#")[0] for ln in readme.splitlines() if re.match(r"memkit train --algo", ln)]
+    cfgs = {c.algo: c for c in (config_from_args(build_parser().parse_args(shlex.split(ln)[1:])) for ln in lines)}
+    assert set(cfgs) == {"ppo", "grpo"}
+    ppo, grpo = cfgs["ppo"], cfgs["grpo"]
+    assert (ppo.method, ppo.packing, ppo.tasks_per_step, ppo.n_samples, ppo.mini_batches) == ("mem1", "mem1_exact", 8, 4, 4)
+    assert (ppo.lr, ppo.critic_lr, ppo.temperature, ppo.eval_objectives) == (3e-4, 1e-3, 0.5, (1, 2, 4, 8))
+    assert (grpo.method, grpo.packing, grpo.agg, grpo.tasks_per_step, grpo.n_samples) == (
+        "memsearcher", "separate", "seq-mean-token-mean", 8, 5)
+    assert (grpo.lr, grpo.temperature, grpo.eval_seed, grpo.eval_every) == (3e-4, 0.5, 3000, 5)

@@ -28,6 +28,7 @@ from memkit.world import (
     make_questions,
     make_tasks,
     make_world,
+    question_split,
     save_corpus_jsonl,
     save_tasks_jsonl,
     tasks_from_dataset,
@@ -183,8 +184,33 @@ def test_make_tasks_reuses_questions_only_when_the_world_runs_out():
     assert all(len({q.id for q in t.questions}) == 2 for t in tasks)
 
 
+def test_train_and_test_splits_never_share_a_question(world, tmp_path):
+    """Evaluation tasks ask test questions, training tasks train ones: the held-out EM of a
+    trained model is on questions it never saw (before the split, all 50 1-hop test questions and
+    65 of the 100 2-question test slots were in the default SFT data)."""
+    from memkit.pipeline import Kit, training_tasks
+
+    ids = {q.id for k in (1, 2, 4) for q in make_questions(world, 600, seed=k)}
+    test = {i for i in ids if question_split(i) == "test"}
+    assert 0.15 < len(test) / len(ids) < 0.25  # about 1 in 5
+    assert question_split("comparison:film-001|film-028.release_year") == question_split(
+        "comparison:film-028|film-001.release_year")  # one question, either order
+    evaluation = [q.id for k in (1, 2, 8) for t in make_tasks(world, 50, k=k, seed=1000 + k, split="test")
+                  for q in t.questions]
+    assert {question_split(i) for i in evaluation} == {"test"}
+    kit = Kit(world=world, env=None, tokenizer=None, world_seed=0)
+    trained = {q.id for t in training_tasks(kit, (1, 2), 4000, seed=0) for q in t.questions}
+    assert {question_split(i) for i in trained} == {"train"} and not trained & set(evaluation)
+    assert len(trained) > 3000  # the train side still holds thousands of distinct questions
+    from memkit.cli import main
+
+    assert main(["world", "--out", str(tmp_path), "--split", "test", "--objectives", "2", "--n-tasks", "5"]) == 0
+    assert {question_split(q.id) for t in load_tasks_jsonl(tmp_path / "tasks.jsonl") for q in t.questions} == {"test"}
+
+
 @pytest.mark.parametrize("kw,msg", [(dict(n=0), "positive ints"), (dict(n=2, k=0), "positive ints"),
-                                    (dict(n=2, kinds=("multihop",)), "choose from")])
+                                    (dict(n=2, kinds=("multihop",)), "choose from"),
+                                    (dict(n=2, split="dev"), "unknown split")])
 def test_make_tasks_rejects_bad_arguments(world, kw, msg):
     with pytest.raises(ValueError, match=msg):
         make_tasks(world, **kw)

@@ -56,7 +56,8 @@ class TrainConfig:
     objectives: tuple[int, ...] = (2,)
     """Questions per training task (MEM1 trains on 2-objective tasks)."""
     n_train_tasks: int = 1000
-    """Size of the training task pool (``pipeline.training_tasks``; disjoint from eval tasks)."""
+    """Size of the training task pool (``pipeline.training_tasks``: train questions only, never an
+    evaluation's)."""
     max_turns: int | None = None
     """Tool calls per trajectory; None = the method's per-task limit (hops + 4, as evaluation uses)."""
     max_context_tokens: int = 2048
@@ -137,11 +138,12 @@ class TrainConfig:
     eval_at_start: bool = True
     """Also evaluate before the first step (the step-0 point of learning curves)."""
     eval_tasks: int = 32
-    """Held-out tasks per objective count: ``make_tasks(n=eval_tasks, k=k, seed=eval_seed + k)``."""
+    """Held-out tasks per objective count: ``make_tasks(n=eval_tasks, k=k, seed=eval_seed + k, split="test")``."""
     eval_seed: int = 1000
     """Seed base of those tasks. 1000 = ``pipeline.evaluate``'s default test tasks (the first
     ``eval_tasks`` of them: a smaller n gives a prefix of the same list). To keep a *validation*
-    set apart from the tasks a final table reports, give it another base (notebook 03 uses 3000).
+    set apart from the tasks a final table reports, give it another base (notebook 03 uses 3000:
+    other compositions of the same held-out test questions).
     Must lie in ``pipeline.EVAL_SEEDS`` (1000-9999), which training tasks never use."""
     eval_objectives: tuple[int, ...] = (2,)
     """Objective counts evaluated."""

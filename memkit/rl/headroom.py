@@ -89,7 +89,7 @@ def measure_headroom(method: str, kit, policy, k: int = 2, n_tasks: int = 50, n_
     if n_samples < 1:
         raise ValueError(f"n_samples={n_samples} must be >= 1")
     policy = load_spec(policy, method, kit, seed)  # once: greedy and samples score the same model
-    tasks = make_tasks(kit.world, n=n_tasks, k=k, seed=seed + k)
+    tasks = make_tasks(kit.world, n=n_tasks, k=k, seed=seed + k, split="test")
     greedy = rollout(method, tasks, kit, policy=policy, n=1, temperature=0.0, seed=seed, **rollout_kw)
     samples = rollout(method, tasks, kit, policy=policy, n=n_samples, temperature=temperature, seed=seed + 1,
                       **rollout_kw)

@@ -171,7 +171,7 @@ class Trainer(Learner):
                 "response_tokens": tot[8] / N, "n_trajectories": int(tot[0])}
 
     def evaluate(self) -> list[dict]:
-        """Greedy rollouts on held-out tasks (seed ``cfg.eval_seed + k``), main process."""
+        """Greedy rollouts on held-out tasks (seed ``cfg.eval_seed + k``, test questions), main process."""
         from memkit.metrics import summarize
         from memkit.world import make_tasks
 
@@ -179,7 +179,7 @@ class Trainer(Learner):
         if self.acc.is_main_process and self.cfg.eval_tasks:
             for k in self.cfg.eval_objectives:
                 seed = self.cfg.eval_seed + k
-                tasks = make_tasks(self.kit.world, n=self.cfg.eval_tasks, k=k, seed=seed)
+                tasks = make_tasks(self.kit.world, n=self.cfg.eval_tasks, k=k, seed=seed, split="test")
                 trajs = self.rollout(tasks, 1, 0.0, seed)
                 s = summarize(trajs)
                 rows.append({"step": self.step, "k": k, "reward_mean": sum(t.reward for t in trajs) / len(trajs),

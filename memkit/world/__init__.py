@@ -9,6 +9,7 @@ Typical use::
 from memkit.world.generator import (
     ATTRS,
     KINDS,
+    SPLITS,
     TYPES,
     Attr,
     Entity,
@@ -17,6 +18,7 @@ from memkit.world.generator import (
     make_questions,
     make_tasks,
     make_world,
+    question_split,
 )
 from memkit.world.loaders import (
     load_dpr_topics,
@@ -40,8 +42,8 @@ from memkit.world.schema import (
 )
 
 __all__ = [
-    "ATTRS", "KINDS", "TYPES", "Attr", "Entity", "World", "aliases", "make_questions", "make_tasks",
-    "make_world", "load_dpr_topics", "load_flashrag_jsonl", "load_hotpotqa_json", "load_tasks_jsonl",
+    "ATTRS", "KINDS", "SPLITS", "TYPES", "Attr", "Entity", "World", "aliases", "make_questions", "make_tasks",
+    "make_world", "question_split", "load_dpr_topics", "load_flashrag_jsonl", "load_hotpotqa_json", "load_tasks_jsonl",
     "load_wiki_summaries", "save_corpus_jsonl", "save_tasks_jsonl", "tasks_from_dataset",
     "tasks_to_dataset", "world_texts", "MULTI_OBJECTIVE_TEMPLATE", "Passage", "Question", "SubQuestion",
     "Task", "compose_prompt",
