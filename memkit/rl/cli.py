@@ -48,6 +48,11 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     sp.add_argument("--micro-batch-size", type=int, default=d.micro_batch_size, help="trajectories per forward")
     sp.add_argument("--eval-every", type=int, default=d.eval_every)
     sp.add_argument("--eval-tasks", type=int, default=d.eval_tasks)
+    sp.add_argument("--eval-seed", type=int, default=d.eval_seed,
+                    help="seed base of the periodic evaluation's tasks: 1000 = memkit eval's test tasks, "
+                         "3000 = a validation set (notebook 03); 1000-9999")
+    sp.add_argument("--eval-objectives", type=_ints, default=list(d.eval_objectives),
+                    help="objective counts evaluated, e.g. 1,2,4,8")
     sp.add_argument("--save-every", type=int, default=d.save_every)
     sp.add_argument("--seed", type=int, default=d.seed)
     sp.add_argument("--world-seed", type=int, default=d.world_seed)
@@ -65,7 +70,8 @@ def config_from_args(args) -> TrainConfig:
         n_samples=args.n, objectives=tuple(args.objectives), lr=args.lr, critic_lr=args.critic_lr,
         kl_coef=args.kl_coef, agg=args.agg, ppo_epochs=args.ppo_epochs, mini_batches=args.mini_batches,
         temperature=args.temperature, micro_batch_size=args.micro_batch_size,
-        eval_every=args.eval_every, eval_tasks=args.eval_tasks, save_every=args.save_every, seed=args.seed,
+        eval_every=args.eval_every, eval_tasks=args.eval_tasks, eval_seed=args.eval_seed,
+        eval_objectives=tuple(args.eval_objectives), save_every=args.save_every, seed=args.seed,
         world_seed=args.world_seed, device=args.device, mixed_precision=args.mixed_precision,
     ).validate()
 
