@@ -68,11 +68,12 @@ class TrainConfig:
     records, so the first PPO ratio is 1 for any T (verl divides the logits the same way). The
     papers use 1.0. Greedy evaluation is the same policy for every T; a lower T makes the samples
     differ from greedy only where the model is unsure, so the group's reward differences come from
-    the choices that decide greedy answers. On the tiny SFT'd models that is what moved greedy EM
-    (notebooks 02/03 use 0.5): at T = 1 most of the reward gain was sharpening (samples catching
-    up with greedy) and held-out greedy EM moved by -0.10 to +0.03; at 0.5, on 50 held-out
-    2-question tasks, MEM1 PPO went 0.65 -> 0.75 (104 steps; 0.64 with seeds 1 and 2) and MemSearcher
-    GRPO (8 tasks x 5 a step) 0.55 -> 0.64 (99 steps; 0.59 and 0.56 with seeds 1 and 2)."""
+    the choices that decide greedy answers (notebooks 02/03 use 0.5). Measured on the tiny SFT'd
+    models, 50 2-question tasks: at T = 1 most of the reward gain was sharpening (samples catching
+    up with greedy) and greedy EM moved by -0.10 to +0.03; at 0.5, on tasks that still shared
+    questions with the training data, MEM1 PPO went 0.65 -> 0.75 (0.64 with seeds 1 and 2) and
+    MemSearcher GRPO 0.55 -> 0.64 (0.59, 0.56); on held-out questions only
+    (``world.question_split``), 0.59 -> 0.55 and 0.57 -> 0.61 (seed 0, ~110 steps each)."""
     top_p: float = 1.0
     """Nucleus sampling for training rollouts (1.0 = off)."""
 

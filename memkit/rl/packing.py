@@ -40,9 +40,11 @@ Modes
     sequences ``context_ids + output_ids``: each trie node is one token, with position = its
     depth (the rollout position) and attention = its ancestors + itself. Output tokens always get
     fresh nodes (each is trained once) but later contexts may walk through them. For MEM1 this
-    is App. B.7's duplication: ``(q, S1A1, [S1A1]', O1, S2A2, [S2A2]', O2, ...)``: the prompt
-    once, each state twice (generated copy, trained; context copy at the next call's
-    positions), each observation once. For ReAct (context t+1 extends context t + output t)
+    is App. B.7's duplication: ``(q, S1A1, O1, S2A2, [S2A2]', O2, S3A3, [S3A3]', ...)``: the
+    prompt and S1A1 once (call 2's context q S1A1 O1 extends call 1's sequence), each later state
+    that a next call reads twice (generated copy, trained; context copy at the next call's
+    positions) less any prefix it shares with a sibling (e.g. its opening ``<think>``), each
+    observation once. For ReAct (context t+1 extends context t + output t)
     it collapses to one plain causal sequence. Refs are not needed (only checked).
 """
 from __future__ import annotations
