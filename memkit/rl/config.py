@@ -73,7 +73,7 @@ class TrainConfig:
     up with greedy) and greedy EM moved by -0.10 to +0.03; at 0.5, on tasks that still shared
     questions with the training data, MEM1 PPO went 0.65 -> 0.75 (0.64 with seeds 1 and 2) and
     MemSearcher GRPO 0.55 -> 0.64 (0.59, 0.56); on held-out questions only
-    (``world.question_split``), 0.59 -> 0.55 and 0.57 -> 0.61 (seed 0, ~110 steps each)."""
+    (``world.question_split``), 0.59 -> 0.55 / 0.56 (seeds 0 / 1) and 0.57 -> 0.61 / 0.69 -> 0.66."""
     top_p: float = 1.0
     """Nucleus sampling for training rollouts (1.0 = off)."""
 
