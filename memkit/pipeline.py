@@ -288,8 +288,8 @@ def training_tasks(kit: Kit, objectives, n_tasks: int, seed: int, kinds=("1hop",
     from memkit.world import make_tasks
 
     per_k = max(1, n_tasks // len(objectives))
-    return [t for k in objectives for t in make_tasks(kit.world, n=per_k, k=k, seed=training_seed(seed, k), kinds=kinds,
-                                                split="train")]
+    return [t for k in objectives
+            for t in make_tasks(kit.world, n=per_k, k=k, seed=training_seed(seed, k), kinds=kinds, split="train")]
 
 
 def train_sft_model(method_name: str, kit: Kit, cfg=None, progress: bool = True, log=None, path: Path | None = None):
