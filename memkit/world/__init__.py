@@ -9,7 +9,6 @@ Typical use::
 from memkit.world.generator import (
     ATTRS,
     KINDS,
-    SPLITS,
     TYPES,
     Attr,
     Entity,
@@ -18,7 +17,6 @@ from memkit.world.generator import (
     make_questions,
     make_tasks,
     make_world,
-    question_split,
 )
 from memkit.world.loaders import (
     load_dpr_topics,
@@ -40,6 +38,7 @@ from memkit.world.schema import (
     Task,
     compose_prompt,
 )
+from memkit.world.splits import SPLITS, question_split
 
 __all__ = [
     "ATTRS", "KINDS", "SPLITS", "TYPES", "Attr", "Entity", "World", "aliases", "make_questions", "make_tasks",

@@ -13,16 +13,14 @@ in BM25's top 3: the keyword occurs in every sentence template of its attribute.
 """
 from __future__ import annotations
 
-import hashlib
 import random
 from dataclasses import dataclass, field
 
 from memkit.world.schema import Passage, Question, SubQuestion, Task, compose_prompt
+from memkit.world.splits import TEST_ONE_IN, check_split, question_split
 
 TYPES = ("person", "city", "company", "film", "band", "university")
 KINDS = ("1hop", "bridge", "comparison")
-SPLITS = ("train", "test")
-TEST_ONE_IN = 5  # one question in 5 is held out for evaluation
 
 
 @dataclass(frozen=True)
@@ -339,42 +337,19 @@ def _make_question(world: World, kind: str, rng: random.Random) -> Question | No
                     [x.id, y.id], [_hop(world, x, a), _hop(world, y, a)])
 
 
-def question_split(question_id: str) -> str:
-    """``"test"`` for about one question in :data:`TEST_ONE_IN`, else ``"train"``.
-
-    A stable hash of the id (a comparison's two entities in either order are one question), so
-    the split is the same for every seed and process. Training tasks draw only train questions and
-    evaluation tasks only test ones: "held-out" means questions never trained on, not only new
-    combinations of trained ones (a world has ~1,100 1-hop questions and SFT draws thousands of
-    slots). Facts may still be shared — a test bridge question can walk a hop that a train 1-hop
-    question asks — as HotpotQA and NQ share Wikipedia.
-    """
-    key = question_id
-    if question_id.startswith("comparison:"):
-        pair, attr = question_id[len("comparison:"):].split(".", 1)
-        key = "comparison:" + "|".join(sorted(pair.split("|"))) + "." + attr
-    h = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
-    return "test" if h % TEST_ONE_IN == 0 else "train"
-
-
 def _draw(world: World, kind: str, rng: random.Random, taken: set[str], seen: set[str] | None,
           split: str | None = None) -> Question:
     """Draw a question of ``kind`` (and ``split``) not in ``taken``; avoid ``seen`` too unless the
     world runs out."""
-    for attempt in range(400 * (TEST_ONE_IN if split else 1)):
+    tries = 400 * (TEST_ONE_IN if split else 1)  # a split rejects up to 4 draws in 5
+    for attempt in range(tries):
         q = _make_question(world, kind, rng)
         if q is None or q.id in taken or (split and question_split(q.id) != split):
             continue
-        if seen is None or q.id not in seen or attempt >= 200 * (TEST_ONE_IN if split else 1):
+        if seen is None or q.id not in seen or attempt >= tries // 2:
             return q
     raise ValueError(f"this world holds too few distinct {kind!r} questions{f' in split {split!r}' if split else ''}; "
                      "use make_world(n_per_type=...) with more entities")
-
-
-def _check_split(split: str | None) -> str | None:
-    if split is not None and split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; choose 'train', 'test' or None (all questions)")
-    return split
 
 
 def _check_kinds(kinds) -> tuple[str, ...]:
@@ -408,7 +383,7 @@ def make_tasks(world: World, n: int, k: int = 1, seed: int = 0, kinds: tuple[str
     """
     if not isinstance(n, int) or n < 1 or not isinstance(k, int) or k < 1:
         raise ValueError(f"n and k must be positive ints (n tasks of k questions), got n={n!r}, k={k!r}")
-    kinds, split = _check_kinds(kinds), _check_split(split)
+    kinds, split = _check_kinds(kinds), check_split(split)
     rng = random.Random(f"tasks-{world.seed}-{seed}-{k}" + (f"-{split}" if split else ""))
     seen: set[str] = set()
     tasks = []
