@@ -243,19 +243,25 @@ def rollout(method_name: str, tasks, kit: Kit, policy: str = "oracle", n: int = 
     return run_rollouts(method, tasks, env, engine_policy, tok, cfg, wrap=wrap, progress=progress)
 
 
-def evaluate(method_name: str, kit: Kit, objectives=(1, 2, 4, 8), n_tasks: int = 50, policy: str = "oracle",
-             seed: int = 1000, kinds=("1hop", "bridge", "comparison"), split: str | None = "test", **rollout_kw):
-    """Run held-out tasks at each objective count; returns ``{k: (summary_dict, trajectories)}``.
-
-    The tasks: ``make_tasks(n=n_tasks, k=k, seed=seed + k, split="test")`` — test questions only
-    (``memkit.world.question_split``), which no training task asks."""
-    from memkit.metrics import summarize
+def held_out_tasks(kit: Kit, n: int, k: int, seed: int = 1000, kinds=("1hop", "bridge", "comparison")):
+    """The held-out ``k``-question tasks of seed base ``seed`` (:data:`EVAL_SEEDS`): test questions
+    only (``memkit.world.question_split``), which no training task asks, composed with seed
+    ``seed + k``. A smaller ``n`` gives a prefix of the same list. :func:`evaluate`, the trainer's
+    periodic evaluation and ``rl.headroom`` all draw these."""
     from memkit.world import make_tasks
+
+    return make_tasks(kit.world, n=n, k=k, seed=seed + k, kinds=kinds, split="test")
+
+
+def evaluate(method_name: str, kit: Kit, objectives=(1, 2, 4, 8), n_tasks: int = 50, policy: str = "oracle",
+             seed: int = 1000, kinds=("1hop", "bridge", "comparison"), **rollout_kw):
+    """Run :func:`held_out_tasks` at each objective count; returns ``{k: (summary_dict, trajectories)}``."""
+    from memkit.metrics import summarize
 
     results = {}
     policy = load_spec(policy, method_name, kit, seed)  # once for every k
     for k in objectives:
-        tasks = make_tasks(kit.world, n=n_tasks, k=k, seed=seed + k, kinds=kinds, split=split)
+        tasks = held_out_tasks(kit, n_tasks, k, seed, kinds)
         t0 = time.perf_counter()
         trajs = rollout(method_name, tasks, kit, policy=policy, seed=seed, **rollout_kw)
         summary = summarize(trajs)

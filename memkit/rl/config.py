@@ -139,7 +139,7 @@ class TrainConfig:
     eval_at_start: bool = True
     """Also evaluate before the first step (the step-0 point of learning curves)."""
     eval_tasks: int = 32
-    """Held-out tasks per objective count: ``make_tasks(n=eval_tasks, k=k, seed=eval_seed + k, split="test")``."""
+    """Held-out tasks per objective count (``pipeline.held_out_tasks(kit, eval_tasks, k, eval_seed)``)."""
     eval_seed: int = 1000
     """Seed base of those tasks. 1000 = ``pipeline.evaluate``'s default test tasks (the first
     ``eval_tasks`` of them: a smaller n gives a prefix of the same list). To keep a *validation*

@@ -81,15 +81,14 @@ def measure_headroom(method: str, kit, policy, k: int = 2, n_tasks: int = 50, n_
     uses) once greedily and ``n_samples`` times at ``temperature``; return :func:`exploration_headroom`.
     ``policy``: a spec as in :func:`memkit.pipeline.rollout` (checkpoint dir, "tiny-sft", "oracle")
     or a loaded :class:`memkit.models.Policy`."""
-    from memkit.pipeline import load_spec, rollout
-    from memkit.world import make_tasks
+    from memkit.pipeline import held_out_tasks, load_spec, rollout
 
     if temperature <= 0:
         raise ValueError(f"temperature={temperature}: the samples must be sampled (e.g. 1.0, as RL rollouts)")
     if n_samples < 1:
         raise ValueError(f"n_samples={n_samples} must be >= 1")
     policy = load_spec(policy, method, kit, seed)  # once: greedy and samples score the same model
-    tasks = make_tasks(kit.world, n=n_tasks, k=k, seed=seed + k, split="test")
+    tasks = held_out_tasks(kit, n_tasks, k, seed)
     greedy = rollout(method, tasks, kit, policy=policy, n=1, temperature=0.0, seed=seed, **rollout_kw)
     samples = rollout(method, tasks, kit, policy=policy, n=n_samples, temperature=temperature, seed=seed + 1,
                       **rollout_kw)

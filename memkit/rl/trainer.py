@@ -171,16 +171,15 @@ class Trainer(Learner):
                 "response_tokens": tot[8] / N, "n_trajectories": int(tot[0])}
 
     def evaluate(self) -> list[dict]:
-        """Greedy rollouts on held-out tasks (seed ``cfg.eval_seed + k``, test questions), main process."""
+        """Greedy rollouts on ``pipeline.held_out_tasks`` of seed base ``cfg.eval_seed``, main process."""
         from memkit.metrics import summarize
-        from memkit.world import make_tasks
+        from memkit.pipeline import held_out_tasks
 
         rows = []
         if self.acc.is_main_process and self.cfg.eval_tasks:
             for k in self.cfg.eval_objectives:
-                seed = self.cfg.eval_seed + k
-                tasks = make_tasks(self.kit.world, n=self.cfg.eval_tasks, k=k, seed=seed, split="test")
-                trajs = self.rollout(tasks, 1, 0.0, seed)
+                tasks = held_out_tasks(self.kit, self.cfg.eval_tasks, k, self.cfg.eval_seed)
+                trajs = self.rollout(tasks, 1, 0.0, self.cfg.eval_seed + k)
                 s = summarize(trajs)
                 rows.append({"step": self.step, "k": k, "reward_mean": sum(t.reward for t in trajs) / len(trajs),
                              **{key: s[key] for key in ("em", "f1", "peak_tokens", "invalid_rate", "tool_calls")}})
