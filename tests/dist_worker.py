@@ -62,7 +62,7 @@ def trajectories(tasks=None) -> list[Trajectory]:
     return [mem1_traj(k, s, 1 + (k + s) % 4) for k in tasks for s in range(N_SAMPLES)]
 
 
-def make_learner(algo: str, sort_micro_batches: bool = True, **over):
+def make_learner(algo: str, sort_micro_batches: bool = True, accelerator=None, **over):
     from memkit.rl.config import TrainConfig
     from memkit.rl.update import Learner
 
@@ -71,7 +71,7 @@ def make_learner(algo: str, sort_micro_batches: bool = True, **over):
     cfg = TrainConfig(method="mem1", init="tiny", **kw)
     from accelerate import Accelerator
 
-    learner = Learner(cfg, tiny_llama(), Tok(), accelerator=Accelerator(cpu=True))
+    learner = Learner(cfg, tiny_llama(), Tok(), accelerator=accelerator or Accelerator(cpu=True))
     learner.sort_micro_batches = sort_micro_batches
     return learner
 

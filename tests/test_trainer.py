@@ -161,6 +161,24 @@ def test_update_scores_the_policy_at_the_sampling_temperature(packing):
     _assert_same_update(recomputed, _update(auto, trajs)[0], conditioned)
 
 
+def test_a_second_run_in_one_process_gets_its_own_precision_and_device():
+    """accelerate keeps one state per process and raises when a later Accelerator asks for another
+    precision (a notebook training twice), or silently keeps a GPU run on the CPU after a CPU run
+    (seen on an H100; tests/test_gpu.py checks that side). `make_accelerator` resets it."""
+    from accelerate import Accelerator
+
+    from memkit.rl.update import make_accelerator
+
+    Accelerator(cpu=True)
+    try:
+        assert make_accelerator(TrainConfig(device="cpu", mixed_precision="bf16")).mixed_precision == "bf16"
+        with pytest.raises(ValueError, match="cannot be changed"):  # what it resets
+            Accelerator(cpu=True, mixed_precision="no")
+    finally:
+        acc = make_accelerator(TrainConfig(device="cpu"))  # back to the state the other tests expect
+    assert acc.mixed_precision == "no" and acc.device.type == "cpu"
+
+
 def test_old_logprobs_are_recomputed_only_where_they_differ():
     from memkit.rl.config import TrainConfig
 
@@ -263,7 +281,7 @@ def test_resume_continues_exactly(kit, tmp_path):
     sa, sb = a.model.state_dict(), b.model.state_dict()
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
     init = dw_params_tiny(kit)
-    assert max(float((sa[k] - init[k]).abs().max()) for k in init) > 1e-4
+    assert max(float((sa[k].cpu() - init[k]).abs().max()) for k in init) > 1e-4  # .cpu(): on a GPU too
     strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("seconds")} for r in rows]  # noqa: E731
     assert strip(a.history) == strip(b.history) and len(a.history) == 4
     assert a.eval_history == b.eval_history and [e["step"] for e in a.eval_history] == [0, 2, 4]
@@ -368,9 +386,10 @@ def test_cli_train_lora_grpo_smoke(kit, tmp_path, capsys):
     assert (config["temperature"], config["mini_batches"]) == (0.5, 2)  # the flags reach the run
 
 
-def test_bad_inputs_name_the_fix(tmp_path, capsys):
+def test_bad_inputs_name_the_fix(tmp_path, capsys, monkeypatch):
     from memkit.cli import main
 
+    monkeypatch.setenv("MEMKIT_CACHE", str(tmp_path / "empty-cache"))  # no SFT'd model, whatever the caller's cache holds
     with pytest.raises(ValueError, match="choose one of"):
         TrainConfig(algo="dpo").validate()
     with pytest.raises(ValueError, match="n_samples"):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import os
 
 import torch
 
@@ -35,11 +36,25 @@ from memkit.rollout.trajectory import Trajectory
 
 
 def make_accelerator(cfg: TrainConfig):
+    """The run's ``Accelerator`` on ``cfg.device`` with ``cfg.mixed_precision``.
+
+    accelerate keeps one device/precision state per process: after a CPU run, ``Accelerator(cpu=False)``
+    silently stays on the CPU (measured on an H100), and another precision raises "cannot be changed,
+    restart your runtime". A notebook or test that trains twice in one process needs neither, so a
+    single-process run that asks for other settings resets that state (an Accelerator made before
+    then follows the new settings); a distributed run keeps the launcher's.
+    """
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
 
     cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("TrainConfig.device='cuda' but no GPU is visible; use device='auto' or 'cpu'")
+    state = AcceleratorState._shared_state
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if state and not distributed and ((state["device"].type == "cpu") != cpu
+                                      or str(state.get("_mixed_precision")) != cfg.mixed_precision):
+        AcceleratorState._reset_state(reset_partial_state=True)
     return Accelerator(cpu=cpu, mixed_precision=cfg.mixed_precision)
 
 

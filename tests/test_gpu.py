@@ -1,0 +1,109 @@
+"""The GPU paths give the CPU's numbers: generation log-probs, the RL update, a training run.
+
+Skipped without CUDA (CI has none); run on a GPU machine with ``pytest tests/test_gpu.py``.
+TF32 is turned off so float32 matmuls on the GPU round like the CPU's, and the comparisons
+can use float32 tolerances.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+import dist_worker as dw
+from test_trainer import _loop_cfg, _update
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.fixture(autouse=True)
+def no_tf32():
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+@pytest.fixture(scope="module")
+def kit():
+    from memkit.pipeline import load_kit
+
+    return load_kit(0)
+
+
+@pytest.mark.parametrize("algo", sorted(dw.CASES))
+def test_cuda_update_matches_the_cpu_update(algo):
+    """``Learner.update`` on the GPU (accelerate's device placement, packed masks built on the GPU)
+    moves every parameter as on the CPU."""
+    from memkit.rl.config import TrainConfig
+    from memkit.rl.update import make_accelerator
+
+    cpu_cond, gpu_cond = {}, {}
+    on_cpu = dw.make_learner(algo, accelerator=make_accelerator(TrainConfig(device="cpu")))
+    cpu, cpu_stats = _update(_keep(on_cpu), dw.trajectories(), cpu_cond)
+    learner = _keep(dw.make_learner(algo, accelerator=make_accelerator(TrainConfig(device="cuda"))))
+    assert learner.acc.device.type == "cuda"  # right after a CPU accelerator in this process
+    gpu, gpu_stats = _update(learner, dw.trajectories(), gpu_cond)
+    # cuBLAS and the CPU's BLAS sum in other orders: gradients differ by ~3e-5 of their scale (measured
+    # on an H100, 6.4e-8 on a 2e-3 gradient), 3x what one CPU path gets between its own two runs
+    for k in cpu:
+        gap = (cpu[k] - gpu[k]).abs()
+        if k.endswith(".grad"):
+            assert float(gap.max()) <= 2e-4 * float(cpu[k].abs().max()) + 1e-9, (k, float(gap.max()))
+        else:
+            cond = cpu_cond[k] & gpu_cond[k].cpu()
+            assert float(gap[cond].max()) < 1e-5, (k, float(gap[cond].max()))
+    for key in ("pg_loss", "kl", "entropy", "grad_norm"):
+        assert math.isclose(cpu_stats[key], gpu_stats[key], rel_tol=1e-4, abs_tol=1e-6), key
+
+
+def _keep(learner):
+    learner.keep_grads = True
+    return learner
+
+
+def test_cuda_generation_records_the_logprobs_a_fresh_forward_gives():
+    """The batched engine on the GPU: recorded log-probs == a fresh forward (<= 1e-4), and greedy
+    decoding picks the CPU's tokens."""
+    from memkit.models import HFBackend, build_tiny, sequence_logprobs, train_tokenizer
+    from test_models import _texts
+
+    tok = train_tokenizer(_texts(), vocab_size=512)
+    model = build_tiny(tok, seed=0)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # large random weights: peaked distributions show any masking or position slip
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    prompts = [tok.encode(t, add_special_tokens=False) for t in ("alice", "bob was born in kelmora in 1950.",
+                                                                 "the city of kelmora brontex was born")]
+    cpu_greedy = HFBackend(model, tok).generate(prompts, 12, temperature=0)
+    gpu_model = model.to("cuda")
+    be = HFBackend(gpu_model, tok)
+    assert [o.ids for o in be.generate(prompts, 12, temperature=0)] == [o.ids for o in cpu_greedy]
+    outs = be.generate(prompts, 16, temperature=0.9, top_p=0.95, generator=torch.Generator().manual_seed(0))
+    for p, o in zip(prompts, outs):
+        ref = sequence_logprobs(gpu_model, p, o.ids, temperature=0.9)
+        assert (ref.cpu() - torch.tensor(o.logprobs)).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("precision", ["no", "bf16"])
+def test_cuda_training_run_learns_logs_and_checkpoints(kit, tmp_path, precision):
+    """``train(device="cuda")`` end to end: rollouts on the GPU model, updates that move it,
+    finite logs, a checkpoint that loads. bf16 autocast re-scores the old log-probs (its forward
+    differs from the float32 rollout's), so its first PPO ratio is 1 up to bf16 rounding."""
+    from memkit.models import build_tiny, load_policy
+    from memkit.rl.trainer import train
+
+    res = train(_loop_cfg(tmp_path / "r", 2, device="cuda", mixed_precision=precision), kit, progress=False)
+    assert next(res.model.parameters()).device.type == "cuda"
+    init = build_tiny(kit.tokenizer, seed=0).state_dict()
+    moved = max(float((v.detach().cpu() - init[k]).abs().max()) for k, v in res.model.state_dict().items())
+    assert moved > 1e-4
+    rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(math.isfinite(r[m]) for r in rows for m in ("kl", "entropy", "vf_loss"))
+    loaded = load_policy(str(res.path / "policy"))
+    key = "model.embed_tokens.weight"
+    assert torch.equal(loaded.model.state_dict()[key], res.model.state_dict()[key].detach().cpu().to(loaded.model.dtype))
