@@ -124,9 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("world", help="write the synthetic corpus and tasks as JSONL")
     common(sp)
     sp.add_argument("--out", default="world", help="output directory")
-    sp.add_argument("--split", choices=("all", "train", "test"), default="all",
-                    help="questions the tasks draw: test = the held-out ones that no training task asks "
-                         "(memkit.world.question_split); use it for evaluation sets")
+    sp.add_argument("--split", choices=("all", "sft", "rl", "train", "test"), default="all",
+                    help="questions the tasks draw (memkit.world.question_split): sft = behaviour cloning's, "
+                         "rl = RL's, train = both, test = the held-out ones no training task asks")
     sp.set_defaults(func=cmd_world)
 
     policy_help = "policy: " + ", ".join(POLICY_SPECS)

@@ -122,10 +122,12 @@ def world_tokenizer(world, world_seed: int, vocab_size: int | None = None):
 
 def sft_checkpoint_path(method: str, world_seed: int = 0, tag: str = "default") -> Path:
     """Where ``memkit sft`` caches a method's tiny model (``tag`` tells variants apart; the
-    tokenizer scheme is in the name so a model trained on an older tokenizer is never reused)."""
+    tokenizer scheme and the question split are in the name so a model trained on an older
+    tokenizer, or on questions that are now RL's or test ones, is never reused)."""
     from memkit.models.tokenizer import TOKENIZER_SCHEME
+    from memkit.world.splits import SPLIT_SCHEME
 
-    return cache_dir() / f"tiny-sft-{method}-w{world_seed}-{TOKENIZER_SCHEME}-{tag}"
+    return cache_dir() / f"tiny-sft-{method}-w{world_seed}-{TOKENIZER_SCHEME}-{SPLIT_SCHEME}-{tag}"
 
 
 def sft_tag(cfg) -> str:
@@ -245,7 +247,7 @@ def rollout(method_name: str, tasks, kit: Kit, policy: str = "oracle", n: int = 
 
 def held_out_tasks(kit: Kit, n: int, k: int, seed: int = 1000, kinds=("1hop", "bridge", "comparison")):
     """The held-out ``k``-question tasks of seed base ``seed`` (:data:`EVAL_SEEDS`): test questions
-    only (``memkit.world.question_split``), which no training task asks, composed with seed
+    only (``memkit.world.question_split``), which neither SFT nor RL asks, composed with seed
     ``seed + k``. A smaller ``n`` gives a prefix of the same list. :func:`evaluate`, the trainer's
     periodic evaluation and ``rl.headroom`` all draw these."""
     from memkit.world import make_tasks
@@ -288,14 +290,18 @@ def training_seed(seed: int, k: int) -> int:
     return base + 10_000 if base in EVAL_SEEDS else base
 
 
-def training_tasks(kit: Kit, objectives, n_tasks: int, seed: int, kinds=("1hop", "bridge", "comparison")):
-    """Training tasks: train questions only (``memkit.world.question_split``), composed with seeds
-    apart from the held-out ones (:func:`training_seed`)."""
+def training_tasks(kit: Kit, objectives, n_tasks: int, seed: int, kinds=("1hop", "bridge", "comparison"),
+                   split: str = "sft"):
+    """Training tasks of question ``split`` (``memkit.world.question_split``: "sft" for behaviour
+    cloning, "rl" for RL, never "test"), composed with seeds apart from the held-out ones
+    (:func:`training_seed`)."""
     from memkit.world import make_tasks
 
+    if split == "test":
+        raise ValueError("training tasks never draw test questions; use split='sft', 'rl' or 'train'")
     per_k = max(1, n_tasks // len(objectives))
     return [t for k in objectives
-            for t in make_tasks(kit.world, n=per_k, k=k, seed=training_seed(seed, k), kinds=kinds, split="train")]
+            for t in make_tasks(kit.world, n=per_k, k=k, seed=training_seed(seed, k), kinds=kinds, split=split)]
 
 
 def train_sft_model(method_name: str, kit: Kit, cfg=None, progress: bool = True, log=None, path: Path | None = None):

@@ -312,14 +312,21 @@ def test_wall_clock_budget_stops_evaluates_and_saves(kit, tmp_path):
 
 def test_task_pool_replaces_the_training_tasks(kit, tmp_path):
     """`Trainer.task_pool`: every step draws its tasks from it (the overfitting diagnostic trains
-    on the evaluation tasks this way); the default pool holds only training tasks; empty refuses."""
+    on the evaluation tasks this way); the default pool asks only RL questions (none SFT cloned,
+    none evaluated), `question_split` picks another side; empty refuses."""
     from memkit.models.tiny import build_tiny
     from memkit.rl.trainer import Trainer
-    from memkit.world import make_tasks
+    from memkit.world import make_tasks, question_split
 
     tr = Trainer(_loop_cfg(tmp_path / "p", 1).validate(), build_tiny(kit.tokenizer, seed=0), kit.tokenizer, kit=kit)
     held_out = {t.prompt for t in make_tasks(kit.world, n=32, k=2, seed=1002)}
     assert not held_out & {t.prompt for s in range(20) for t in tr.step_tasks(s)}
+    sides = lambda trainer: {question_split(q.id) for s in range(5) for t in trainer.step_tasks(s) for q in t.questions}  # noqa: E731
+    assert sides(tr) == {"rl"}
+    cfg = _loop_cfg(tmp_path / "q", 1, question_split="sft").validate()
+    assert sides(Trainer(cfg, build_tiny(kit.tokenizer, seed=0), kit.tokenizer, kit=kit)) == {"sft"}
+    with pytest.raises(ValueError, match="question_split"):
+        TrainConfig(question_split="test").validate()
     tr.task_pool = make_tasks(kit.world, n=3, k=2, seed=1002)
     drawn = {t.prompt for s in range(20) for t in tr.step_tasks(s)}
     assert drawn == {t.prompt for t in tr.task_pool}
@@ -459,3 +466,5 @@ def test_readme_train_commands_parse_to_the_notebooks_settings():
     assert (grpo.method, grpo.packing, grpo.agg, grpo.tasks_per_step, grpo.n_samples) == (
         "memsearcher", "separate", "seq-mean-token-mean", 8, 5)
     assert (grpo.lr, grpo.temperature, grpo.eval_seed, grpo.eval_every) == (3e-4, 0.5, 3000, 5)
+    # the notebooks cap at 300 steps and stop at their time budget; the default 50 stopped both lines early
+    assert ppo.steps == grpo.steps == 300 and ppo.max_seconds == grpo.max_seconds == 23 * 60

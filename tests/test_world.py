@@ -28,6 +28,7 @@ from memkit.world import (
     make_questions,
     make_tasks,
     make_world,
+    SPLITS,
     question_split,
     save_corpus_jsonl,
     save_tasks_jsonl,
@@ -184,24 +185,31 @@ def test_make_tasks_reuses_questions_only_when_the_world_runs_out():
     assert all(len({q.id for q in t.questions}) == 2 for t in tasks)
 
 
-def test_train_and_test_splits_never_share_a_question(world, tmp_path):
-    """Evaluation tasks ask test questions, training tasks train ones: the held-out EM of a
-    trained model is on questions it never saw (before the split, all 50 1-hop test questions and
-    65 of the 100 2-question test slots were in the default SFT data)."""
+def test_sft_rl_and_test_splits_never_share_a_question(world, tmp_path):
+    """Evaluation tasks ask test questions, SFT tasks sft ones, RL tasks rl ones: the held-out EM
+    of a trained model is on questions it never saw (before the split, all 50 1-hop test questions
+    and 65 of the 100 2-question test slots were in the default SFT data), and RL practises on
+    questions behaviour cloning never showed it (before the three-way split, 80% of RL's slots)."""
     from memkit.pipeline import Kit, training_tasks
 
     ids = {q.id for k in (1, 2, 4) for q in make_questions(world, 600, seed=k)}
-    test = {i for i in ids if question_split(i) == "test"}
-    assert 0.15 < len(test) / len(ids) < 0.25  # about 1 in 5
+    shares = {side: sum(question_split(i) == side for i in ids) / len(ids) for side in SPLITS}
+    assert 0.15 < shares["test"] < 0.25 and 0.06 < shares["rl"] < 0.14 and 0.62 < shares["sft"] < 0.78
     assert question_split("comparison:film-001|film-028.release_year") == question_split(
         "comparison:film-028|film-001.release_year")  # one question, either order
     evaluation = [q.id for k in (1, 2, 8) for t in make_tasks(world, 50, k=k, seed=1000 + k, split="test")
                   for q in t.questions]
     assert {question_split(i) for i in evaluation} == {"test"}
     kit = Kit(world=world, env=None, tokenizer=None, world_seed=0)
-    trained = {q.id for t in training_tasks(kit, (1, 2), 4000, seed=0) for q in t.questions}
-    assert {question_split(i) for i in trained} == {"train"} and not trained & set(evaluation)
-    assert len(trained) > 3000  # the train side still holds thousands of distinct questions
+    cloned = {q.id for t in training_tasks(kit, (1, 2), 4000, seed=0) for q in t.questions}
+    assert {question_split(i) for i in cloned} == {"sft"} and not cloned & set(evaluation)
+    assert len(cloned) > 3000  # the sft side still holds thousands of distinct questions
+    rl = {q.id for t in training_tasks(kit, (2,), 300, seed=0, split="rl") for q in t.questions}
+    assert {question_split(i) for i in rl} == {"rl"} and len(rl) > 300
+    both = {q.id for t in training_tasks(kit, (2,), 300, seed=0, split="train") for q in t.questions}
+    assert {question_split(i) for i in both} == {"sft", "rl"}
+    with pytest.raises(ValueError, match="never draw test questions"):
+        training_tasks(kit, (2,), 10, seed=0, split="test")
     from memkit.cli import main
 
     assert main(["world", "--out", str(tmp_path), "--split", "test", "--objectives", "2", "--n-tasks", "5"]) == 0

@@ -53,6 +53,9 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
                          "3000 = a validation set (notebook 03); 1000-9999")
     sp.add_argument("--eval-objectives", type=_ints, default=list(d.eval_objectives),
                     help="objective counts evaluated, e.g. 1,2,4,8")
+    sp.add_argument("--question-split", choices=("rl", "sft", "train"), default=d.question_split,
+                    help="questions the training tasks ask: rl = the tenth SFT never saw (default), "
+                         "sft = the ones SFT cloned, train = both")
     sp.add_argument("--save-every", type=int, default=d.save_every)
     sp.add_argument("--seed", type=int, default=d.seed)
     sp.add_argument("--world-seed", type=int, default=d.world_seed)
@@ -71,7 +74,8 @@ def config_from_args(args) -> TrainConfig:
         kl_coef=args.kl_coef, agg=args.agg, ppo_epochs=args.ppo_epochs, mini_batches=args.mini_batches,
         temperature=args.temperature, micro_batch_size=args.micro_batch_size,
         eval_every=args.eval_every, eval_tasks=args.eval_tasks, eval_seed=args.eval_seed,
-        eval_objectives=tuple(args.eval_objectives), save_every=args.save_every, seed=args.seed,
+        eval_objectives=tuple(args.eval_objectives), question_split=args.question_split,
+        save_every=args.save_every, seed=args.seed,
         world_seed=args.world_seed, device=args.device, mixed_precision=args.mixed_precision,
     ).validate()
 

@@ -56,8 +56,12 @@ class TrainConfig:
     objectives: tuple[int, ...] = (2,)
     """Questions per training task (MEM1 trains on 2-objective tasks)."""
     n_train_tasks: int = 1000
-    """Size of the training task pool (``pipeline.training_tasks``: train questions only, never an
-    evaluation's)."""
+    """Size of the training task pool (``pipeline.training_tasks`` of :attr:`question_split`)."""
+    question_split: str = "rl"
+    """Which questions the training tasks ask (``memkit.world.question_split``): ``"rl"`` (default),
+    the tenth of the questions that behaviour cloning never saw, so RL rewards answers the policy
+    had to search for rather than recall; ``"sft"`` the ones SFT cloned; ``"train"`` both. Never
+    ``"test"``: the held-out evaluation asks those."""
     max_turns: int | None = None
     """Tool calls per trajectory; None = the method's per-task limit (hops + 4, as evaluation uses)."""
     max_context_tokens: int = 2048
@@ -73,7 +77,8 @@ class TrainConfig:
     up with greedy) and greedy EM moved by -0.10 to +0.03; at 0.5, on tasks that still shared
     questions with the training data, MEM1 PPO went 0.65 -> 0.75 (0.64 with seeds 1 and 2) and
     MemSearcher GRPO 0.55 -> 0.64 (0.59, 0.56); on held-out questions only
-    (``world.question_split``), 0.59 -> 0.55 / 0.56 (seeds 0 / 1) and 0.57 -> 0.61 / 0.69 -> 0.66."""
+    (``world.question_split``), 0.59 -> 0.55 / 0.56 (seeds 0 / 1) and 0.57 -> 0.61 / 0.69 -> 0.66;
+    with RL on questions SFT never saw (:attr:`question_split` = "rl"), 0.59 -> 0.59 and 0.50 -> 0.49."""
     top_p: float = 1.0
     """Nucleus sampling for training rollouts (1.0 = off)."""
 
@@ -222,6 +227,8 @@ class TrainConfig:
             bad("clip_ratio_c", "the dual-clip bound must be > 1 (e.g. 3.0) or None")
         if self.temperature <= 0:
             bad("temperature", "training rollouts must sample (temperature > 0, usually 1.0)")
+        if self.question_split not in ("rl", "sft", "train"):
+            bad("question_split", "choose rl (questions SFT never saw), sft or train (both); test is evaluation's")
         if self.device not in ("auto", "cpu", "cuda"):
             bad("device", "choose auto, cpu or cuda")
         if self.mixed_precision not in ("no", "bf16", "fp16"):

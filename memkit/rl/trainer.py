@@ -56,8 +56,9 @@ class Trainer(Learner):
         self.files = RunFiles(cfg.out_dir, self.acc) if cfg.out_dir else None
         self.last_checkpoint: Path | None = None
         # The training tasks; None = ``pipeline.training_tasks(kit, cfg.objectives, cfg.n_train_tasks,
-        # cfg.seed)`` on first use. Set it to train on other tasks (e.g. the evaluation tasks, to test
-        # whether RL can fit what it fails to generalise); a resumed run must set it again.
+        # cfg.seed, split=cfg.question_split)`` on first use. Set it to train on other tasks (e.g. the
+        # evaluation tasks, to test whether RL can fit what it fails to generalise); a resumed run
+        # must set it again.
         self.task_pool: list | None = None
 
     def step_tasks(self, step: int) -> list:
@@ -67,7 +68,8 @@ class Trainer(Learner):
         if self.task_pool is None:
             from memkit.pipeline import training_tasks
 
-            self.task_pool = training_tasks(self.kit, self.cfg.objectives, self.cfg.n_train_tasks, self.cfg.seed)
+            self.task_pool = training_tasks(self.kit, self.cfg.objectives, self.cfg.n_train_tasks, self.cfg.seed,
+                                            split=self.cfg.question_split)
         if not self.task_pool:
             raise ValueError("Trainer.task_pool is empty; give it tasks (memkit.world.make_tasks) or leave it None")
         rng = random.Random(self.cfg.seed * 1_000_003 + step)

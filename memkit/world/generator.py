@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass, field
 
 from memkit.world.schema import Passage, Question, SubQuestion, Task, compose_prompt
-from memkit.world.splits import TEST_ONE_IN, check_split, question_split
+from memkit.world.splits import check_split, in_split, split_share
 
 TYPES = ("person", "city", "company", "film", "band", "university")
 KINDS = ("1hop", "bridge", "comparison")
@@ -341,10 +341,10 @@ def _draw(world: World, kind: str, rng: random.Random, taken: set[str], seen: se
           split: str | None = None) -> Question:
     """Draw a question of ``kind`` (and ``split``) not in ``taken``; avoid ``seen`` too unless the
     world runs out."""
-    tries = 400 * (TEST_ONE_IN if split else 1)  # a split rejects up to 4 draws in 5
+    tries = round(400 / split_share(split))  # a split rejects the draws outside it
     for attempt in range(tries):
         q = _make_question(world, kind, rng)
-        if q is None or q.id in taken or (split and question_split(q.id) != split):
+        if q is None or q.id in taken or not in_split(q.id, split):
             continue
         if seen is None or q.id not in seen or attempt >= tries // 2:
             return q
@@ -378,8 +378,9 @@ def make_tasks(world: World, n: int, k: int = 1, seed: int = 0, kinds: tuple[str
 
     Kinds rotate round-robin over all slots (equal mix); a question is reused across tasks
     only once the world runs out of fresh ones of that kind, never twice inside one task.
-    ``split``: ``"train"`` or ``"test"`` draws only that side of :func:`question_split`
-    (``pipeline.training_tasks`` and the evaluations do); None draws from all questions.
+    ``split``: ``"sft"``, ``"rl"``, ``"test"`` or ``"train"`` (sft + rl) draws only those questions
+    of :func:`~memkit.world.splits.question_split` (``pipeline.training_tasks`` and the evaluations
+    do); None draws from all questions.
     """
     if not isinstance(n, int) or n < 1 or not isinstance(k, int) or k < 1:
         raise ValueError(f"n and k must be positive ints (n tasks of k questions), got n={n!r}, k={k!r}")
