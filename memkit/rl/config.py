@@ -78,7 +78,8 @@ class TrainConfig:
     questions with the training data, MEM1 PPO went 0.65 -> 0.75 (0.64 with seeds 1 and 2) and
     MemSearcher GRPO 0.55 -> 0.64 (0.59, 0.56); on held-out questions only
     (``world.question_split``), 0.59 -> 0.55 / 0.56 (seeds 0 / 1) and 0.57 -> 0.61 / 0.69 -> 0.66;
-    with RL on questions SFT never saw (:attr:`question_split` = "rl"), 0.59 -> 0.59 and 0.50 -> 0.49."""
+    with RL on questions SFT never saw (:attr:`question_split` = "rl"), 0.59 -> 0.59 / 0.45 and
+    0.50 -> 0.49 / 0.46 -> 0.52."""
     top_p: float = 1.0
     """Nucleus sampling for training rollouts (1.0 = off)."""
 
