@@ -111,6 +111,7 @@ def cmd_sft(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from memkit.agents import METHODS
     from memkit.pipeline import POLICY_SPECS
+    from memkit.world.splits import SPLITS, TRAIN
 
     p = argparse.ArgumentParser(prog="memkit", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -124,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("world", help="write the synthetic corpus and tasks as JSONL")
     common(sp)
     sp.add_argument("--out", default="world", help="output directory")
-    sp.add_argument("--split", choices=("all", "sft", "rl", "train", "test"), default="all",
+    sp.add_argument("--split", choices=("all", *SPLITS, TRAIN), default="all",
                     help="questions the tasks draw (memkit.world.question_split): sft = behaviour cloning's, "
                          "rl = RL's, train = both, test = the held-out ones no training task asks")
     sp.set_defaults(func=cmd_world)

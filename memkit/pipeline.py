@@ -296,9 +296,10 @@ def training_tasks(kit: Kit, objectives, n_tasks: int, seed: int, kinds=("1hop",
     cloning, "rl" for RL, never "test"), composed with seeds apart from the held-out ones
     (:func:`training_seed`)."""
     from memkit.world import make_tasks
+    from memkit.world.splits import TRAINING_SPLITS
 
-    if split == "test":
-        raise ValueError("training tasks never draw test questions; use split='sft', 'rl' or 'train'")
+    if split not in TRAINING_SPLITS:
+        raise ValueError(f"training tasks never draw test questions (split={split!r}); use one of {TRAINING_SPLITS}")
     per_k = max(1, n_tasks // len(objectives))
     return [t for k in objectives
             for t in make_tasks(kit.world, n=per_k, k=k, seed=training_seed(seed, k), kinds=kinds, split=split)]

@@ -13,6 +13,7 @@ import argparse
 from memkit.rl.config import ALGOS, TrainConfig
 from memkit.rl.losses import AGG_MODES
 from memkit.rl.packing import MODES
+from memkit.world.splits import TRAINING_SPLITS
 
 
 def add_train_parser(subparsers) -> argparse.ArgumentParser:
@@ -53,7 +54,7 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
                          "3000 = a validation set (notebook 03); 1000-9999")
     sp.add_argument("--eval-objectives", type=_ints, default=list(d.eval_objectives),
                     help="objective counts evaluated, e.g. 1,2,4,8")
-    sp.add_argument("--question-split", choices=("rl", "sft", "train"), default=d.question_split,
+    sp.add_argument("--question-split", choices=TRAINING_SPLITS, default=d.question_split,
                     help="questions the training tasks ask: rl = the tenth SFT never saw (default), "
                          "sft = the ones SFT cloned, train = both")
     sp.add_argument("--save-every", type=int, default=d.save_every)

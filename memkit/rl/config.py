@@ -228,7 +228,9 @@ class TrainConfig:
             bad("clip_ratio_c", "the dual-clip bound must be > 1 (e.g. 3.0) or None")
         if self.temperature <= 0:
             bad("temperature", "training rollouts must sample (temperature > 0, usually 1.0)")
-        if self.question_split not in ("rl", "sft", "train"):
+        from memkit.world.splits import TRAINING_SPLITS
+
+        if self.question_split not in TRAINING_SPLITS:
             bad("question_split", "choose rl (questions SFT never saw), sft or train (both); test is evaluation's")
         if self.device not in ("auto", "cpu", "cuda"):
             bad("device", "choose auto, cpu or cuda")

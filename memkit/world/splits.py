@@ -14,6 +14,8 @@ SPLIT_SHARES = {"sft": 0.7, "rl": 0.1, "test": 0.2}
 SPLITS = tuple(SPLIT_SHARES)
 #: ``make_tasks(split="train")``: every question an evaluation never asks (sft + rl).
 TRAIN = "train"
+#: The splits training tasks may draw (``pipeline.training_tasks``, ``TrainConfig.question_split``).
+TRAINING_SPLITS = ("rl", "sft", TRAIN)
 #: In the SFT cache name, so a model cloned under an older split is never reused.
 SPLIT_SCHEME = "q3"
 
