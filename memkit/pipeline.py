@@ -16,7 +16,7 @@ from memkit.agents import METHODS, get_method
 from memkit.agents.base import OracleConfig, compact_prompt_wrap
 from memkit.rollout.engine import ModelPolicy, OraclePolicy, RolloutConfig, run_rollouts
 
-POLICY_SPECS = ("oracle", "tiny", "tiny-sft", "tiny-sft:<tag>", "smollm2-135m", "<local checkpoint dir>", "<HF model id>")
+POLICY_SPECS = ("oracle", "tiny", "tiny-sft", "tiny-sft:<tag>", "smollm2-135m", "<local checkpoint dir or memkit train run dir>", "<HF model id>")
 
 
 def cache_dir() -> Path:

@@ -294,8 +294,10 @@ def test_resume_continues_exactly(kit, tmp_path):
             "vf_loss"} <= set(json.loads((run / "metrics.jsonl").read_text().splitlines()[-1]))
     ckpts = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert ckpts == ["latest", "step-000004"] and b.path == run / "checkpoints" / "step-000004"
-    loaded = load_policy(str(b.path / "policy"))
-    assert torch.equal(loaded.model.state_dict()["model.embed_tokens.weight"], sa["model.embed_tokens.weight"])
+    # the policy loads from its own dir, the checkpoint, the run's checkpoints/ or the run itself
+    for where in (b.path / "policy", b.path, run / "checkpoints", run):
+        loaded = load_policy(str(where))
+        assert torch.equal(loaded.model.state_dict()["model.embed_tokens.weight"], sa["model.embed_tokens.weight"])
 
 
 def test_wall_clock_budget_stops_evaluates_and_saves(kit, tmp_path):

