@@ -461,13 +461,16 @@ def test_readme_train_commands_parse_to_the_notebooks_settings():
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text().replace("\\\n", " ")
     lines = [ln.split("#")[0] for ln in readme.splitlines() if re.match(r"memkit train --algo", ln)]
-    cfgs = {c.algo: c for c in (config_from_args(build_parser().parse_args(shlex.split(ln)[1:])) for ln in lines)}
-    assert set(cfgs) == {"ppo", "grpo"}
-    ppo, grpo = cfgs["ppo"], cfgs["grpo"]
-    assert (ppo.method, ppo.packing, ppo.tasks_per_step, ppo.n_samples, ppo.mini_batches) == ("mem1", "mem1_exact", 8, 4, 4)
-    assert (ppo.lr, ppo.critic_lr, ppo.temperature, ppo.eval_objectives) == (3e-4, 1e-3, 0.5, (1, 2, 4, 8))
-    assert (grpo.method, grpo.packing, grpo.agg, grpo.tasks_per_step, grpo.n_samples) == (
-        "memsearcher", "separate", "seq-mean-token-mean", 8, 5)
-    assert (grpo.lr, grpo.temperature, grpo.eval_seed, grpo.eval_every) == (3e-4, 0.5, 3000, 5)
-    # the notebooks cap at 300 steps and stop at their time budget; the default 50 stopped both lines early
-    assert ppo.steps == grpo.steps == 300 and ppo.max_seconds == grpo.max_seconds == 23 * 60
+    cfgs = {c.method: c for c in (config_from_args(build_parser().parse_args(shlex.split(ln)[1:])) for ln in lines)}
+    assert set(cfgs) == {"mem1", "memsearcher"}
+    mem1, ms = cfgs["mem1"], cfgs["memsearcher"]
+    # notebook 02's default RL_ALGO (its deviation 4) and full-mode sizes, read from the notebook itself
+    nb_path = Path(__file__).resolve().parents[1] / "notebooks" / "02_mem1_masked_trajectories.ipynb"
+    nb02 = "".join("".join(c["source"]) for c in json.loads(nb_path.read_text())["cells"])
+    assert mem1.algo == re.search(r'RL_ALGO = "(\w+)"', nb02).group(1) == "grpo"
+    assert f"mini_batches={mem1.mini_batches}, eval_every=20" in nb02
+    assert (mem1.packing, mem1.tasks_per_step, mem1.n_samples, mem1.mini_batches) == ("mem1_exact", 8, 4, 1)
+    assert (mem1.lr, mem1.temperature, mem1.eval_objectives) == (3e-4, 0.5, (1, 2, 4, 8))
+    assert (ms.algo, ms.packing, ms.agg, ms.tasks_per_step, ms.n_samples) == ("grpo", "separate", "seq-mean-token-mean", 8, 5)
+    assert (ms.lr, ms.temperature, ms.eval_seed, ms.eval_every) == (3e-4, 0.5, 3000, 5)
+    assert mem1.steps == ms.steps == 300 and mem1.max_seconds == ms.max_seconds == 23 * 60
