@@ -466,8 +466,10 @@ def test_readme_train_commands_parse_to_the_notebooks_settings():
     mem1, ms = cfgs["mem1"], cfgs["memsearcher"]
     # notebook 02's default RL_ALGO (its deviation 4) and full-mode sizes, read from the notebook itself
     nb_path = Path(__file__).resolve().parents[1] / "notebooks" / "02_mem1_masked_trajectories.ipynb"
-    nb02 = "".join("".join(c["source"]) for c in json.loads(nb_path.read_text())["cells"])
-    assert mem1.algo == re.search(r'RL_ALGO = "(\w+)"', nb02).group(1) == "grpo"
+    cells = json.loads(nb_path.read_text())["cells"]
+    params = next("".join(c["source"]) for c in cells if "parameters" in c.get("metadata", {}).get("tags", []))
+    nb02 = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    assert mem1.algo == re.search(r'^RL_ALGO = "(\w+)"', params, re.M).group(1) == "grpo"
     assert f"mini_batches={mem1.mini_batches}, eval_every=20" in nb02
     assert (mem1.packing, mem1.tasks_per_step, mem1.n_samples, mem1.mini_batches) == ("mem1_exact", 8, 4, 1)
     assert (mem1.lr, mem1.temperature, mem1.eval_objectives) == (3e-4, 0.5, (1, 2, 4, 8))
