@@ -184,13 +184,11 @@ def run_policy_dir(path: Path) -> Path:
     """The model directory a path means: itself when it holds a model, else the ``policy/`` of the
     RL checkpoint it names (``memkit.rl.checkpoint``: a checkpoint dir, a run's ``checkpoints/``, or
     the run dir itself, whose ``checkpoints/latest`` names the newest complete checkpoint)."""
+    from memkit.rl.checkpoint import latest_checkpoint
+
     if (path / "config.json").is_file() or (path / "adapter_config.json").is_file():
         return path
-    for ckpts in (path / "checkpoints", path):
-        pointer = ckpts / "latest"
-        if pointer.is_file():
-            path = ckpts / pointer.read_text(encoding="utf-8").strip()
-            break
+    path = latest_checkpoint(path / "checkpoints") or latest_checkpoint(path) or path
     return path / "policy" if (path / "policy").is_dir() else path
 
 

@@ -25,6 +25,15 @@ from pathlib import Path
 from memkit.rollout.trajectory import atomic_write_text
 
 
+def latest_checkpoint(ckpt_dir: Path) -> Path | None:
+    """The checkpoint ``ckpt_dir/latest`` names when it is complete (has ``memkit.json``), else None."""
+    pointer = Path(ckpt_dir) / "latest"
+    if not pointer.is_file():
+        return None
+    path = Path(ckpt_dir) / pointer.read_text().strip()
+    return path if (path / "memkit.json").is_file() else None
+
+
 class RunFiles:
     def __init__(self, out_dir: str | Path, accelerator):
         self.dir = Path(out_dir)
@@ -61,11 +70,7 @@ class RunFiles:
 
     # ------------------------------------------------------------------------- checkpoints
     def latest(self) -> Path | None:
-        pointer = self.ckpt_dir / "latest"
-        if not pointer.is_file():
-            return None
-        path = self.ckpt_dir / pointer.read_text().strip()
-        return path if (path / "memkit.json").is_file() else None
+        return latest_checkpoint(self.ckpt_dir)
 
     def save(self, step: int, meta: dict, model, tokenizer, keep: int) -> Path:
         """Save everything needed to continue exactly; returns the checkpoint directory."""
