@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import hashlib
 
+#: A question's split by its hash mod 10: test keeps the two-way split's ``h % 5 == 0`` (the same
+#: held-out tasks as before), rl takes one more bucket, sft the other seven.
+_BUCKETS = tuple("test" if h % 5 == 0 else "rl" if h == 1 else "sft" for h in range(10))
 #: The buckets :func:`question_split` returns, and the share of questions each holds.
-SPLIT_SHARES = {"sft": 0.7, "rl": 0.1, "test": 0.2}
+SPLIT_SHARES = {side: _BUCKETS.count(side) / len(_BUCKETS) for side in ("sft", "rl", "test")}
 SPLITS = tuple(SPLIT_SHARES)
 #: ``make_tasks(split="train")``: every question an evaluation never asks (sft + rl).
 TRAIN = "train"
@@ -36,8 +39,8 @@ def question_split(question_id: str) -> str:
     if question_id.startswith("comparison:"):
         pair, attr = question_id[len("comparison:"):].split(".", 1)
         key = "comparison:" + "|".join(sorted(pair.split("|"))) + "." + attr
-    h = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % 10
-    return "test" if h in (0, 5) else "rl" if h == 1 else "sft"
+    h = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
+    return _BUCKETS[h % len(_BUCKETS)]
 
 
 def in_split(question_id: str, split: str | None) -> bool:
