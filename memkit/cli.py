@@ -21,6 +21,16 @@ def _ints(text: str) -> list[int]:
     return values
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number like 3, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
+    return value
+
+
 def _methods(text: str) -> list[str]:
     from memkit.agents import METHODS
 
@@ -51,7 +61,8 @@ def cmd_rollout(args) -> int:
 
     kit = load_kit(args.world_seed, retriever=args.retriever)
     tasks = load_tasks_jsonl(args.tasks) if args.tasks else make_tasks(kit.world, n=args.n_tasks, k=args.objectives[0], seed=args.seed)
-    trajs = rollout(args.method, tasks, kit, policy=args.policy, n=args.n, temperature=args.temperature, seed=args.seed, progress=True)
+    trajs = rollout(args.method, tasks, kit, policy=args.policy, n=args.n, temperature=args.temperature, seed=args.seed,
+                    progress=True, prompt=args.prompt, k_docs=args.k_docs)
     save_jsonl(trajs, args.out)
     ok = sum(t.valid for t in trajs)
     print(f"wrote {len(trajs)} trajectories ({ok} valid) to {args.out}")
@@ -67,7 +78,7 @@ def cmd_eval(args) -> int:
     rows = []
     for method in args.method:
         results = evaluate(method, kit, objectives=args.objectives, n_tasks=args.n_tasks, policy=args.policy,
-                           temperature=args.temperature)
+                           temperature=args.temperature, prompt=args.prompt, k_docs=args.k_docs)
         for k, (summary, trajs) in results.items():
             rows.append({"method": method, "k": k, **summary})
             if args.out_dir:
@@ -110,7 +121,7 @@ def cmd_sft(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from memkit.agents import METHODS
-    from memkit.pipeline import POLICY_SPECS
+    from memkit.pipeline import POLICY_SPECS, PROMPTS
     from memkit.world.splits import SPLITS, TRAIN
 
     p = argparse.ArgumentParser(prog="memkit", description=__doc__.splitlines()[0])
@@ -121,6 +132,14 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--seed", type=int, default=0)
         sp.add_argument("--objectives", type=_ints, default=_ints(objectives), help="comma-separated k values, e.g. 1,2,4,8")
         sp.add_argument("--n-tasks", type=int, default=50, help="tasks per objective count")
+
+    def context_options(sp):
+        sp.add_argument("--prompt", choices=PROMPTS, default="auto",
+                        help="paper = the paper's instruction, compact = the tiny model's one-line prompt; "
+                             "auto = compact for tiny models, paper otherwise")
+        sp.add_argument("--k-docs", type=_positive, default=None,
+                        help="passages per search (default: what the model was SFT'd with, e.g. 1 for tiny-sft; "
+                             "else 3)")
 
     sp = sub.add_parser("world", help="write the synthetic corpus and tasks as JSONL")
     common(sp)
@@ -140,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--temperature", type=float, default=1.0)
     sp.add_argument("--retriever", default="bm25", help="bm25 or dense")
     sp.add_argument("--out", default="traces.jsonl")
+    context_options(sp)
     sp.set_defaults(func=cmd_rollout)
 
     sp = sub.add_parser("eval", help="evaluate methods at several objective counts and print the table")
@@ -149,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     sp.add_argument("--retriever", default="bm25", help="bm25 or dense")
     sp.add_argument("--out-dir", default=None, help="write JSONL traces here")
+    context_options(sp)
     sp.set_defaults(func=cmd_eval)
 
     from memkit.sft import SFTConfig

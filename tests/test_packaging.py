@@ -44,9 +44,29 @@ def test_ci_calls_the_readme_test_command():
     (["eval", "--objectives", "0"], ">= 1"),
     (["rollout", "--method", "mem1", "--tasks", "/nonexistent/tasks.jsonl"], "memkit world"),
     (["rollout", "--method", "mem1", "--policy", "/nonexistent/ckpt"], "tiny"),
+    (["eval", "--method", "mem1", "--k-docs", "0"], ">= 1"),
+    (["eval", "--method", "mem1", "--prompt", "short"], "choose from"),
 ])
 def test_cli_bad_input_gives_one_clear_error(argv, fix, tmp_path):
     r = subprocess.run([sys.executable, "-m", "memkit.cli", *argv], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr
     assert fix in r.stderr
+
+
+def _peak_tokens(capsys, argv) -> float:
+    from memkit.cli import main
+
+    assert main(argv) == 0
+    row = next(l for l in capsys.readouterr().out.splitlines() if l.split()[:2] == ["mem1", "2"])
+    return float(row.split()[5].replace(",", ""))
+
+
+def test_eval_prompt_and_k_docs_set_the_context(capsys):
+    """`memkit eval --prompt compact --k-docs 1` measures the oracle in the tiny model's setting:
+    one instruction line and one passage per search make every context shorter than the paper's."""
+    base = ["eval", "--method", "mem1", "--policy", "oracle", "--objectives", "2", "--n-tasks", "3"]
+    paper = _peak_tokens(capsys, base)
+    one_doc = _peak_tokens(capsys, base + ["--k-docs", "1"])
+    compact = _peak_tokens(capsys, base + ["--prompt", "compact", "--k-docs", "1"])
+    assert compact < one_doc < paper
