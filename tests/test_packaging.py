@@ -58,8 +58,10 @@ def _peak_tokens(capsys, argv) -> float:
     from memkit.cli import main
 
     assert main(argv) == 0
-    row = next(l for l in capsys.readouterr().out.splitlines() if l.split()[:2] == ["mem1", "2"])
-    return float(row.split()[5].replace(",", ""))
+    lines = capsys.readouterr().out.splitlines()
+    column = next(l.split() for l in lines if l.split()[:1] == ["method"]).index("peak_tokens")
+    row = next(l.split() for l in lines if l.split()[:2] == ["mem1", "2"])
+    return float(row[column].replace(",", ""))
 
 
 def test_eval_prompt_and_k_docs_set_the_context(capsys):

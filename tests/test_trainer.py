@@ -452,11 +452,13 @@ def test_readme_train_commands_parse_to_the_notebooks_settings():
     """The README's `memkit train` lines are what a reader copies to redo notebooks 02 / 03 from
     the shell: they must parse, validate, and carry the notebooks' settings, not the library's
     large-model defaults (lr 1e-5, T = 1) under which the tiny model barely moves."""
+    import ast
     import re
     import shlex
     from pathlib import Path
 
     from memkit.cli import build_parser
+    from memkit.reproduce import declared_parameters
     from memkit.rl.cli import config_from_args
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text().replace("\\\n", " ")
@@ -466,10 +468,8 @@ def test_readme_train_commands_parse_to_the_notebooks_settings():
     mem1, ms = cfgs["mem1"], cfgs["memsearcher"]
     # notebook 02's default RL_ALGO (its deviation 4) and full-mode sizes, read from the notebook itself
     nb_path = Path(__file__).resolve().parents[1] / "notebooks" / "02_mem1_masked_trajectories.ipynb"
-    cells = json.loads(nb_path.read_text())["cells"]
-    params = next("".join(c["source"]) for c in cells if "parameters" in c.get("metadata", {}).get("tags", []))
-    nb02 = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
-    assert mem1.algo == re.search(r'^RL_ALGO = "(\w+)"', params, re.M).group(1) == "grpo"
+    nb02 = "".join("".join(c["source"]) for c in json.loads(nb_path.read_text())["cells"] if c["cell_type"] == "code")
+    assert mem1.algo == ast.literal_eval(declared_parameters(nb_path)["RL_ALGO"]) == "grpo"
     assert f"mini_batches={mem1.mini_batches}, eval_every=20" in nb02
     assert (mem1.packing, mem1.tasks_per_step, mem1.n_samples, mem1.mini_batches) == ("mem1_exact", 8, 4, 1)
     assert (mem1.lr, mem1.temperature, mem1.eval_objectives) == (3e-4, 0.5, (1, 2, 4, 8))
