@@ -226,8 +226,11 @@ def prompt_wrap(method_name: str, tokenizer, wrap=None, prompt: str = "auto", or
 def rollout(method_name: str, tasks, kit: Kit, policy: str = "oracle", n: int = 1, max_turns: int | None = None,
             temperature: float = 0.0, seed: int = 0, oracle_cfg: OracleConfig | None = None,
             max_context_tokens: int | None = None, progress: bool = False, method_kwargs: dict | None = None,
-            prompt: str = "auto", k_docs: int | None = None):
+            prompt: str = "auto", k_docs: int | None = None, sample_seeds=None):
     """Roll out ``n`` trajectories per task with a policy spec; returns trajectories.
+
+    ``sample_seeds``: one seed per trajectory (task-major) for batch-invariant sampling
+    (:class:`RolloutConfig`); None = one stream seeded by ``seed``.
 
     ``prompt``: "paper" (the paper's instruction verbatim), "compact" (one short line and
     numbered questions, see :func:`memkit.agents.base.compact_prompt_wrap`) or "auto" =
@@ -241,7 +244,8 @@ def rollout(method_name: str, tasks, kit: Kit, policy: str = "oracle", n: int = 
     if max_context_tokens is None:  # the model's window; the oracle has none
         model = getattr(getattr(engine_policy, "backend", None), "model", None)
         max_context_tokens = model.config.max_position_embeddings - 256 if model is not None else 10**9
-    cfg = RolloutConfig(n=n, max_turns=max_turns, max_context_tokens=max_context_tokens, seed=seed)
+    cfg = RolloutConfig(n=n, max_turns=max_turns, max_context_tokens=max_context_tokens, seed=seed,
+                        sample_seeds=sample_seeds)
     return run_rollouts(method, tasks, env, engine_policy, tok, cfg, wrap=wrap, progress=progress)
 
 

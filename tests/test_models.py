@@ -255,6 +255,40 @@ def test_sampling_is_reproducible_with_a_seeded_generator(model, tok, prompts):
     assert run(7, temperature=1.0, top_p=1e-6) == [o.ids for o in be.generate(prompts, 12, temperature=0)]
 
 
+def test_per_row_streams_make_sampling_batch_invariant(model, tok, prompts):
+    """With one generator per prompt, a prompt's sampled continuation (ids and log-probs) is the one
+    it gets alone with the same stream, in any batch order, and each stream ends where it would
+    alone (finished rows still in the batch draw nothing from it). One shared stream does not
+    have this property: the same prompt samples differently in another batch."""
+    be = HFBackend(model, tok)
+
+    def streams(order):
+        return [torch.Generator().manual_seed(100 + i) for i in order]
+
+    be.eos_ids = set(be.generate(prompts[:1], 1, temperature=1.0, generator=streams([0]))[0].ids)  # row 0 ends at once
+
+    alone = []
+    for i, p in enumerate(prompts):
+        g = streams([i])
+        alone.append((be.generate([p], 15, temperature=1.0, generator=g)[0], g[0].initial_seed(), torch.rand(1, generator=g[0])))
+    # compact_below 0: finished rows stay in the batch to the end (they must not draw); 1: they
+    # leave it at once (the streams must follow the rows that stay)
+    for order, be.compact_below in (([0, 1, 2, 3], 0.0), ([3, 1, 0, 2], 0.0), ([3, 1, 0, 2], 1.0)):
+        gens = streams(order)
+        out = be.generate([prompts[i] for i in order], 15, temperature=1.0, generator=gens)
+        for o, g, i in zip(out, gens, order):
+            ref, _, next_draw = alone[i]
+            assert o.ids == ref.ids and o.finish == ref.finish
+            assert max(abs(a - b) for a, b in zip(o.logprobs, ref.logprobs)) < 1e-4
+            assert torch.equal(torch.rand(1, generator=g), next_draw)  # the stream advanced exactly as alone
+    assert alone[0][0].finish == "eos" and len(alone[0][0].ids) == 1
+    shared = [be.generate([prompts[1]] + extra, 15, temperature=1.0, generator=torch.Generator().manual_seed(5))[0].ids
+              for extra in ([], prompts[2:])]
+    assert shared[0] != shared[1]
+    with pytest.raises(ValueError, match="one per prompt"):
+        be.generate(prompts, 4, generator=streams([0, 1]))
+
+
 def test_inverse_cdf_sampling_matches_a_loop_and_the_distribution():
     from memkit.models.generation import inverse_cdf_sample
 
@@ -399,3 +433,26 @@ def test_smollm2_loads_offline_and_chat_wrap_renders(tmp_path_factory):
     with torch.no_grad():
         assert torch.allclose(pol.model(ids).logits, again.model(ids).logits, atol=1e-5)
 
+
+
+def test_rollouts_with_sample_seeds_repeat_alone_what_they_did_in_the_batch():
+    """``sample_seeds`` gives every trajectory its own stream: rolled out one at a time with its seed,
+    a trajectory repeats its batched self (ids and log-probs); a wrong seed count is a clear error."""
+    from memkit.pipeline import fresh_tiny, load_kit, rollout
+    from memkit.world import make_tasks
+
+    kit = load_kit(0)
+    policy = fresh_tiny(kit, seed=3)
+    tasks = make_tasks(kit.world, n=3, k=2, seed=7)
+    seeds = [11, 12, 13, 21, 22, 23, 31, 32, 33]
+    kw = dict(policy=policy, temperature=1.0, max_turns=2)
+    batched = rollout("mem1", tasks, kit, n=3, sample_seeds=seeds, **kw)
+    alone = [rollout("mem1", [t], kit, n=1, sample_seeds=[s], **kw)[0] for t, s in zip([t for t in tasks for _ in range(3)], seeds)]
+    for b, a in zip(batched, alone):
+        assert [c.output_ids for c in b.calls] == [c.output_ids for c in a.calls]
+        assert [c.context_ids for c in b.calls] == [c.context_ids for c in a.calls]
+        for cb, ca in zip(b.calls, a.calls):
+            assert max((abs(x - y) for x, y in zip(cb.logprobs, ca.logprobs)), default=0.0) < 1e-4
+    assert len({tuple(t.calls[0].output_ids) for t in batched[:3]}) == 3  # a group's samples differ
+    with pytest.raises(ValueError, match="one per trajectory"):
+        rollout("mem1", tasks, kit, n=3, sample_seeds=seeds[:4], **kw)

@@ -92,6 +92,7 @@ class AgentState:
     done: bool = False
     valid: bool = True
     reason: str | None = None
+    sampler: object | None = None  # this trajectory's own random stream (RolloutConfig.sample_seeds), else None
 
     def fail(self, reason: str) -> None:
         self.done, self.valid, self.reason = True, False, reason

@@ -54,9 +54,11 @@ class ModelPolicy:
 
     def generate_calls(self, states, specs, contexts):
         spec = specs[0]
+        streams = [s.sampler for s in states]  # per-trajectory streams when the rollout was given sample_seeds
         return self.backend.generate(
             contexts, max_new_tokens=spec.max_new_tokens, stop=list(spec.stop),
-            temperature=self.temperature, top_p=self.top_p, generator=self.generator,
+            temperature=self.temperature, top_p=self.top_p,
+            generator=streams if all(g is not None for g in streams) else self.generator,
         )
 
 
@@ -142,6 +144,11 @@ class RolloutConfig:
     max_turns: int | None = None  # tool-using ("act") calls per trajectory; None = method.suggested_max_turns(task)
     max_context_tokens: int = 4096  # a call whose context is longer ends the episode as invalid
     seed: int = 0
+    # One seed per trajectory (len(tasks) * n, task-major): each trajectory then samples from its own
+    # torch.Generator, so its tokens do not depend on which other trajectories share a batch, and
+    # one trajectory rolled out alone with its seed repeats what it did in the batch. None: the
+    # policy's one shared stream (the default; what training and the notebooks use).
+    sample_seeds: Sequence[int] | None = None
 
 
 def run_rollouts(method: Method, tasks, env: Env, policy: Policy, tokenizer, cfg: RolloutConfig | None = None,
@@ -152,6 +159,14 @@ def run_rollouts(method: Method, tasks, env: Env, policy: Policy, tokenizer, cfg
     states = [method.new_state(task, max_turns=cfg.max_turns or method.suggested_max_turns(task))
               for task in tasks for _ in range(cfg.n)]
     group_index = [g for _ in tasks for g in range(cfg.n)]
+    if cfg.sample_seeds is not None:
+        if len(cfg.sample_seeds) != len(states):
+            raise ValueError(f"sample_seeds has {len(cfg.sample_seeds)} seeds for {len(states)} trajectories "
+                             f"({len(tasks)} tasks x n={cfg.n}); give one per trajectory, task-major")
+        import torch
+
+        for state, s in zip(states, cfg.sample_seeds):
+            state.sampler = torch.Generator().manual_seed(int(s))
     bar = None
     if progress:
         from tqdm.auto import tqdm
