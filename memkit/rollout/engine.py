@@ -61,17 +61,6 @@ class ModelPolicy:
             generator=streams if all(g is not None for g in streams) else self.generator,
         )
 
-    def continuous_batch(self):
-        """A :class:`~memkit.models.continuous.ContinuousBatch` on this policy's backend, or None when
-        the backend cannot host one (not an HF backend, or a model whose cache is not plain layers)."""
-        from memkit.models.continuous import ContinuousBatch
-        from memkit.models.generation import HFBackend
-        from memkit.models.kv import growable
-
-        if not isinstance(self.backend, HFBackend) or not growable(self.backend.model):
-            return None
-        return ContinuousBatch(self.backend, self.temperature, self.top_p, self.generator)
-
 
 def tag_char_spans(text: str) -> dict[str, list[tuple[int, int]]]:
     """Char spans ``[start, end)`` of every ``<tag>...</tag>`` (tags included) in ``text``."""
@@ -160,13 +149,6 @@ class RolloutConfig:
     # one trajectory rolled out alone with its seed repeats what it did in the batch. None: the
     # policy's one shared stream (the default; what training and the notebooks use).
     sample_seeds: Sequence[int] | None = None
-    # "rounds": each round generates the next call of every active trajectory in one batch and waits
-    # for all of them (Search-R1's loop). "continuous": a call joins the decode batch as soon as its
-    # trajectory's previous call and tool step are done (memkit.models.continuous); the same
-    # trajectories when every trajectory has its own stream (sample_seeds). Scripted policies and
-    # backends without a ContinuousBatch run in rounds.
-    schedule: str = "rounds"
-    admit_min: int = 4  # continuous: calls that wait before a prefill admits them (fewer, smaller prefills)
 
 
 def run_rollouts(method: Method, tasks, env: Env, policy: Policy, tokenizer, cfg: RolloutConfig | None = None,
@@ -185,27 +167,28 @@ def run_rollouts(method: Method, tasks, env: Env, policy: Policy, tokenizer, cfg
 
         for state, s in zip(states, cfg.sample_seeds):
             state.sampler = torch.Generator().manual_seed(int(s))
-    if cfg.schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {cfg.schedule!r}; use one of {', '.join(SCHEDULES)}")
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(states), desc=f"rollout {method.name}", leave=False)
-    batch = policy.continuous_batch() if cfg.schedule == "continuous" and hasattr(policy, "continuous_batch") else None
-    if batch is not None:
-        with batch:
-            _run_continuous(method, env, tokenizer, builder, states, cfg, batch, bar)
-    while batch is None:
+    while True:
         active = [s for s in states if not s.done]
         if not active:
             break
         batches: dict[tuple, list] = {}
         for state in active:
-            item = _next_call(method, builder, state, cfg)
-            if item is not None:
-                spec = item[1]
-                batches.setdefault((spec.role, tuple(spec.stop), spec.max_new_tokens), []).append(item)
+            if state.turn >= state.max_turns:
+                _record_failure(state, f"max turns ({state.max_turns}) reached without an answer")
+                continue
+            spec = method.next_call(state)
+            ids, text, tspans, cspans, refs = builder.build(state, spec)
+            if len(ids) > cfg.max_context_tokens:
+                _record_failure(state, f"context over the limit ({len(ids)} > {cfg.max_context_tokens} tokens)",
+                                ids, text, tspans, cspans, refs, spec.role)
+                continue
+            key = (spec.role, tuple(spec.stop), spec.max_new_tokens)
+            batches.setdefault(key, []).append((state, spec, ids, text, tspans, cspans, refs))
         for items in batches.values():
             t0 = time.perf_counter()
             gens = policy.generate_calls([i[0] for i in items], [i[1] for i in items], [i[2] for i in items])
@@ -218,58 +201,6 @@ def run_rollouts(method: Method, tasks, env: Env, policy: Policy, tokenizer, cfg
     if bar is not None:
         bar.close()
     return [_to_trajectory(method, s, g) for s, g in zip(states, group_index)]
-
-
-SCHEDULES = ("rounds", "continuous")
-
-
-def _next_call(method, builder, state, cfg):
-    """The trajectory's next call ``(state, spec, ids, text, tspans, cspans, refs)``, or None when
-    it ends here instead (max turns, context over the limit: recorded as its failure)."""
-    if state.turn >= state.max_turns:
-        _record_failure(state, f"max turns ({state.max_turns}) reached without an answer")
-        return None
-    spec = method.next_call(state)
-    ids, text, tspans, cspans, refs = builder.build(state, spec)
-    if len(ids) > cfg.max_context_tokens:
-        _record_failure(state, f"context over the limit ({len(ids)} > {cfg.max_context_tokens} tokens)",
-                        ids, text, tspans, cspans, refs, spec.role)
-        return None
-    return state, spec, ids, text, tspans, cspans, refs
-
-
-def _run_continuous(method, env, tokenizer, builder, states, cfg, batch, bar) -> None:
-    """``schedule="continuous"``: admit each trajectory's next call as soon as it is built.
-
-    Waiting calls are admitted together once ``cfg.admit_min`` of them (or all the work left) are
-    waiting, so prefills stay batched. ``Call.seconds`` is the call's time from admission to its
-    last token."""
-    from memkit.models.continuous import Request
-
-    waiting = [item for item in (_next_call(method, builder, s, cfg) for s in states) if item is not None]
-    in_flight: dict[int, tuple] = {}  # request key -> (call item, admission time)
-    next_key = 0
-    while waiting or batch.live:
-        done = []
-        if waiting and (len(waiting) >= cfg.admit_min or len(waiting) >= batch.live):
-            requests, now = [], time.perf_counter()
-            for item in waiting:
-                in_flight[next_key] = (item, now)
-                requests.append(Request(key=next_key, prompt=item[2], max_new_tokens=item[1].max_new_tokens,
-                                        stop=tuple(item[1].stop), generator=item[0].sampler))
-                next_key += 1
-            done, waiting = batch.admit(requests), []
-        for key, gen in done + batch.step():
-            (state, spec, ids, text, tspans, cspans, refs), t0 = in_flight.pop(key)
-            _finish_call(method, env, tokenizer, state, spec, ids, text, tspans, cspans, refs, gen,
-                         time.perf_counter() - t0)
-            if not state.done:
-                item = _next_call(method, builder, state, cfg)
-                if item is not None:
-                    waiting.append(item)
-        if bar is not None:
-            bar.n = sum(s.done for s in states)
-            bar.refresh()
 
 
 def _finish_call(method, env, tokenizer, state, spec, ids, text, tspans, cspans, refs, gen, seconds):
