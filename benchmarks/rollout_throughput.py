@@ -53,6 +53,19 @@ step costs the same at 1 row or 21 (kernel launches and Python, not arithmetic),
 one by one 15.7 s (1.56 ms a single-row step). So the H100's ratio is higher because its one-row
 baseline is 3x slower, not because its batched run is faster: for a 1.2M-parameter model the GPU
 buys nothing but the ratio.
+
+Measured on a slower machine of this kind (AVX2 only, no AVX-512, 2.45 GHz; SFT steps take 0.42 s
+there instead of ~0.2 s), with identical trajectories on both paths (64 of 64, 9,423 tokens), two
+runs: 1 thread 5.6x / 6.4x (batched 9.1 / 7.4 s, one by one 50.9 / 47.1 s), 2 threads 8.3x / 8.3x
+(6.9 / 6.0 s against 57.2 / 50.0 s); each path at its fastest thread count 7.4x / 7.8x. A single-row
+decode step costs 4.7-5.7 ms there (1.56 ms on the machines above), mostly Python and kernel-launch
+overhead of the 4-layer forward, which is what batching amortises.
+
+Continuous batching (a call joins the decode batch in the slot a finished row left, instead of
+waiting for its round; commit aa08a15, reverted) was tried on that machine: the same trajectories,
+320 decode steps x 37 rows instead of 395 x 27, but 7.7 s against 6.7 s, since each step then
+reads a wider KV window (rows of different ages) and prefills run in smaller batches. On this CPU
+the per-row cost bounds the ratio, not the number of steps.
 """
 from __future__ import annotations
 
