@@ -92,7 +92,7 @@ def cmd_eval(args) -> int:
 def cmd_sft(args) -> int:
     from memkit.cpu import busy_cpu_note
     from memkit.pipeline import evaluate, load_kit, sft_checkpoint_path, sft_tag, train_sft_model
-    from memkit.sft import SFTConfig
+    from memkit.sft import SFTConfig, budget_note
 
     cfg = SFTConfig(method=args.method, steps=args.steps, n_tasks=args.n_tasks, objectives=tuple(args.objectives),
                     seed=args.seed, max_seconds=60 * args.max_minutes if args.max_minutes else None)
@@ -110,6 +110,9 @@ def cmd_sft(args) -> int:
     spec = "tiny-sft" if tag == "default" else f"tiny-sft:{tag}"
     print(f"trained on {n_ex} calls in {time.perf_counter() - t0:.0f}s; checkpoint: {path}\n"
           f"use it as --policy {spec} (memkit eval / rollout) or --init {spec} (memkit train)")
+    note = budget_note(history, cfg, time.perf_counter() - t0, args.method)
+    if note:
+        print(note, file=sys.stderr, flush=True)
     if args.eval_tasks:
         results = evaluate(args.method, kit, objectives=args.eval_objectives, n_tasks=args.eval_tasks, policy=spec)
         for k, (summary, _) in results.items():

@@ -155,6 +155,22 @@ def test_time_budget_stops_training_and_ends_the_schedule(tok):
     assert hist[-1]["lr"] < 1e-3 * 0.05  # the schedule ran on wall time, not on the 10k steps
 
 
+def test_budget_note_names_the_minutes_a_slow_machine_needs():
+    """This machine's `memkit sft --method mem1` (AVX2 only): 1,383 steps in the 10-minute budget,
+    EM 0.21. The note says so and names the budget that reaches SKILL_STEPS at the measured pace."""
+    from memkit.sft import SKILL_STEPS, budget_note
+
+    cfg = SFTConfig()
+    slow = [{"step": 0, "seconds": 1.0}, {"step": 1382, "seconds": 583.0}]
+    note = budget_note(slow, cfg, total_seconds=609.0, method="mem1")
+    per_step = 583.0 / 1383
+    assert note is not None and "after 1383 of 4000 steps" in note and "0.42 s a step" in note
+    assert math.ceil((26.0 + SKILL_STEPS * per_step) / 60) == 18 and "--max-minutes 18`" in note
+    assert budget_note([{"step": 2850, "seconds": 590.0}], cfg, 600.0, "mem1") is None  # a fast machine
+    assert budget_note([{"step": 99, "seconds": 5.0}], SFTConfig(steps=100), 6.0, "mem1") is None  # all its steps
+    assert budget_note(slow, SFTConfig(max_seconds=None), 609.0, "mem1") is None  # no budget: nothing stopped it
+
+
 def test_lr_schedules_hold_then_decay_and_reject_unknown_names(tok):
     wsd = lr_shape(SFTConfig(schedule="wsd", decay_fraction=0.25))
     assert [wsd(f) for f in (0.0, 0.5, 0.75)] == [1.0, 1.0, 1.0]
