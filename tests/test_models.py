@@ -270,14 +270,14 @@ def test_per_row_streams_make_sampling_batch_invariant(model, tok, prompts):
     alone = []
     for i, p in enumerate(prompts):
         g = streams([i])
-        alone.append((be.generate([p], 15, temperature=1.0, generator=g)[0], g[0].initial_seed(), torch.rand(1, generator=g[0])))
+        alone.append((be.generate([p], 15, temperature=1.0, generator=g)[0], torch.rand(1, generator=g[0])))
     # compact_below 0: finished rows stay in the batch to the end (they must not draw); 1: they
     # leave it at once (the streams must follow the rows that stay)
     for order, be.compact_below in (([0, 1, 2, 3], 0.0), ([3, 1, 0, 2], 0.0), ([3, 1, 0, 2], 1.0)):
         gens = streams(order)
         out = be.generate([prompts[i] for i in order], 15, temperature=1.0, generator=gens)
         for o, g, i in zip(out, gens, order):
-            ref, _, next_draw = alone[i]
+            ref, next_draw = alone[i]
             assert o.ids == ref.ids and o.finish == ref.finish
             assert max(abs(a - b) for a, b in zip(o.logprobs, ref.logprobs)) < 1e-4
             assert torch.equal(torch.rand(1, generator=g), next_draw)  # the stream advanced exactly as alone
@@ -432,7 +432,6 @@ def test_smollm2_loads_offline_and_chat_wrap_renders(tmp_path_factory):
     ids = torch.tensor([pol.tokenizer.encode(text)])
     with torch.no_grad():
         assert torch.allclose(pol.model(ids).logits, again.model(ids).logits, atol=1e-5)
-
 
 
 def test_rollouts_with_sample_seeds_repeat_alone_what_they_did_in_the_batch():
