@@ -13,12 +13,21 @@ is the signal that grows copying ("induction") heads. It is on by default (w = 1
 a random half of the context tokens each step (``context_fraction``). Measured on MEM1 (hidden
 128; 2-objective EM per question on 100 held-out tasks after 3000 steps of 16 calls, GPU sweep):
 context fraction 1.0 -> 0.70, 0.5 -> 0.70, 0.25 -> 0.35-0.45, 0.1 -> 0.16; EM jumps between
-steps 1500 (0.15) and 2500 (0.55) as the copying heads form, 6000 steps reach 0.85. On 2 CPU
-cores a float32 step takes ~0.2 s, so ``memkit sft``'s 10 minutes run ~2,850 of its 4000 MEM1
-steps (EM 0.66; with a 3000-step cap: 2,998 steps, 0.635) and ~4,000 MemSearcher steps (shorter
-contexts: EM 0.715, against 0.415 with the 3000-step cap). With the bf16 autocast it used to
-apply on every CPU, a machine without AMX ran 1,588 MEM1 steps in the same 10 minutes and ended
-at EM 0.29 (see ``sft_uses_bf16``).
+steps 1500 (0.15) and 2500 (0.55) as the copying heads form, 6000 steps reach 0.85.
+A cheaper route to those heads did not work: 200 steps of pure copying first (random token
+strings repeated once, 32 x 49 tokens, 43 s; copy accuracy 1.0 after ~150 steps) and then
+this recipe, in memkit sft's 10 minutes on a slow AVX2 machine, reached EM 0.01 after 986
+steps (0.55 s each that hour), against 0.21 after 1,383 without it. It was no further along at
+equal data either (loss 0.93 after 12,000 sequences; 0.82 for a batch-8 run without warm-up):
+heads learnt on random strings did not carry over to names in passages, and the warmed model
+began SFT at loss 23 instead of 16.
+On 2 AVX-512 CPU cores a float32 step takes ~0.2 s (0.42-0.55 s on an AVX2-only machine;
+``torch.compile`` did not help there: 0.67 vs 0.69 s on unbucketed batches, after a 94 s first
+step), so ``memkit sft``'s 10 minutes run ~2,850 of its 4000 MEM1 steps (EM 0.66; with a
+3000-step cap: 2,998 steps, 0.635) and ~4,000 MemSearcher steps (shorter contexts: EM 0.715,
+against 0.415 with the 3000-step cap). With the bf16 autocast it used to apply on every CPU,
+a machine without AMX ran 1,588 MEM1 steps in the same 10 minutes and ended at EM 0.29 (see
+``sft_uses_bf16``).
 Since the skill arrives late, the learning rate is held at its peak and decayed only over the
 last fifth of the run (warmup-stable-decay): measured with ``memkit sft --method mem1`` (10
 minutes, 2527 steps) EM **0.76**, against 0.52 with a cosine decay and otherwise the same
@@ -56,8 +65,10 @@ class SFTConfig:
     steps: int = 4000  # optimizer steps (~0.2 s each for 16 x ~210 tokens, float32, 2 CPU threads).
     # The 10-minute budget (max_seconds) usually ends the run first: measured, MEM1 2,851 steps ->
     # EM 0.66 and MemSearcher 3,987 -> 0.715, against 0.635 and 0.415 with a 3000-step cap
-    batch_size: int = 16
-    lr: float = 4e-3
+    batch_size: int = 16  # measured on a slow 2-core AVX2 machine (memkit sft's 10 minutes): batch 8 ran
+    # 2,211 steps at 0.26 s and reached EM 0.19, batch 16 1,383 steps at 0.42 s and 0.21. The copying skill
+    # comes with sequences seen, not optimizer steps, so smaller batches do not buy it sooner
+    lr: float = 4e-3  # measured there: lr 8e-3 -> EM 0.00 (92% invalid) after 1,173 steps; 4e-3 -> 0.21
     warmup: int = 200  # measured (memkit sft, 10 min): lr 3e-3 / warmup 50 -> EM 0.32, 4e-3 / 200 -> 0.52
     schedule: str = "wsd"  # after warmup: "wsd" (warmup-stable-decay: lr held, then a linear decay
     # over the last decay_fraction of the run) or "cosine". Measured (2-objective EM on 100 held-out
