@@ -4,8 +4,9 @@ Why Llama: it is the architecture of the papers' Qwen/Llama policies (RoPE, RMSN
 so everything downstream (KV cache, LoRA target names ``q_proj``..., position ids) is the
 same code path as for a 7B model.
 
-Why this size (4 layers x hidden 128, 4 heads of 32): on 2 CPU cores SFT is bounded by
-optimizer *steps* per minute, not by capacity. Measured on MEM1 2-objective tasks (same data,
+Why this size (4 layers x hidden 128, 4 heads of 32): on 2 CPU cores SFT is bounded by the
+training sequences it gets through per minute (steps of 16; half the batch for twice the steps
+did not help, see ``SFTConfig.batch_size``), not by capacity. Measured on MEM1 2-objective tasks (same data,
 same prompt): hidden 256 (3.9M params) reached 0.06 EM per question after 819 steps / 10 min;
 hidden 128 runs a step ~2.2x faster and reached 0.29 after 1735 steps; hidden 192 with 6
 heads 0.10 after 1185 steps. Copying names out of the context (what every format needs) is
