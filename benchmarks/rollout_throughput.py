@@ -66,6 +66,16 @@ waiting for its round; commit aa08a15, reverted) was tried on that machine: the 
 320 decode steps x 37 rows instead of 395 x 27, but 7.7 s against 6.7 s, since each step then
 reads a wider KV window (rows of different ages) and prefills run in smaller batches. On this CPU
 the per-row cost bounds the ratio, not the number of steps.
+
+On an H200 (1 CPU thread; MEM1 model SFT'd 18 minutes on the slow machine above, the same seeds
+and tasks as this script, every schedule 64 of 64 trajectories identical): rounds 1.34 / 1.51 s
+(prefill 0.1 s for 23,725 prompt tokens, decode 1.1 s = 328 steps x 33 rows), one by one 30.2 s:
+**20-22.5x**. Continuous batching (aa08a15 cherry-picked onto this code) did not pay there either:
+1.50 / 1.49 s with admissions of >= 4 calls (288 steps x 40 rows, but prefill 0.3 s for 25,652
+tokens in smaller batches), 1.60 s admitting every call at once, 1.61 s in groups of 8; at 256
+trajectories rounds 3.13 / 3.38 s against 3.08 / 3.25 s (562 -> 350 decode steps, prefill 0.5 ->
+1.0 s). The steps it saves are paid back in prefills and per-step bookkeeping, so rounds stay the
+one schedule on both kinds of machine.
 """
 from __future__ import annotations
 
