@@ -374,6 +374,22 @@ def test_rewards_follow_the_papers(world, env):
     assert exact_match(gold[0], task.questions[0].answers) == 1.0
 
 
+def test_memsearcher_em_reward_gives_no_credit_to_a_near_miss(world, env):
+    """``reward_metric="em"``: eq. 9 with exact match, so a name that shares words with the gold
+    (F1 > 0) earns only the format's 0.1, while the paper's F1 pays part of it."""
+    task = make_tasks(world, 1, k=2, seed=7)[0]
+    gold = [q.answers[0] for q in task.questions]
+    near = f"<think>t</think><answer>Zorvex {gold[0]}; wrong</answer>"  # slot 1: the gold plus a word
+    right = f"<think>t</think><answer>{gold[0]}; {gold[1]}</answer>"
+    f1, em = get_method("memsearcher"), get_method("memsearcher", reward_metric="em")
+    assert 0.1 < run_scripted(f1, task, env, [near]).reward < 0.5
+    assert run_scripted(em, task, env, [near]).reward == 0.1
+    assert run_scripted(em, task, env, [right]).reward == run_scripted(f1, task, env, [right]).reward == 1.0
+    assert run_scripted(em, task, env, [f"<think>t</think><answer>{gold[0]}; wrong</answer>"]).reward == 0.5
+    with pytest.raises(ValueError, match="reward_metric must be one of f1, em"):
+        get_method("memsearcher", reward_metric="bleu")
+
+
 def test_oracle_text_parses_in_its_own_format(world, env):
     rng = random.Random(0)
     task = make_tasks(world, 1, k=4, seed=9)[0]

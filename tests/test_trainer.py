@@ -386,7 +386,7 @@ def test_cli_train_lora_grpo_smoke(kit, tmp_path, capsys):
     out = tmp_path / "run"
     rc = main(["train", "--algo", "grpo", "--method", "memsearcher", "--init", "tiny", "--lora", "--steps", "1",
                "--tasks-per-step", "2", "--n", "2", "--eval-every", "1", "--eval-tasks", "2", "--out", str(out),
-               "--device", "cpu", "--temperature", "0.5", "--mini-batches", "2"])
+               "--device", "cpu", "--temperature", "0.5", "--mini-batches", "2", "--method-kwargs", '{"reward_metric": "em"}'])
     text = capsys.readouterr().out
     assert rc == 0, text
     assert "step    1" in text and (out / "metrics.csv").is_file() and (out / "eval.jsonl").is_file()
@@ -394,6 +394,7 @@ def test_cli_train_lora_grpo_smoke(kit, tmp_path, capsys):
     assert (ckpt / "policy" / "adapter_config.json").is_file()
     config = json.loads((ckpt / "memkit.json").read_text())["config"]
     assert (config["temperature"], config["mini_batches"]) == (0.5, 2)  # the flags reach the run
+    assert config["method_kwargs"] == {"reward_metric": "em"}
 
 
 def test_bad_inputs_name_the_fix(tmp_path, capsys, monkeypatch):
@@ -406,6 +407,13 @@ def test_bad_inputs_name_the_fix(tmp_path, capsys, monkeypatch):
         TrainConfig(n_samples=1).validate()
     with pytest.raises(ValueError, match="unknown TrainConfig fields"):
         TrainConfig.from_dict({"algo": "grpo", "lr_actor": 1.0})
+    with pytest.raises(ValueError, match=r"method_kwargs.*unexpected keyword argument 'reward'.*memkit.agents.memsearcher"):
+        TrainConfig(method="memsearcher", method_kwargs={"reward": "em"}).validate()
+    with pytest.raises(ValueError, match="method_kwargs.*reward_metric must be one of"):
+        TrainConfig(method="memsearcher", method_kwargs={"reward_metric": "bleu"}).validate()
+    with pytest.raises(SystemExit):  # argparse: one usage line and the reason, exit status 2
+        main(["train", "--method", "memsearcher", "--method-kwargs", "{reward_metric: em}"])
+    assert "expected a JSON object" in capsys.readouterr().err
     rc = main(["train", "--method", "mem1", "--init", "tiny-sft", "--out", str(tmp_path / "x")])
     err = capsys.readouterr().err
     assert rc == 2 and "memkit sft --method mem1" in err and len(err.strip().splitlines()) == 1

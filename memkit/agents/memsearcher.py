@@ -14,7 +14,10 @@ a longer memory is an invalid turn (``on_over_budget="fail"``, reward 0, so RL l
 stay under it) or is cut to the budget (``"truncate"``, the paper's generation-length cap).
 
 Reward, eq. 9: 0 if the format is wrong; 0.1 if the format is right but F1 = 0; else F1.
-With k questions memkit uses the mean slot F1.
+With k questions memkit uses the mean slot F1. ``reward_metric="em"`` (a deviation, off by
+default) puts exact match where eq. 9 has F1: the world's names share their type words
+("... Holdings", "... Systems"), so F1 gives a wrong entity of the right type half the reward
+of the right one, where MEM1's EM reward gives it nothing.
 
 Prompt: the paper prints none; this one paraphrases §3.1. Deviations: the answer goes in
 ``<answer>`` (``\\boxed{}`` is accepted too) so that a stop string ends the call and k answers
@@ -28,7 +31,8 @@ import random
 import re
 
 from memkit.agents import oracle as script
-from memkit.agents.base import AgentState, CallSpec, Env, Method, OracleConfig, Parsed, Segment, f1_score, slot_scores
+from memkit.agents.base import (AgentState, CallSpec, Env, Method, OracleConfig, Parsed, Segment, exact_match, f1_score,
+                                slot_scores)
 from memkit.agents.tags import extract, parse_action, tag_status, tool_call_query, words
 
 INSTRUCTION = (
@@ -43,16 +47,21 @@ INSTRUCTION = (
     "relevant details from the previous memory. The memory must stay under {budget} words.\n"
 )
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+#: what eq. 9 scores a valid answer with: the paper's F1, or exact match (see the module doc)
+REWARD_METRICS = {"f1": f1_score, "em": exact_match}
 
 
 class MemSearcher(Method):
     name = "memsearcher"
     format_penalty = 0.0
 
-    def __init__(self, memory_budget_words: int = 256, on_over_budget: str = "fail"):
+    def __init__(self, memory_budget_words: int = 256, on_over_budget: str = "fail", reward_metric: str = "f1"):
         if on_over_budget not in ("fail", "truncate"):
             raise ValueError(f"on_over_budget must be 'fail' or 'truncate', got {on_over_budget!r}")
+        if reward_metric not in REWARD_METRICS:
+            raise ValueError(f"reward_metric must be one of {', '.join(REWARD_METRICS)}, got {reward_metric!r}")
         self.budget, self.on_over_budget = memory_budget_words, on_over_budget
+        self.reward_metric = reward_metric
 
     # ---- context -------------------------------------------------------------------------
     def _prefix(self, state: AgentState) -> list[Segment]:
@@ -110,12 +119,12 @@ class MemSearcher(Method):
         return None
 
     def reward(self, state: AgentState) -> float:
-        """Eq. 9 (mean slot F1 for k questions)."""
+        """Eq. 9 (mean slot F1 for k questions; mean slot EM with ``reward_metric="em"``)."""
         if not state.valid or state.answer is None:
             return self.format_penalty
-        f1 = slot_scores(state, f1_score)
-        f1 = sum(f1) / len(f1) if f1 else 0.0
-        return f1 if f1 > 0 else 0.1
+        scores = slot_scores(state, REWARD_METRICS[self.reward_metric])
+        score = sum(scores) / len(scores) if scores else 0.0
+        return score if score > 0 else 0.1
 
     # ---- scripted policy -------------------------------------------------------------------
     def oracle(self, state: AgentState, rng: random.Random, cfg: OracleConfig) -> str:

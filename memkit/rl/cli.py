@@ -9,6 +9,7 @@ Multi-GPU: ``accelerate launch -m memkit.cli train ...`` or ``torchrun --nproc_p
 from __future__ import annotations
 
 import argparse
+import json
 
 from memkit.rl.config import ALGOS, TrainConfig
 from memkit.rl.losses import AGG_MODES
@@ -25,6 +26,8 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
                                description=__doc__.splitlines()[0])
     sp.add_argument("--algo", choices=ALGOS, default=d.algo, help="grpo (MemSearcher) or ppo (MEM1, with a critic)")
     sp.add_argument("--method", choices=METHODS, required=True, help="memory format to train")
+    sp.add_argument("--method-kwargs", type=_json_object, default={},
+                    help='keyword arguments of the memory format as JSON, e.g. \'{"reward_metric": "em"}\' (memsearcher)')
     sp.add_argument("--init", default=d.init, help="tiny-sft (default; `memkit sft` first), tiny, smollm2-135m, "
                                                    "a checkpoint dir or a hub id")
     sp.add_argument("--packing", choices=("auto",) + MODES, default=d.packing,
@@ -66,9 +69,19 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     return sp
 
 
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"expected a JSON object like '{{\"reward_metric\": \"em\"}}', got {text!r} ({e})")
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object like '{{\"reward_metric\": \"em\"}}', got {text!r}")
+    return value
+
+
 def config_from_args(args) -> TrainConfig:
     return TrainConfig(
-        algo=args.algo, method=args.method, init=args.init, packing=args.packing, steps=args.steps, lora=args.lora,
+        algo=args.algo, method=args.method, method_kwargs=args.method_kwargs, init=args.init, packing=args.packing, steps=args.steps, lora=args.lora,
         max_seconds=None if args.max_minutes is None else 60 * args.max_minutes,
         out_dir=args.out or f"runs/{args.method}-{args.algo}", tasks_per_step=args.tasks_per_step,
         n_samples=args.n, objectives=tuple(args.objectives), lr=args.lr, critic_lr=args.critic_lr,

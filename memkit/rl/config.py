@@ -187,7 +187,7 @@ class TrainConfig:
         return bool(self.recompute_old_logprobs)
 
     def validate(self) -> "TrainConfig":
-        from memkit.agents import METHODS
+        from memkit.agents import METHODS, get_method
 
         def bad(name, why):
             raise ValueError(f"TrainConfig.{name}={getattr(self, name)!r}: {why}")
@@ -196,6 +196,10 @@ class TrainConfig:
             bad("algo", f"choose one of {ALGOS}")
         if self.method not in METHODS:
             bad("method", f"choose one of {METHODS}")
+        try:
+            get_method(self.method, **self.method_kwargs)
+        except (TypeError, ValueError) as e:  # an unknown keyword or a bad value, named by the method
+            bad("method_kwargs", f"{e} (see memkit.agents.{self.method})")
         if self.packing != "auto" and self.packing not in PACKING_MODES:
             bad("packing", f"choose auto or one of {PACKING_MODES}")
         if self.prompt not in ("auto", "paper", "compact"):
