@@ -72,8 +72,8 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
 def _json_object(text: str) -> dict:
     try:
         value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"expected a JSON object like '{{\"reward_metric\": \"em\"}}', got {text!r} ({e})")
+    except json.JSONDecodeError:
+        value = None
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(f"expected a JSON object like '{{\"reward_metric\": \"em\"}}', got {text!r}")
     return value
@@ -81,7 +81,8 @@ def _json_object(text: str) -> dict:
 
 def config_from_args(args) -> TrainConfig:
     return TrainConfig(
-        algo=args.algo, method=args.method, method_kwargs=args.method_kwargs, init=args.init, packing=args.packing, steps=args.steps, lora=args.lora,
+        algo=args.algo, method=args.method, method_kwargs=args.method_kwargs, init=args.init, packing=args.packing,
+        steps=args.steps, lora=args.lora,
         max_seconds=None if args.max_minutes is None else 60 * args.max_minutes,
         out_dir=args.out or f"runs/{args.method}-{args.algo}", tasks_per_step=args.tasks_per_step,
         n_samples=args.n, objectives=tuple(args.objectives), lr=args.lr, critic_lr=args.critic_lr,
