@@ -27,6 +27,20 @@ Measured on this 2-core machine (1 thread, SFT'd tiny models), best of 2:
 Sorting helps the 2D-masked rows (1.36x); MemSearcher's rows are calls, whose lengths sorting
 trajectories barely groups (1.11x), and there skipping the recompute saves most (1.32x). Both are
 what ``TrainConfig`` does by default now (``recompute_old_logprobs=None``).
+
+The fifth line runs each micro-batch's rows as up to ``TrainConfig.row_groups`` (4) forwards of
+similar-length rows, each cut to its own longest row (``packing.length_groups``; the same update,
+tests/test_trainer.py). Measured on the slower AVX2 machine (1 thread, best of 2 unless noted):
+
+    MemSearcher GRPO, 20 trajectories (28,539 tokens)   one forward   10.05 s  (44,534 padded slots)
+                                                        4 row groups   6.95 s  (30,012): 1.45x
+    MemSearcher GRPO, 40 (notebook 03's 8 x 5; 1 run)   one forward   22.20 s  (90,832)
+                                                        4 row groups  16.08 s  (62,599): 1.38x
+    MEM1 PPO, mem1_exact, 32 (22,878 tokens; 1 run)     one forward   24.30 s  (25,976)
+                                                        4 row groups  21.16 s  (23,001): 1.15x
+
+A MemSearcher micro-batch mixes short act calls with memory calls that hold an observation, so
+its rows were padded 1.5x; grouping brings that to 1.05x.
 """
 from __future__ import annotations
 
@@ -64,9 +78,9 @@ def main() -> None:
     setup["n_samples"] = n = args.n or setup["n_samples"]
     init = "tiny-sft" if sft_checkpoint_path(args.method, kit.world_seed).exists() else "tiny"
 
-    def trainer_for(recompute: bool, sort: bool) -> Trainer:  # a fresh one: every update starts from the same weights
+    def trainer_for(recompute: bool, sort: bool, row_groups: int = 1) -> Trainer:  # fresh: each update starts alike
         cfg = TrainConfig(method=args.method, init=init, objectives=(2,), lr=3e-4, eval_every=0, save_every=0,
-                          out_dir="", recompute_old_logprobs=recompute, **setup)
+                          out_dir="", recompute_old_logprobs=recompute, row_groups=row_groups, **setup)
         model, tok, wrap = load_init(cfg, kit)
         trainer = Trainer(cfg, model, tok, prompt_wrap(cfg.method, tok, wrap, cfg.prompt), kit, make_accelerator(cfg))
         trainer.sort_micro_batches = sort
@@ -77,20 +91,22 @@ def main() -> None:
     print(f"policy={init} method={args.method} algo={first.cfg.algo} packing={first.packing} "
           f"trajectories={len(trajs)} threads={torch.get_num_threads()}")
     rows = []
-    for recompute in (True, False):
-        for sort in (False, True):
-            best, stats = float("inf"), None
-            for _ in range(args.repeats):
-                trainer = trainer_for(recompute, sort)
-                t0 = time.perf_counter()
-                stats = trainer.update(trajs)
-                best = min(best, time.perf_counter() - t0)
-            rows.append(best)
-            print(f"old log-probs {'recomputed' if recompute else 'from rollout':12}  micro-batches "
-                  f"{'length-sorted' if sort else 'rollout order':13}  update {best:6.2f} s   "
-                  f"tokens {int(stats['tokens_processed'])}  padded slots {int(stats['padded_tokens'])}")
+    groups = TrainConfig().row_groups
+    for recompute, sort, row_groups in [(True, False, 1), (True, True, 1), (False, False, 1), (False, True, 1),
+                                        (False, True, groups)]:
+        best, stats = float("inf"), None
+        for _ in range(args.repeats):
+            trainer = trainer_for(recompute, sort, row_groups)
+            t0 = time.perf_counter()
+            stats = trainer.update(trajs)
+            best = min(best, time.perf_counter() - t0)
+        rows.append(best)
+        print(f"old log-probs {'recomputed' if recompute else 'from rollout':12}  micro-batches "
+              f"{'length-sorted' if sort else 'rollout order':13}  row groups {row_groups}  update {best:6.2f} s   "
+              f"tokens {int(stats['tokens_processed'])}  padded slots {int(stats['padded_tokens'])}")
     print(f"speed-up over recomputed + rollout order: sorted {rows[0] / rows[1]:.2f}x, "
-          f"from rollout {rows[0] / rows[2]:.2f}x, both {rows[0] / rows[3]:.2f}x")
+          f"from rollout {rows[0] / rows[2]:.2f}x, both {rows[0] / rows[3]:.2f}x, "
+          f"and rows in {groups} length groups {rows[0] / rows[4]:.2f}x ({rows[3] / rows[4]:.2f}x over both)")
 
 
 if __name__ == "__main__":

@@ -485,3 +485,36 @@ def test_plot_mask_and_viewer_name_segments():
     v = MaskViewer(b.attention_mask, segments=segs)
     v.slider.value = 2
     assert [t.get_text() for t in v.figure.axes[0].get_xticklabels()] == [s.label for s in segs[2]]
+
+
+def _brute_force_padding(lengths, max_groups):
+    """The fewest padded slots over every cut of the sorted lengths into <= max_groups runs."""
+    import itertools
+
+    s = sorted(lengths)
+    best = float("inf")
+    for k in range(1, min(max_groups, len(s)) + 1):
+        for cuts in itertools.combinations(range(1, len(s)), k - 1):
+            bounds = (0,) + cuts + (len(s),)
+            best = min(best, sum((b - a) * s[b - 1] for a, b in zip(bounds[:-1], bounds[1:])))
+    return best
+
+
+def test_length_groups_match_brute_force():
+    """``length_groups`` (dynamic programming) finds the cut with the fewest padded slots, covers
+    every row once, and never exceeds the group count; checked against trying every cut."""
+    import random
+
+    from memkit.rl.packing import length_groups
+
+    rng = random.Random(0)
+    for _ in range(200):
+        lengths = [rng.randint(1, 60) for _ in range(rng.randint(1, 8))]
+        k = rng.randint(1, 4)
+        groups = length_groups(lengths, k)
+        assert sorted(r for g in groups for r in g) == list(range(len(lengths)))
+        assert 1 <= len(groups) <= k
+        padded = sum(len(g) * max(lengths[r] for r in g) for g in groups)
+        assert padded == _brute_force_padding(lengths, k), (lengths, k, groups)
+    assert length_groups([], 3) == [] and length_groups([5, 9], 1) == [[0, 1]]
+

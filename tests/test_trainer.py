@@ -95,6 +95,29 @@ def test_gradient_accumulation_is_exact(algo, packing, agg):
     assert max(float((one[k] - init[k]).abs().max()) for k in init) > 1e-4  # the update moved the weights
 
 
+@pytest.mark.parametrize("algo,packing", [("grpo", "separate"), ("ppo", "separate"), ("ppo", "mem1_exact"),
+                                          ("grpo", "mem1_mask")])
+def test_row_groups_give_the_same_update(algo, packing):
+    """Each micro-batch's rows forwarded in length groups (``TrainConfig.row_groups``), each cut to
+    its longest row: fewer padded slots, and the update of one forward padded to the longest row."""
+    trajs = dw.trajectories(range(4))
+    conditioned = {}
+    one, one_stats = _update(_keep_grads(dw.make_learner(algo, packing=packing, micro_batch_size=8, row_groups=1)),
+                             trajs, conditioned)
+    grouped, grouped_stats = _update(_keep_grads(dw.make_learner(algo, packing=packing, micro_batch_size=8,
+                                                                 row_groups=4)), trajs)
+    _assert_same_update(one, grouped, conditioned)
+    assert grouped_stats["tokens_processed"] == one_stats["tokens_processed"]
+    assert grouped_stats["padded_tokens"] < one_stats["padded_tokens"]
+    for k in ("pg_loss", "entropy", "kl", "clip_frac"):
+        assert abs(grouped_stats[k] - one_stats[k]) < 1e-5, k
+
+
+def _keep_grads(learner):
+    learner.keep_grads = True
+    return learner
+
+
 def test_naive_micro_batch_mean_would_not_be_exact(monkeypatch):
     """The check above can fail: normalising each micro-batch by its own token count (then
     averaging micro-batches) changes the gradient."""
@@ -115,8 +138,9 @@ def test_micro_batches_group_similar_lengths():
 
     trajs = dw.trajectories(range(4))
     assert len({trajectory_tokens(t) for t in trajs}) > 2  # uneven lengths, or there is nothing to sort
-    sorted_stats = dw.make_learner("ppo", packing="mem1_exact", micro_batch_size=2).update(trajs)
-    plain = dw.make_learner("ppo", packing="mem1_exact", micro_batch_size=2)
+    # one forward per micro-batch (row_groups=1): grouping rows by length would hide what sorting saves
+    sorted_stats = dw.make_learner("ppo", packing="mem1_exact", micro_batch_size=2, row_groups=1).update(trajs)
+    plain = dw.make_learner("ppo", packing="mem1_exact", micro_batch_size=2, row_groups=1)
     plain.sort_micro_batches = False
     plain_stats = plain.update(trajs)
     assert sorted_stats["tokens_processed"] == plain_stats["tokens_processed"]

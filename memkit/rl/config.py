@@ -105,6 +105,11 @@ class TrainConfig:
     micro_batch_size: int = 8
     """Trajectories per forward pass per process (gradient accumulation inside a mini-batch;
     the update is the same for any value, up to float rounding)."""
+    row_groups: int = 4
+    """A micro-batch's rows run as up to this many forward passes of similar-length rows, each
+    padded only to its own longest row (``packing.length_groups``); 1 = one forward padded to the
+    longest row. The same log-probs either way: rows never attend to each other. Multi-process
+    runs keep one forward per micro-batch (DDP's reducer expects one forward per backward)."""
 
     # ---- loss --------------------------------------------------------------------------
     clip_low: float = 0.2
@@ -209,7 +214,7 @@ class TrainConfig:
         if self.kl_kind not in KL_KINDS:
             bad("kl_kind", f"choose one of {KL_KINDS}")
         for name in ("steps", "tasks_per_step", "n_samples", "ppo_epochs", "mini_batches", "micro_batch_size",
-                     "n_train_tasks", "keep_checkpoints"):
+                     "row_groups", "n_train_tasks", "keep_checkpoints"):
             if int(getattr(self, name)) < 1:
                 bad(name, "must be >= 1")
         from memkit.pipeline import EVAL_SEEDS

@@ -353,3 +353,40 @@ def segments(trajectories: list[Trajectory], mode: str) -> list[list[Segment]]:
                         _ref_kind(tr.calls[t], p) or (("prompt", 0) if t == 0 else ("context", t)))
         rows.append(_runs(tags))
     return rows
+
+
+def length_groups(lengths, max_groups: int) -> list[list[int]]:
+    """Rows cut into at most ``max_groups`` groups of similar length, so that each group's forward
+    pass pads only to its own longest row instead of the batch's.
+
+    Rows are sorted by length and cut into contiguous runs; the cut minimises the padded slots
+
+        Σ_g |g| · max_{r ∈ g} len(r)
+
+    by dynamic programming over the sorted lengths (``best[k][j]``: the cheapest cut of the
+    ``j`` shortest rows into ``k`` runs). Returns lists of row indices (into ``lengths``), short
+    rows first; every row appears exactly once. ``max_groups = 1`` gives one group of all rows.
+    """
+    order = sorted(range(len(lengths)), key=lambda r: int(lengths[r]))
+    s = [int(lengths[r]) for r in order]
+    n, k_max = len(s), max(1, min(int(max_groups), len(s)))
+    if n == 0:
+        return []
+    inf = float("inf")
+    best = [[inf] * (n + 1) for _ in range(k_max + 1)]  # best[k][j]: first j sorted rows in k runs
+    cut = [[0] * (n + 1) for _ in range(k_max + 1)]
+    best[0][0] = 0
+    for k in range(1, k_max + 1):
+        for j in range(1, n + 1):
+            for i in range(k - 1, j):  # the last run is sorted rows i..j-1, padded to s[j-1]
+                c = best[k - 1][i] + (j - i) * s[j - 1]
+                if c < best[k][j]:
+                    best[k][j], cut[k][j] = c, i
+    k = min(range(1, k_max + 1), key=lambda kk: (best[kk][n], kk))
+    groups, j = [], n
+    while k > 0:
+        i = cut[k][j]
+        groups.append(order[i:j])
+        j, k = i, k - 1
+    return groups[::-1]
+

@@ -31,7 +31,7 @@ from memkit.rl.config import TrainConfig
 from memkit.rl.critic import ValueModel, loss_weights, trajectory_gae, weighted_sum
 from memkit.rl.losses import kl_penalty, ppo_clip_loss, token_logprobs, value_loss
 from memkit.rl.packed_forward import model_attention_mask
-from memkit.rl.packing import PackedBatch, pack
+from memkit.rl.packing import PackedBatch, length_groups, pack
 from memkit.rollout.trajectory import Trajectory
 
 
@@ -140,11 +140,29 @@ class Learner:
         mask = model_attention_mask(batch.attention_mask.to(dev), self.policy)
         return batch.input_ids.to(dev), mask, batch.position_ids.to(dev), batch.pred_index.to(dev)
 
-    def _logprobs(self, model, inputs, with_entropy=False, loss_mask=None):
+    def _logprobs(self, model, inputs, with_entropy=False, loss_mask=None, groups=None):
+        """Token log-probs (and entropy) ``[B, L]`` of the packed rows; with ``groups`` (row indices,
+        ``packing.length_groups``) one forward per group, cut to the group's longest row."""
         ids, mask, pos, pred = inputs
-        with self.acc.autocast():
-            return token_logprobs(model, ids, mask, pos, pred, with_entropy=with_entropy, loss_mask=loss_mask,
-                                  temperature=self.cfg.temperature)  # the policy trained is the one sampled
+        if groups is None or len(groups) <= 1:
+            groups = [None]
+        outs = []
+        for g in groups:
+            sub = (ids, mask, pos, pred, loss_mask)
+            if g is not None:  # rows are right-padded: positions past the group's longest row are padding
+                rows, width = torch.as_tensor(g[0], device=ids.device), g[1]
+                sub = tuple(None if t is None else t[rows][..., :width] if t.dim() == 2 else t[rows][..., :width, :width]
+                            for t in sub)
+            with self.acc.autocast():
+                outs.append(token_logprobs(model, *sub[:4], with_entropy=with_entropy, loss_mask=sub[4],
+                                           temperature=self.cfg.temperature))  # the policy trained is the one sampled
+        if groups == [None]:
+            return outs[0]
+        full = [torch.zeros(ids.shape, dtype=torch.float32, device=ids.device) for _ in range(1 + with_entropy)]
+        for (rows, width), out in zip(groups, outs):
+            for f, part in zip(full, out if with_entropy else (out,)):
+                f[torch.as_tensor(rows, device=ids.device), :width] = part
+        return tuple(full) if with_entropy else full[0]
 
     def _values(self, critic, batch, inputs) -> torch.Tensor:
         ids, mask, pos, _ = inputs
@@ -161,14 +179,19 @@ class Learner:
         if batch.input_ids.shape[1] == 0:
             return None
         dev, inputs = self.acc.device, self._inputs(batch)
+        lengths = batch.lengths.tolist()
+        # one forward per micro-batch across processes: DDP's reducer expects one forward per backward
+        row_groups = self.cfg.row_groups if self.world == 1 else 1
+        groups = [(g, max(lengths[r] for r in g)) for g in length_groups(lengths, row_groups)]
         m = batch.loss_mask.to(dev)
         rollout_old = batch.old_logprobs.to(dev)
-        old = self._logprobs(self.policy, inputs, loss_mask=m) if self.recompute else rollout_old
-        exp = {"batch": batch, "inputs": inputs, "m": m, "old": old, "gap": float(((old - rollout_old).abs() * m).sum())}
+        old = self._logprobs(self.policy, inputs, loss_mask=m, groups=groups) if self.recompute else rollout_old
+        exp = {"batch": batch, "inputs": inputs, "m": m, "old": old, "gap": float(((old - rollout_old).abs() * m).sum()),
+               "groups": groups, "padded": sum(len(g) * w for g, w in groups)}
         if self.cfg.kl_coef > 0:
             ctx = self.policy.disable_adapter() if self.is_peft else contextlib.nullcontext()
             with ctx:
-                exp["ref"] = self._logprobs(self.policy if self.is_peft else self.ref, inputs, loss_mask=m)
+                exp["ref"] = self._logprobs(self.policy if self.is_peft else self.ref, inputs, loss_mask=m, groups=groups)
         if self.critic is not None:
             values = self._values(self.acc.unwrap_model(self.critic), batch, inputs)
             exp["values"] = values * m
@@ -193,7 +216,8 @@ class Learner:
         """PPO/GRPO update on this process's trajectories (all samples of a task must be on
         the same process). Returns global stats: pg_loss, kl, entropy, clip_frac, approx_kl,
         ratio, grad_norm, lr (+ vf_loss, value_mean for ppo), old_logprob_gap, trained_tokens,
-        tokens_processed (padding excluded) and padded_tokens (the ``B x L`` slots the forwards ran)."""
+        tokens_processed (padding excluded) and padded_tokens (the token slots the policy forwards ran:
+        ``B x L`` summed over each micro-batch's row groups)."""
         cfg = self.cfg
         trajs = [trainable_calls(t) for t in trajs]
         for t in trajs:
@@ -230,7 +254,7 @@ class Learner:
         first = self._sum([sum(e["gap"] for e in live), sum(float(e["m"].sum()) for e in live),
                            sum(e["batch"].n_tokens for e in live),
                            sum(float(e.get("values", e["m"] * 0).sum()) for e in live),
-                           sum(e["batch"].n_padded_tokens for e in live)])
+                           sum(e["padded"] for e in live)])
         keys = ("pg_loss", "kl", "entropy", "clip_frac", "approx_kl", "ratio", "vf_loss", "vf_clip_frac", "tokens")
         tot = dict(zip(keys, self._sum([acc[k] for k in keys])))
         n_tok, n_opt = max(tot["tokens"], 1.0), max(acc["n_opt"], 1.0)
@@ -279,7 +303,7 @@ class Learner:
     def _micro(self, e: dict, w: torch.Tensor, W: int, acc: dict) -> None:
         cfg, m = self.cfg, e["m"]
         want_ent = cfg.log_entropy or cfg.entropy_coef > 0
-        out = self._logprobs(self.model, e["inputs"], with_entropy=want_ent, loss_mask=m)
+        out = self._logprobs(self.model, e["inputs"], with_entropy=want_ent, loss_mask=m, groups=e["groups"])
         logp, ent = out if want_ent else (out, None)
         pg, _ = ppo_clip_loss(logp, e["old"], e["adv"], w, cfg.clip_low, cfg.clip_high, "seq-mean-token-sum",
                               cfg.clip_ratio_c)
