@@ -389,4 +389,3 @@ def length_groups(lengths, max_groups: int) -> list[list[int]]:
         groups.append(order[i:j])
         j, k = i, k - 1
     return groups[::-1]
-

@@ -58,6 +58,14 @@ def make_accelerator(cfg: TrainConfig):
     return Accelerator(cpu=cpu, mixed_precision=cfg.mixed_precision)
 
 
+def _cut_rows(t: torch.Tensor | None, rows: torch.Tensor, width: int) -> torch.Tensor | None:
+    """Rows ``rows`` of a packed tensor, cut to their first ``width`` positions: ``[B, L]`` ->
+    ``[b, width]``, a 2D mask ``[B, 1, L, L]`` -> ``[b, 1, width, width]``."""
+    if t is None:
+        return None
+    return t[rows][..., :width] if t.dim() == 2 else t[rows][..., :width, :width]
+
+
 def trainable_calls(traj: Trajectory) -> Trajectory:
     """A shallow copy without trailing calls that produced no tokens (context over the limit,
     max turns): nothing to train there, and no later call can reference them."""
@@ -150,9 +158,7 @@ class Learner:
         for g in groups:
             sub = (ids, mask, pos, pred, loss_mask)
             if g is not None:  # rows are right-padded: positions past the group's longest row are padding
-                rows, width = torch.as_tensor(g[0], device=ids.device), g[1]
-                sub = tuple(None if t is None else t[rows][..., :width] if t.dim() == 2 else t[rows][..., :width, :width]
-                            for t in sub)
+                sub = tuple(_cut_rows(t, torch.as_tensor(g[0], device=ids.device), g[1]) for t in sub)
             with self.acc.autocast():
                 outs.append(token_logprobs(model, *sub[:4], with_entropy=with_entropy, loss_mask=sub[4],
                                            temperature=self.cfg.temperature))  # the policy trained is the one sampled
