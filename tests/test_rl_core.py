@@ -517,4 +517,3 @@ def test_length_groups_match_brute_force():
         padded = sum(len(g) * max(lengths[r] for r in g) for g in groups)
         assert padded == _brute_force_padding(lengths, k), (lengths, k, groups)
     assert length_groups([], 3) == [] and length_groups([5, 9], 1) == [[0, 1]]
-

@@ -45,9 +45,14 @@ def _assert_same_update(a: dict, b: dict, conditioned: dict, grad_rel: float = 1
 
 def _run(algo, trajs, conditioned: dict | None = None, **over) -> dict:
     """Update a fresh learner on ``trajs``; its parameters and last gradients."""
+    return _run_with_stats(algo, trajs, conditioned, **over)[0]
+
+
+def _run_with_stats(algo, trajs, conditioned: dict | None = None, **over) -> tuple[dict, dict]:
+    """:func:`_run`, and the update's stats."""
     learner = dw.make_learner(algo, **over)
     learner.keep_grads = True
-    return _update(learner, trajs, conditioned)[0]
+    return _update(learner, trajs, conditioned)
 
 
 def _update(learner, trajs, conditioned: dict | None = None) -> tuple[dict, dict]:
@@ -102,20 +107,13 @@ def test_row_groups_give_the_same_update(algo, packing):
     its longest row: fewer padded slots, and the update of one forward padded to the longest row."""
     trajs = dw.trajectories(range(4))
     conditioned = {}
-    one, one_stats = _update(_keep_grads(dw.make_learner(algo, packing=packing, micro_batch_size=8, row_groups=1)),
-                             trajs, conditioned)
-    grouped, grouped_stats = _update(_keep_grads(dw.make_learner(algo, packing=packing, micro_batch_size=8,
-                                                                 row_groups=4)), trajs)
+    one, one_stats = _run_with_stats(algo, trajs, conditioned, packing=packing, micro_batch_size=8, row_groups=1)
+    grouped, grouped_stats = _run_with_stats(algo, trajs, packing=packing, micro_batch_size=8, row_groups=4)
     _assert_same_update(one, grouped, conditioned)
     assert grouped_stats["tokens_processed"] == one_stats["tokens_processed"]
     assert grouped_stats["padded_tokens"] < one_stats["padded_tokens"]
     for k in ("pg_loss", "entropy", "kl", "clip_frac"):
         assert abs(grouped_stats[k] - one_stats[k]) < 1e-5, k
-
-
-def _keep_grads(learner):
-    learner.keep_grads = True
-    return learner
 
 
 def test_naive_micro_batch_mean_would_not_be_exact(monkeypatch):

@@ -149,25 +149,22 @@ class Learner:
         return batch.input_ids.to(dev), mask, batch.position_ids.to(dev), batch.pred_index.to(dev)
 
     def _logprobs(self, model, inputs, with_entropy=False, loss_mask=None, groups=None):
-        """Token log-probs (and entropy) ``[B, L]`` of the packed rows; with ``groups`` (row indices,
-        ``packing.length_groups``) one forward per group, cut to the group's longest row."""
-        ids, mask, pos, pred = inputs
-        if groups is None or len(groups) <= 1:
-            groups = [None]
-        outs = []
-        for g in groups:
-            sub = (ids, mask, pos, pred, loss_mask)
-            if g is not None:  # rows are right-padded: positions past the group's longest row are padding
-                sub = tuple(_cut_rows(t, torch.as_tensor(g[0], device=ids.device), g[1]) for t in sub)
+        """Token log-probs (and entropy) ``[B, L]`` of the packed rows; with several ``groups``
+        (``(row indices, width)``, ``packing.length_groups``) one forward per group, cut to its width."""
+        def score(ids, mask, pos, pred, loss_mask):
             with self.acc.autocast():
-                outs.append(token_logprobs(model, *sub[:4], with_entropy=with_entropy, loss_mask=sub[4],
-                                           temperature=self.cfg.temperature))  # the policy trained is the one sampled
-        if groups == [None]:
-            return outs[0]
+                return token_logprobs(model, ids, mask, pos, pred, with_entropy=with_entropy, loss_mask=loss_mask,
+                                      temperature=self.cfg.temperature)  # the policy trained is the one sampled
+
+        if groups is None or len(groups) <= 1:  # one group holds every row at the full width
+            return score(*inputs, loss_mask)
+        ids = inputs[0]
         full = [torch.zeros(ids.shape, dtype=torch.float32, device=ids.device) for _ in range(1 + with_entropy)]
-        for (rows, width), out in zip(groups, outs):
+        for rows, width in groups:  # rows are right-padded: past the group's longest row is padding
+            rows = torch.as_tensor(rows, device=ids.device)
+            out = score(*(_cut_rows(t, rows, width) for t in (*inputs, loss_mask)))
             for f, part in zip(full, out if with_entropy else (out,)):
-                f[torch.as_tensor(rows, device=ids.device), :width] = part
+                f[rows, :width] = part
         return tuple(full) if with_entropy else full[0]
 
     def _values(self, critic, batch, inputs) -> torch.Tensor:
