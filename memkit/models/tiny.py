@@ -14,10 +14,11 @@ learnt by heads over many steps; the small width was never the limit. Depth is n
 on a slow AVX2-only 2-core machine, 2 layers instead of 4 ran 2,031 steps in ``memkit sft``'s 10
 minutes (0.30 s a step against 0.42) and reached EM 0.23 against 0.21 (100 held-out tasks),
 inside the noise, so the 4 layers the papers' recipes and our recorded numbers assume stay.
-Nor is the initialisation: HF's normal(0, 0.02) on every matrix, against 0.04 and 0.08 (the
-same data and seed, the 1,383 steps ``memkit sft``'s 10 minutes run there, each on one core)
-reached EM 0.275 and 0.245 against 0.21, within the noise of 200 questions (standard error
-~0.03) and far from the 0.6 that ~2,500 steps give, so the default stays.
+The initialisation helps a little, not enough: HF's normal(0, 0.02) on every matrix against
+0.04 and 0.08 (same data and seed, the 1,383 steps ``memkit sft``'s 10 minutes run there, each
+run on one core with ``max_seconds=None``) reached EM 0.16, 0.275 and 0.245 (100 held-out tasks,
+standard error ~0.03; one seed). Far from the 0.6 that ~2,500 steps give, so the default stays
+(every recorded number assumes it).
 
 Parameter count for vocab V: embeddings V*128 (tied with the LM head) + 4 layers x
 (4*128*128 attention + 3*128*344 MLP) ~= 0.79M + V*128, i.e. ~1.2M at V ~ 3000 (the world
