@@ -25,8 +25,9 @@ Nor did a different optimizer: Muon (``torch.optim.Muon`` on the 28 attention / 
 AdamW on the tied embedding and the norms, the same warmup-stable-decay schedule), run for the
 1,383 steps the 10 minutes allow on that machine, reached EM 0.19 at lr 0.02 and 0.005 (97%
 invalid) at lr 0.05, against 0.16 for AdamW run the same way (100 held-out tasks, one seed,
-``max_seconds=None``; the time-budgeted AdamW run reached 0.21). It would also cost time on a CPU: torch's Muon orthogonalises in
-bfloat16, 1.56 s an optimizer step for the tiny model on an AVX2 core against 0.015 s for AdamW.
+``max_seconds=None``; the time-budgeted AdamW run reached 0.21). It would also cost time on a
+CPU: torch's Muon orthogonalises in bfloat16, 1.56 s an optimizer step for the tiny model on an
+AVX2 core against 0.015 s for AdamW.
 On 2 AVX-512 CPU cores a float32 step takes ~0.2 s (0.42-0.55 s on an AVX2-only machine;
 ``torch.compile`` did not help there: 0.67 vs 0.69 s on unbucketed batches, after a 94 s first
 step), so ``memkit sft``'s 10 minutes run ~2,850 of its 4000 MEM1 steps (EM 0.66; with a
