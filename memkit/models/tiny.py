@@ -15,10 +15,10 @@ on a slow AVX2-only 2-core machine, 2 layers instead of 4 ran 2,031 steps in ``m
 minutes (0.30 s a step against 0.42) and reached EM 0.23 against 0.21 (100 held-out tasks),
 inside the noise, so the 4 layers the papers' recipes and our recorded numbers assume stay.
 The initialisation helps a little, not enough: HF's normal(0, 0.02) on every matrix against
-0.04 and 0.08 (same data and seed, the 1,383 steps ``memkit sft``'s 10 minutes run there, each
-run on one core with ``max_seconds=None``) reached EM 0.16, 0.275 and 0.245 (100 held-out tasks,
-standard error ~0.03; one seed). Far from the 0.6 that ~2,500 steps give, so the default stays
-(every recorded number assumes it).
+0.04 and 0.08 (the same data, the 1,383 steps ``memkit sft``'s 10 minutes run there, each run on
+one core with ``max_seconds=None``) reached EM 0.16, 0.275 and 0.245 with seed 0, and 0.18 (0.02)
+against 0.24 (0.04) with seed 1 (100 held-out tasks, standard error ~0.03): about +0.09, far
+from the 0.6 that ~2,500 steps give, so the default stays (every recorded number assumes it).
 
 Parameter count for vocab V: embeddings V*128 (tied with the LM head) + 4 layers x
 (4*128*128 attention + 3*128*344 MLP) ~= 0.79M + V*128, i.e. ~1.2M at V ~ 3000 (the world
