@@ -129,6 +129,32 @@ def test_generation_stats_count_the_work_done(model, tok, prompts):
     assert be.stats.calls == 0 and be.stats.prefill_tokens == 0
 
 
+def test_generation_passes_the_cache_under_the_name_transformers_expects(model, tok, prompts):
+    """transformers 5.x calls the forward's cache argument ``cache`` and warns (then, from 5.40,
+    fails) on ``past_key_values``; 4.x knows only ``past_key_values``. Both generation paths
+    (preallocated cache and plain DynamicCache) must use the current name."""
+    import inspect
+    import warnings
+
+    from memkit.models.kv import cache_kwarg
+
+    expected = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    assert list(cache_kwarg(model, None)) == [expected]
+    for growable_path in (None, False):
+        be = HFBackend(model, tok)
+        be._growable = growable_path
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            be.generate(prompts, 4, temperature=0)
+        assert not [w for w in caught if "past_key_values" in str(w.message)]
+
+    class OldStyle(torch.nn.Module):  # a transformers 4.x forward
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None):
+            return input_ids
+
+    assert list(cache_kwarg(OldStyle(), None)) == ["past_key_values"]
+
+
 def test_greedy_is_padding_invariant(model, tok, prompts):
     be = HFBackend(model, tok)
     batched = be.generate(prompts, 16, stop=(), temperature=0)

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from memkit.models.kv import growable, left_pad, prefill
+from memkit.models.kv import cache_kwarg, growable, left_pad, prefill
 
 
 @dataclass
@@ -250,7 +250,7 @@ class HFBackend:
             input_ids, mask, positions = (t.to(dev) for t in left_pad(prompts, self.pad_id))
             cache = DynamicCache(config=self.model.config)
             logits = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                                past_key_values=cache, use_cache=True).logits[:, -1, :]
+                                use_cache=True, **cache_kwarg(self.model, cache)).logits[:, -1, :]
             next_pos = positions[:, -1] + 1  # (B,)
             st.prefill_tokens += sum(len(p) for p in prompts)
         t1 = time.perf_counter()
@@ -294,7 +294,7 @@ class HFBackend:
                     generator = [generator[j] for j in live]
             mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
             logits = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
-                                past_key_values=cache, use_cache=True).logits[:, -1, :]
+                                use_cache=True, **cache_kwarg(self.model, cache)).logits[:, -1, :]
             next_pos = next_pos + 1
             st.decode_steps += 1
             st.decode_rows += len(rows)

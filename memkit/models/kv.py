@@ -138,12 +138,32 @@ def prefix_groups(prompts: list[list[int]], min_len: int = 16) -> list[tuple[int
     return best[1]
 
 
+_CACHE_KWARG: dict[type, str] = {}
+
+
+def cache_kwarg(model, cache) -> dict:
+    """``{name: cache}`` for a forward call, ``name`` being what this transformers calls it.
+
+    transformers 5.x renamed the forward argument ``past_key_values`` to ``cache`` (the old name
+    still works but warns on every call, and goes in 5.40); 4.x only knows ``past_key_values``.
+    Looked up once per model class, on the base model under a peft or DDP wrapper.
+    """
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else getattr(model, "module", model)
+    cls = type(base)
+    if cls not in _CACHE_KWARG:
+        params = inspect.signature(base.forward).parameters
+        _CACHE_KWARG[cls] = "cache" if "cache" in params else "past_key_values"
+    return {_CACHE_KWARG[cls]: cache}
+
+
 def _forward_last(model, ids, mask, positions, cache):
+    kw = dict(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **cache_kwarg(model, cache))
     try:
-        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                    use_cache=True, logits_to_keep=1)
+        out = model(**kw, logits_to_keep=1)
     except TypeError:  # a model without logits_to_keep: same numbers, more work
-        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
+        out = model(**kw)
     return out.logits[:, -1, :]
 
 
