@@ -17,6 +17,13 @@ copying a name from ``<information>`` into a tag then means learning a second sp
 name, which a 4M model trained from scratch never generalises (measured: 0.01-0.11 EM per
 question after 10-25 min of SFT with the GPT-2 scheme). Here every word has one spelling
 wherever it appears; the price is ~1.3x more tokens than GPT-2's scheme at 4096 entries.
+Measured on MEM1's SFT data (15,115 calls, 3.16M tokens): 34% of all tokens are a lone space
+between two words. A scheme giving every word its leading space and a mark on the rarer word
+that has none (after a tag, a newline, a bracket) would keep one spelling per word and cut
+sequences by about a quarter (first 3,000 calls: 182k spaces saved, at most 45k marks added),
+i.e. ~1.3x more SFT steps per minute. Not built: inserting the mark with a zero-width
+``normalizers.Replace`` panics inside tokenizers (index out of bounds), so it needs a
+pre-tokenizer of its own, and every recorded number would move with it.
 
 Byte-level means any string (other alphabets, emoji, typos) encodes without ``<unk>``.
 No BOS/EOS is added automatically: the rollout engine decides what a context starts with.
