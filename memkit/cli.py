@@ -116,7 +116,8 @@ def cmd_sft(args) -> int:
     if args.eval_tasks:
         results = evaluate(args.method, kit, objectives=args.eval_objectives, n_tasks=args.eval_tasks, policy=spec)
         for k, (summary, _) in results.items():
-            print(f"{spec} {args.method} k={k}: EM per question {summary['em']:.3f}  F1 {summary['f1']:.3f}  "
+            kinds = ", ".join(f"{c[3:]} {v:.2f}" for c, v in summary.items() if c.startswith("em_"))
+            print(f"{spec} {args.method} k={k}: EM per question {summary['em']:.3f} ({kinds})  F1 {summary['f1']:.3f}  "
                   f"invalid {summary['invalid_rate']:.2f}  peak tokens {summary['peak_tokens']:.0f}")
     print(f"total wall time {time.perf_counter() - t0:.0f}s")
     return 0

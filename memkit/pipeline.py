@@ -261,8 +261,10 @@ def held_out_tasks(kit: Kit, n: int, k: int, seed: int = 1000, kinds=("1hop", "b
 
 def evaluate(method_name: str, kit: Kit, objectives=(1, 2, 4, 8), n_tasks: int = 50, policy: str = "oracle",
              seed: int = 1000, kinds=("1hop", "bridge", "comparison"), **rollout_kw):
-    """Run :func:`held_out_tasks` at each objective count; returns ``{k: (summary_dict, trajectories)}``."""
-    from memkit.metrics import summarize
+    """Run :func:`held_out_tasks` at each objective count; returns ``{k: (summary_dict, trajectories)}``.
+
+    The summary is :func:`memkit.metrics.summarize`'s plus EM by question kind (``em_by_kind``)."""
+    from memkit.metrics import em_by_kind, summarize
 
     results = {}
     policy = load_spec(policy, method_name, kit, seed)  # once for every k
@@ -270,7 +272,7 @@ def evaluate(method_name: str, kit: Kit, objectives=(1, 2, 4, 8), n_tasks: int =
         tasks = held_out_tasks(kit, n_tasks, k, seed, kinds)
         t0 = time.perf_counter()
         trajs = rollout(method_name, tasks, kit, policy=policy, seed=seed, **rollout_kw)
-        summary = summarize(trajs)
+        summary = {**summarize(trajs), **em_by_kind(trajs, tasks)}
         summary["wall_seconds"] = time.perf_counter() - t0
         results[k] = (summary, trajs)
     return results

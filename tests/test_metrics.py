@@ -156,6 +156,25 @@ def test_summarize_and_table():
         summarize([traj([], golds=[])])
 
 
+def test_em_by_kind_by_hand():
+    from dataclasses import replace
+
+    from memkit.metrics import em_by_kind
+    from memkit.world.schema import Question, Task
+
+    q = lambda kind, gold: Question(id=gold, text="?", answers=[gold], kind=kind)  # noqa: E731
+    t1 = Task(id="a", questions=[q("comparison", "Ann"), q("1hop", "1999")], prompt="")
+    t2 = Task(id="b", questions=[q("comparison", "Bob"), q("bridge", "Oslo")], prompt="")
+    right = replace(traj([], answer="Ann; 1999", golds=t1.golds), task_id="a")
+    half = replace(traj([], answer="Cid; Oslo", golds=t2.golds), task_id="b")
+    counted_wrong = replace(traj([], answer="Bob", golds=t2.golds), task_id="b")  # one answer for two questions
+    assert em_by_kind([right, half], [t1, t2]) == {"em_1hop": 1.0, "em_bridge": 1.0, "em_comparison": 0.5}
+    assert em_by_kind([right, half, counted_wrong], [t1, t2]) == pytest.approx(
+        {"em_1hop": 1.0, "em_bridge": 0.5, "em_comparison": 1 / 3})
+    with pytest.raises(ValueError, match="answers none of the tasks"):
+        em_by_kind([right], [t2])
+
+
 def test_summarize_round_trips_through_jsonl(tmp_path):
     from memkit.rollout.trajectory import load_jsonl, save_jsonl
 
