@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 
@@ -96,6 +97,8 @@ def cmd_sft(args) -> int:
 
     cfg = SFTConfig(method=args.method, steps=args.steps, n_tasks=args.n_tasks, objectives=tuple(args.objectives),
                     seed=args.seed, max_seconds=60 * args.max_minutes if args.max_minutes else None)
+    if args.show_comparison:
+        cfg.oracle = replace(cfg.oracle, show_comparison=True)
     tag = args.tag or sft_tag(cfg)
     if not all(c.isalnum() or c in "-_." for c in tag):
         raise ValueError(f"--tag {tag!r}: use letters, digits, '-', '_' or '.' (it becomes part of a directory name)")
@@ -187,6 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="wall-clock budget of the whole SFT (oracle data + optimisation): the learning-rate schedule "
                          "shrinks to fit, so a slow machine trains fewer steps (default 10; 0 = exactly --steps, "
                          "reproducible)")
+    sp.add_argument("--show-comparison", action="store_true",
+                    help="clone oracle traces that write a comparison's two values before its winner "
+                         "(OracleConfig.show_comparison; saved under its own tag, e.g. k1-2-n4000-s0-cmp)")
     sp.add_argument("--eval-tasks", type=int, default=100, help="held-out tasks to evaluate after training (0 = skip)")
     sp.add_argument("--eval-objectives", type=_ints, default=[2])
     sp.add_argument("--tag", default=None,

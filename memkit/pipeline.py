@@ -133,14 +133,23 @@ def sft_checkpoint_path(method: str, world_seed: int = 0, tag: str = "default") 
 def sft_tag(cfg) -> str:
     """The cache tag ``memkit sft`` saves an :class:`~memkit.sft.SFTConfig` under: ``default`` for
     the default recipe (objectives, tasks and seed; the step count or time budget only says how long
-    it trained), else one naming the recipe, e.g. ``k1-2-3-n4000-s0`` (load it as ``tiny-sft:<tag>``).
+    it trained), else one naming the recipe, e.g. ``k1-2-3-n4000-s0``, ``k1-2-n4000-s0-cmp`` for the oracle's
+    ``show_comparison`` data (load it as ``tiny-sft:<tag>``).
     So a variant never overwrites the default model the notebooks and ``memkit train`` start from."""
     from memkit.sft import SFTConfig
 
+    from dataclasses import replace
+
     d = SFTConfig()
-    if (tuple(cfg.objectives), cfg.n_tasks, cfg.seed) == (tuple(d.objectives), d.n_tasks, d.seed):
+    same_tasks = (tuple(cfg.objectives), cfg.n_tasks, cfg.seed) == (tuple(d.objectives), d.n_tasks, d.seed)
+    if same_tasks and cfg.oracle == d.oracle:
         return "default"
-    return f"k{'-'.join(map(str, cfg.objectives))}-n{cfg.n_tasks}-s{cfg.seed}"
+    tag = f"k{'-'.join(map(str, cfg.objectives))}-n{cfg.n_tasks}-s{cfg.seed}"
+    if cfg.oracle == replace(d.oracle, show_comparison=True):
+        tag += "-cmp"  # memkit sft --show-comparison
+    elif cfg.oracle != d.oracle:  # other imperfection knobs (Python API): name them by hash
+        tag += f"-o{config_hash(cfg.oracle)[:6]}"
+    return tag
 
 
 def sft_spec_path(spec: str, method: str, world_seed: int = 0) -> Path:

@@ -318,6 +318,29 @@ def test_knobs_lower_em(world, env):
     assert sum(slot_em(t) for t in wasted) / 20 >= 0.95  # wasted searches cost turns, not answers
 
 
+def test_show_comparison_writes_both_values_once_then_the_winner(world, env):
+    """OracleConfig.show_comparison: in the turn a comparison's second value arrives, the oracle's
+    state reads "<hop 1>: v1; <hop 2>: v2, so <winner>" (the values seen, in order); the turns
+    after keep only the winner, and every format still solves its tasks."""
+    tasks = [t for t in make_tasks(world, 40, k=2, seed=31) if any(q.kind == "comparison" for q in t.questions)]
+    assert len(tasks) >= 10
+    shown = OracleConfig(show_comparison=True)
+    for name in METHODS:
+        assert sum(map(slot_em, rollout(name, tasks, env, shown))) == len(tasks), name
+    for traj, task in zip(rollout("mem1", tasks, env, shown), tasks):
+        thinks = [extract(c.output_text, "think") for c in traj.calls]
+        plain = [extract(c.output_text, "think") for c in rollout("mem1", [task], env)[0].calls]
+        for qi, q in enumerate(task.questions):
+            if q.kind != "comparison":
+                continue
+            a, b = q.decomposition
+            derivation = f"Q{qi + 1}: {a.query}: {a.answer}; {b.query}: {b.answer}, so {q.answers[0]}."
+            hits = [i for i, t in enumerate(thinks) if derivation in t]
+            assert len(hits) == 1, (derivation, thinks)
+            later = thinks[hits[0] + 1:]
+            assert all(f"Q{qi + 1}: {q.answers[0]}." in t for t in later) and not any(derivation in t for t in plain)
+
+
 # ---------------------------------------------------------------------- invalid turns
 @dataclass
 class Case:

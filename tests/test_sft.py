@@ -288,6 +288,15 @@ def test_sft_variants_get_their_own_cache_tag_and_never_replace_the_default(caps
     assert sft_tag(SFTConfig(method="memsearcher", steps=10, max_seconds=None)) == "default"
     assert sft_tag(SFTConfig(objectives=(1, 2, 3))) == "k1-2-3-n4000-s0"
     assert sft_tag(SFTConfig(seed=1)) == "k1-2-n4000-s1"
+    from dataclasses import replace
+
+    from memkit.cli import build_parser
+
+    d = SFTConfig()  # other oracle data is another recipe, even with the default tasks
+    assert sft_tag(replace(d, oracle=replace(d.oracle, show_comparison=True))) == "k1-2-n4000-s0-cmp"
+    other = sft_tag(replace(d, oracle=replace(d.oracle, p_wrong_answer=0.1)))
+    assert other.startswith("k1-2-n4000-s0-o") and other != "k1-2-n4000-s0-cmp"
+    assert build_parser().parse_args(["sft", "--method", "mem1", "--show-comparison"]).show_comparison
     default = sft_checkpoint_path("mem1", 0)
     existed = default.exists()
     rc = main(["sft", "--method", "mem1", "--objectives", "1,2,3", "--n-tasks", "6", "--steps", "2",

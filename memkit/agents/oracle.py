@@ -20,6 +20,17 @@ Imperfection knobs (:class:`~memkit.agents.base.OracleConfig`), so SFT data leav
 * ``p_wasted_search``: an uninformative query before the right one.
 * ``p_wrong_answer``: an answer slot replaced by a distractor from the same task.
 
+``show_comparison`` (off by default; ``memkit sft --show-comparison``) is not a mistake but a
+different trace: in the turn a comparison's second value arrives the state reads "A founded: 1989;
+B founded: 1975, so B." instead of "B." alone. It targets the tiny model's weakest questions
+(``metrics.em_by_kind``: after an 18-minute MEM1 SFT, 0.79 of 1-hop and bridge questions right but
+0.42 of comparisons) and did not help them. Measured (MEM1, 2,648 SFT steps on 2 AVX2 cores, as
+many as that 18-minute run; one seed; 100 held-out 2-question tasks): EM 0.535 (comparisons 0.41)
+against 0.67 (0.42). The model copied both values right in 61 of its 67 written comparisons but
+named a winner consistent with them in only 27: each year is one token of the world tokenizer, and
+in this budget the tiny model does not learn their order, whether one value sits in its memory or
+both side by side.
+
 State lives in ``state.oracle`` (never shown to the model): ``known`` (hop key -> answer),
 ``attempts``, ``pending`` (hop the last search aimed at), ``gave_up``, ``seen``.
 """
@@ -61,6 +72,7 @@ def observe(state: AgentState, rng: random.Random, cfg: OracleConfig, forgetful:
     if o["seen"] >= len(state.calls):
         return
     o["seen"] = len(state.calls)
+    o["derived"] = None  # a comparison decided by this observation (OracleConfig.show_comparison)
     pending, o["pending"] = o["pending"], None
     if pending is None:
         return
@@ -71,6 +83,9 @@ def observe(state: AgentState, rng: random.Random, cfg: OracleConfig, forgetful:
         if forgetful and cfg.p_drop_fact > 0 and rng.random() < cfg.p_drop_fact:
             return  # found but not written down: the memory will lack it
         o["known"][pending] = answer
+        q = state.task.questions[qi]
+        if cfg.show_comparison and q.kind == "comparison" and question_answer(state, qi) is not None:
+            o["derived"] = qi
 
 
 def next_hop(state: AgentState) -> tuple[int, int] | None:
@@ -148,12 +163,13 @@ def facts_text(state: AgentState) -> str:
     parts = []
     for qi, q in enumerate(state.task.questions):
         final = question_answer(state, qi)
-        if final is not None:
-            parts.append(f"Q{qi + 1}: {final}.")
-            continue
         hops = [f"{s.query}: {o['known'][_key(qi, hi)]}" for hi, s in enumerate(q.decomposition)
                 if _key(qi, hi) in o["known"]]
-        if hops:
+        if final is not None and o.get("derived") == qi:  # the values once, then the winner
+            parts.append(f"Q{qi + 1}: " + "; ".join(hops) + f", so {final}.")
+        elif final is not None:
+            parts.append(f"Q{qi + 1}: {final}.")
+        elif hops:
             parts.append(f"Q{qi + 1}: " + "; ".join(hops) + ".")
         elif qi in o["gave_up"]:
             parts.append(f"Q{qi + 1}: not found.")
