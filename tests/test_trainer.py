@@ -308,6 +308,8 @@ def test_resume_continues_exactly(kit, tmp_path):
     strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("seconds")} for r in rows]  # noqa: E731
     assert strip(a.history) == strip(b.history) and len(a.history) == 4
     assert a.eval_history == b.eval_history and [e["step"] for e in a.eval_history] == [0, 2, 4]
+    by_kind = [{k: v for k, v in e.items() if k.startswith("em_")} for e in a.eval_history]  # metrics.em_by_kind
+    assert all(row and all(0.0 <= v <= 1.0 for v in row.values()) for row in by_kind)
     # run files: logs, one kept checkpoint named by `latest`, no temp dirs, a loadable policy
     run = tmp_path / "b"
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 4

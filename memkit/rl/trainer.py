@@ -174,7 +174,7 @@ class Trainer(Learner):
 
     def evaluate(self) -> list[dict]:
         """Greedy rollouts on ``pipeline.held_out_tasks`` of seed base ``cfg.eval_seed``, main process."""
-        from memkit.metrics import summarize
+        from memkit.metrics import em_by_kind, summarize
         from memkit.pipeline import held_out_tasks
 
         rows = []
@@ -184,7 +184,8 @@ class Trainer(Learner):
                 trajs = self.rollout(tasks, 1, 0.0, self.cfg.eval_seed + k)
                 s = summarize(trajs)
                 rows.append({"step": self.step, "k": k, "reward_mean": sum(t.reward for t in trajs) / len(trajs),
-                             **{key: s[key] for key in ("em", "f1", "peak_tokens", "invalid_rate", "tool_calls")}})
+                             **{key: s[key] for key in ("em", "f1", "peak_tokens", "invalid_rate", "tool_calls")},
+                             **em_by_kind(trajs, tasks)})  # which questions RL improved: comparisons?
             self.eval_history += rows
             if self.files:
                 self.files.log_eval(rows)
