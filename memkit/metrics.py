@@ -285,8 +285,8 @@ def context_tokens_per_turn_loop(trajs: Sequence[Trajectory], role: str | None =
 
 
 # ------------------------------------------------------------------------------ summary
-COLUMNS = ("method", "k", "n", "em", "em_1hop", "em_bridge", "em_comparison", "f1", "peak_tokens", "pt", "tt", "dependency", "tool_calls",
-           "memory_actions", "seconds", "wall_seconds", "invalid_rate")
+COLUMNS = ("method", "k", "n", "em", "em_1hop", "em_bridge", "em_comparison", "f1", "peak_tokens", "pt", "tt",
+           "dependency", "tool_calls", "memory_actions", "seconds", "wall_seconds", "invalid_rate")
 
 
 def summarize(trajs: Sequence[Trajectory], exclude: Sequence[str] = EXCLUDE) -> dict:
@@ -336,7 +336,8 @@ def em_by_kind(trajs: Sequence[Trajectory], tasks) -> dict[str, float]:
     for traj in trajs:
         task = by_id.get(traj.task_id)
         if task is None:
-            raise ValueError(f"trajectory {traj.task_id!r} answers none of the tasks given; pass the tasks it rolled out")
+            raise ValueError(f"trajectory {traj.task_id!r} answers none of the tasks given; "
+                             "pass the tasks it rolled out")
         for q, em in zip(task.questions, score_multi(traj.answer, traj.golds, "em")["per_question"]):
             scores.setdefault(q.kind, []).append(em)
     return {f"em_{kind}": float(np.mean(v)) for kind, v in sorted(scores.items())}

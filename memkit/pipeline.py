@@ -136,9 +136,9 @@ def sft_tag(cfg) -> str:
     it trained), else one naming the recipe, e.g. ``k1-2-3-n4000-s0``, ``k1-2-n4000-s0-cmp`` for the oracle's
     ``show_comparison`` data (load it as ``tiny-sft:<tag>``).
     So a variant never overwrites the default model the notebooks and ``memkit train`` start from."""
-    from memkit.sft import SFTConfig
-
     from dataclasses import replace
+
+    from memkit.sft import SFTConfig
 
     d = SFTConfig()
     same_tasks = (tuple(cfg.objectives), cfg.n_tasks, cfg.seed) == (tuple(d.objectives), d.n_tasks, d.seed)
