@@ -253,6 +253,7 @@ class HFBackend:
                                 use_cache=True, **cache_kwarg(self.model, cache)).logits[:, -1, :]
             next_pos = positions[:, -1] + 1  # (B,)
             st.prefill_tokens += sum(len(p) for p in prompts)
+        cache_kw = cache_kwarg(self.model, cache)  # one cache object for the whole call (compaction edits it in place)
         t1 = time.perf_counter()
         st.calls += 1
         st.prefill_seconds += t1 - t0
@@ -294,7 +295,7 @@ class HFBackend:
                     generator = [generator[j] for j in live]
             mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
             logits = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
-                                use_cache=True, **cache_kwarg(self.model, cache)).logits[:, -1, :]
+                                use_cache=True, **cache_kw).logits[:, -1, :]
             next_pos = next_pos + 1
             st.decode_steps += 1
             st.decode_rows += len(rows)
