@@ -27,9 +27,9 @@ B founded: 1975, so B." instead of "B." alone. It targets the tiny model's weake
 0.42 of comparisons) and did not help them. Measured (MEM1, 2,648 SFT steps on 2 AVX2 cores, as
 many as that 18-minute run; one seed; 100 held-out 2-question tasks): EM 0.535 (comparisons 0.41)
 against 0.67 (0.42). The model copied both values right in 61 of its 67 written comparisons but
-named a winner consistent with them in only 27: each year is one token of the world tokenizer, and
-in this budget the tiny model does not learn their order, whether one value sits in its memory or
-both side by side.
+named a winner consistent with them in only 27: in this budget the tiny model does not learn the
+order of numbers, which the world tokenizer cuts into uneven BPE pieces (``models/tokenizer.py``),
+whether one value sits in its memory or both side by side.
 
 State lives in ``state.oracle`` (never shown to the model): ``known`` (hop key -> answer),
 ``attempts``, ``pending`` (hop the last search aimed at), ``gave_up``, ``seen``.

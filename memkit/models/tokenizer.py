@@ -25,12 +25,16 @@ i.e. ~1.3x more SFT steps per minute. Not built: inserting the mark with a zero-
 ``normalizers.Replace`` panics inside tokenizers (index out of bounds), so it needs a
 pre-tokenizer of its own, and every recorded number would move with it.
 
-Numbers stay whole (a year is one token). The tiny model answers comparison questions ("who was
-born earlier, A or B?") near chance because it does not learn the order of those tokens
-(``metrics.em_by_kind``). Splitting numbers into digits (``pre_tokenizers.Digits``, as Llama does)
-did not fix it: the default MEM1 SFT recipe for 2,648 steps (one seed, 100 held-out 2-question
-tasks) reached EM 0.45 (1-hop 0.46, bridge 0.40, comparison 0.485) against 0.67 (0.79, 0.79, 0.42)
-with whole numbers, and every year costs four tokens instead of one.
+Numbers are pieces of BPE merges, not whole tokens: a digit string is one pre-token and BPE
+splits it wherever its merges happen to fall, so one number is one token and the next three of
+uneven length (``"1987"`` -> ``1987``, ``"1934"`` -> ``19 3 4``, ``"38790"`` -> ``3 879 0``; over
+every fifth value of each numeric attribute, birth years 1900-1995 are one token 45 times, two 38,
+three 13, and populations take 3-5 pieces). The tiny model answers comparison questions ("who was
+born earlier, A or B?") near chance (``metrics.em_by_kind``): ordering two numbers cut up this way
+is hard to learn. Splitting numbers into single digits (``pre_tokenizers.Digits``, as Llama does)
+makes the pieces consistent but did not fix it: the default MEM1 SFT recipe for 2,648 steps (one
+seed, 100 held-out 2-question tasks) reached EM 0.45 (1-hop 0.46, bridge 0.40, comparison 0.485)
+against 0.67 (0.79, 0.79, 0.42) with BPE pieces, and a year costs four tokens instead of one to three.
 
 Byte-level means any string (other alphabets, emoji, typos) encodes without ``<unk>``.
 No BOS/EOS is added automatically: the rollout engine decides what a context starts with.
