@@ -108,7 +108,7 @@ def cmd_sft(args) -> int:
         print(note, file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     path, history, n_ex = train_sft_model(args.method, kit, cfg, log=lambda r: print(
-        f"step {r['step']:5d}  loss {r['loss']:.4f}  lr {r['lr']:.2e}  {r['seconds']:.0f}s", flush=True),
+        f"step {r['step']:5d}  loss {r['loss']:.4f}  lr {r['lr']:.2e}  {r['seconds']:.0f}s  attention {r['attention']}", flush=True),
         path=sft_checkpoint_path(args.method, args.world_seed, tag))
     spec = "tiny-sft" if tag == "default" else f"tiny-sft:{tag}"
     print(f"trained on {n_ex} calls in {time.perf_counter() - t0:.0f}s; checkpoint: {path}\n"

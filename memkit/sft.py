@@ -102,9 +102,17 @@ class SFTConfig:
     world_seed: int = 0
     oracle: OracleConfig = field(default_factory=lambda: OracleConfig(p_wasted_search=0.05, p_drop_fact=0.05))
     log_every: int = 50
+    cpu_attention: str = "auto"  # attention kernel of CPU training: "eager", "sdpa" (same numbers,
+    # tested to 1e-5) or "auto" = time both on the first steps and keep the faster (AttentionProbe).
+    # Which wins depends on the CPU: eager 0.157 vs sdpa 0.205 s a step on an AVX-512 machine,
+    # sdpa 465 vs eager 526 ms on an AVX2-only AMD EPYC (medians of 6 alternating rounds of 20 MEM1
+    # batches in one process). There `memkit sft --method mem1` with "auto" picked sdpa and ran 1,376
+    # steps in its 10 minutes against 1,343 with eager (EM 0.27 vs 0.195, one seed each: noise-level)
 
     def __post_init__(self):
         lr_shape(self)  # an unknown schedule fails here, not after the data is built
+        if self.cpu_attention not in ("auto", "eager", "sdpa"):
+            raise ValueError(f"cpu_attention={self.cpu_attention!r}; use 'auto', 'eager' or 'sdpa'")
 
 
 def collect_examples(trajectories, max_len: int) -> tuple[list[tuple[list[int], list[int]]], int]:
@@ -217,6 +225,42 @@ def budget_note(history: list[dict], cfg: SFTConfig, total_seconds: float, metho
             f"for {SKILL_STEPS} steps here.")
 
 
+class AttentionProbe:
+    """Times eager against SDPA attention on SFT's first CPU steps and keeps the faster.
+
+    After ``warmup`` steps (allocator and thread-pool start-up), steps alternate between the two
+    kernels for ``rounds`` steps each; each step's time is divided by its batch's tokens (the
+    length buckets differ), and the kernel with the lower median wins (ties: eager). Both give
+    the same numbers, so the probe steps are ordinary training steps: nothing is spent but the
+    slower kernel's share of ``2 * rounds`` steps.
+    """
+
+    KERNELS = ("eager", "sdpa")
+
+    def __init__(self, warmup: int = 2, rounds: int = 4):
+        self.warmup, self.rounds = warmup, rounds
+        self.seconds_per_token: dict[str, list[float]] = {k: [] for k in self.KERNELS}
+
+    def kernel_for(self, step: int) -> str | None:
+        """The kernel to time at ``step``, or None outside the probe window."""
+        i = step - self.warmup
+        return self.KERNELS[i % 2] if 0 <= i < 2 * self.rounds else None
+
+    def record(self, kernel: str, seconds: float, tokens: int) -> None:
+        self.seconds_per_token[kernel].append(seconds / max(tokens, 1))
+
+    def done(self, step: int) -> bool:
+        return step == self.warmup + 2 * self.rounds
+
+    def faster(self) -> str:
+        import statistics
+
+        med = {k: statistics.median(v) for k, v in self.seconds_per_token.items() if v}
+        if len(med) < 2:
+            return "eager"
+        return "sdpa" if med["sdpa"] < med["eager"] else "eager"
+
+
 def lr_shape(cfg: SFTConfig):
     """The learning-rate factor after warmup as a function of run progress ``f`` in [0, 1].
 
@@ -262,10 +306,12 @@ def train_sft(model, tokenizer, examples, cfg: SFTConfig, log=None, progress: bo
     history, queue = [], []
     device = next(model.parameters()).device
     attn_impl = getattr(model.config, "_attn_implementation", None)
-    if device.type == "cpu" and attn_impl == "sdpa" and hasattr(model, "set_attn_implementation"):
-        # CPU training: eager attention is faster than SDPA's CPU flash kernel at head_dim 32,
-        # T ~ 200 (measured 0.157 vs 0.205 s a step, 16 sequences, 2 threads); same numbers.
-        model.set_attn_implementation("eager")
+    probe = None
+    if device.type == "cpu" and attn_impl in AttentionProbe.KERNELS and hasattr(model, "set_attn_implementation"):
+        # CPU training: which attention kernel is faster at head_dim 32, T ~ 200 depends on the CPU
+        # (SFTConfig.cpu_attention); a GPU keeps what the model was built with.
+        probe = AttentionProbe() if cfg.cpu_attention == "auto" else None
+        model.set_attn_implementation("eager" if probe else cfg.cpu_attention)
     bf16 = sft_uses_bf16(cfg.bf16, device)
     model.train()
     steps = range(cfg.steps)
@@ -280,6 +326,12 @@ def train_sft(model, tokenizer, examples, cfg: SFTConfig, log=None, progress: bo
                 rng.shuffle(queue)
             ids, attn, output_mask = make_batch([examples[i] for i in queue.pop()], pad_id)
             ids, attn, output_mask = ids.to(device), attn.to(device), output_mask.to(device)
+            kernel = probe.kernel_for(step) if probe else None
+            if kernel:
+                model.set_attn_implementation(kernel)
+            elif probe and probe.done(step):
+                model.set_attn_implementation(probe.faster())
+            t_step = time.perf_counter()
             keep = None
             if cfg.context_weight and cfg.context_fraction < 1.0:
                 keep = torch.rand(ids.shape, generator=gen) < cfg.context_fraction
@@ -291,10 +343,13 @@ def train_sft(model, tokenizer, examples, cfg: SFTConfig, log=None, progress: bo
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             sched.step()
+            if kernel:
+                probe.record(kernel, time.perf_counter() - t_step, ids.numel())
             out_of_time = bool(cfg.max_seconds) and time.perf_counter() - t0 >= cfg.max_seconds
             if step % cfg.log_every == 0 or step == cfg.steps - 1 or out_of_time:
                 row = {"step": step, "loss": loss.item(), "lr": sched.get_last_lr()[0], "seconds": time.perf_counter() - t0,
-                       "autocast": "bfloat16" if bf16 else "float32"}
+                       "autocast": "bfloat16" if bf16 else "float32",
+                       "attention": getattr(model.config, "_attn_implementation", None)}
                 history.append(row)
                 if log:
                     log(row)

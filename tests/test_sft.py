@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from memkit.models import build_tiny, train_tokenizer
-from memkit.sft import (SFTConfig, collect_examples, lr_shape, make_batch, save_checkpoint, sft_uses_bf16, sft_loss,
-                        train_sft)
+from memkit.sft import (AttentionProbe, SFTConfig, collect_examples, lr_shape, make_batch, save_checkpoint, sft_uses_bf16,
+                        sft_loss, train_sft)
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +115,39 @@ def test_sft_steps_run_in_the_chosen_precision(tok, bf16, dtype):
     hist = train_sft(model, tok, _examples(tok), SFTConfig(steps=2, batch_size=6, bf16=bf16, log_every=1), progress=False)
     assert set(seen) == {dtype} and hist[0]["autocast"] == str(dtype).removeprefix("torch.")
     assert all(p.dtype == torch.float32 for p in model.parameters())  # weights and AdamW stay float32
+
+
+def test_attention_probe_alternates_then_picks_the_lower_median_per_token():
+    probe = AttentionProbe(warmup=2, rounds=3)
+    assert [probe.kernel_for(s) for s in range(10)] == [None, None] + ["eager", "sdpa"] * 3 + [None, None]
+    assert [s for s in range(12) if probe.done(s)] == [8]
+    assert probe.faster() == "eager"  # nothing timed: keep the default
+    for sec in (1.0, 1.1, 0.9):
+        probe.record("eager", sec, 100)
+        probe.record("sdpa", 1.5 * sec, 200)  # more seconds, but on twice the tokens
+    assert probe.faster() == "sdpa"
+    tie = AttentionProbe()
+    tie.record("eager", 1.0, 10), tie.record("sdpa", 1.0, 10)
+    assert tie.faster() == "eager"
+
+
+@pytest.mark.parametrize("winner", ["sdpa", "eager"])
+def test_train_sft_times_both_kernels_then_keeps_the_winner(tok, monkeypatch, winner):
+    monkeypatch.setattr(AttentionProbe, "faster", lambda self: winner)
+    model = build_tiny(tok, seed=0)
+    hist = train_sft(model, tok, _examples(tok), SFTConfig(steps=12, batch_size=3, log_every=1), progress=False)
+    used = [r["attention"] for r in hist]
+    assert used == ["eager"] * 2 + ["eager", "sdpa"] * 4 + [winner] * 2
+    assert model.config._attn_implementation == "sdpa"  # handed back as built
+
+
+def test_train_sft_fixed_cpu_attention_and_a_clear_error(tok):
+    model = build_tiny(tok, seed=0)
+    hist = train_sft(model, tok, _examples(tok), SFTConfig(steps=4, batch_size=3, log_every=1, cpu_attention="sdpa"),
+                     progress=False)
+    assert {r["attention"] for r in hist} == {"sdpa"}
+    with pytest.raises(ValueError, match="cpu_attention='flash'.*'auto', 'eager' or 'sdpa'"):
+        SFTConfig(cpu_attention="flash")
 
 
 class _Call:
