@@ -53,6 +53,7 @@ from __future__ import annotations
 import math
 import random
 import shutil
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -104,7 +105,7 @@ class SFTConfig:
     log_every: int = 50
     cpu_attention: str = "auto"  # attention kernel of CPU training: "eager", "sdpa" (same numbers,
     # tested to 1e-5) or "auto" = time both on the first steps and keep the faster (AttentionProbe).
-    # Which wins depends on the CPU: eager 0.157 vs sdpa 0.205 s a step on an AVX-512 machine,
+    # Which wins depends on the CPU: eager 0.157 vs sdpa 0.205 s a step on an earlier 2-core machine,
     # sdpa 465 vs eager 526 ms on an AVX2-only AMD EPYC (medians of 6 alternating rounds of 20 MEM1
     # batches in one process). There `memkit sft --method mem1` with "auto" picked sdpa and ran 1,376
     # steps in its 10 minutes against 1,343 with eager (EM 0.27 vs 0.195, one seed each: noise-level)
@@ -253,8 +254,6 @@ class AttentionProbe:
         return step == self.warmup + 2 * self.rounds
 
     def faster(self) -> str:
-        import statistics
-
         med = {k: statistics.median(v) for k, v in self.seconds_per_token.items() if v}
         if len(med) < 2:
             return "eager"
