@@ -141,6 +141,20 @@ def test_train_sft_times_both_kernels_then_keeps_the_winner(tok, monkeypatch, wi
     assert model.config._attn_implementation == "sdpa"  # handed back as built
 
 
+def test_sft_loss_and_gradients_agree_between_the_attention_kernels(tok):
+    """The probe trains with both kernels, so they must give the same loss and gradients."""
+    ids, attn, out = make_batch(_examples(tok), pad_id=tok.pad_token_id)
+    got = {}
+    for kernel in AttentionProbe.KERNELS:
+        model = build_tiny(tok, seed=0)
+        model.set_attn_implementation(kernel)
+        loss = sft_loss(model, ids, attn, out, context_weight=1.0)
+        loss.backward()
+        got[kernel] = (loss.item(), model.model.layers[0].self_attn.q_proj.weight.grad.clone())
+    assert got["eager"][0] == pytest.approx(got["sdpa"][0], abs=1e-5)
+    assert torch.allclose(got["eager"][1], got["sdpa"][1], atol=1e-5)
+
+
 def test_train_sft_fixed_cpu_attention_and_a_clear_error(tok):
     model = build_tiny(tok, seed=0)
     hist = train_sft(model, tok, _examples(tok), SFTConfig(steps=4, batch_size=3, log_every=1, cpu_attention="sdpa"),

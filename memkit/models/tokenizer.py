@@ -26,8 +26,8 @@ i.e. ~1.3x more SFT steps per minute. Not built: inserting the mark with a zero-
 pre-tokenizer of its own, and every recorded number would move with it.
 
 Numbers are pieces of BPE merges, not whole tokens: a digit string is one pre-token and BPE
-splits it wherever its merges happen to fall, so one number is one token and the next three of
-uneven length (``"1987"`` -> ``1987``, ``"1934"`` -> ``19 3 4``, ``"38790"`` -> ``3 879 0``; over
+splits it wherever its merges happen to fall: one number is a single token, the next three pieces
+of uneven length (``"1987"`` -> ``1987``, ``"1934"`` -> ``19 3 4``, ``"38790"`` -> ``3 879 0``; over
 every fifth value of each numeric attribute, birth years 1900-1995 are one token 45 times, two 38,
 three 13, and populations take 3-5 pieces). The tiny model answers comparison questions ("who was
 born earlier, A or B?") near chance (``metrics.em_by_kind``): ordering two numbers cut up this way
