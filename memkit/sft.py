@@ -112,7 +112,7 @@ class SFTConfig:
 
     def __post_init__(self):
         lr_shape(self)  # an unknown schedule fails here, not after the data is built
-        if self.cpu_attention not in ("auto", "eager", "sdpa"):
+        if self.cpu_attention not in ("auto", *AttentionProbe.KERNELS):
             raise ValueError(f"cpu_attention={self.cpu_attention!r}; use 'auto', 'eager' or 'sdpa'")
 
 

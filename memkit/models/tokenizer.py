@@ -37,8 +37,8 @@ seed, 100 held-out 2-question tasks) reached EM 0.45 (1-hop 0.46, bridge 0.40, c
 against 0.67 (0.79, 0.79, 0.42) with BPE pieces, and a year costs four tokens instead of one to three.
 Nor did left-aligned groups of up to three digits (``Split(r"\d{1,3}")`` before BPE: ``"1934"`` ->
 ``193 4``; two tokens for every sampled birth, founding and formation year, 70 of 71 release and
-351 of 491 establishment years; larger numbers still 2-6 pieces): the same 2,648 steps reached EM 0.545 (1-hop 0.63, bridge
-0.54, comparison 0.47). More consistent pieces alone do not teach the order.
+351 of 491 establishment years; larger numbers still 2-6 pieces): the same 2,648 steps reached EM
+0.545 (1-hop 0.63, bridge 0.54, comparison 0.47). More consistent pieces alone do not teach the order.
 
 Byte-level means any string (other alphabets, emoji, typos) encodes without ``<unk>``.
 No BOS/EOS is added automatically: the rollout engine decides what a context starts with.
