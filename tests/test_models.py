@@ -62,12 +62,24 @@ def prompts(tok):
 
 
 # ----------------------------------------------------------------------------- tokenizer
+def test_a_word_has_one_spelling_after_a_space_a_tag_or_at_the_start(tok):
+    """Copying a name from <information> into <search>/<answer> needs the same ids in both places."""
+    name = tok.encode(" kelmora", add_special_tokens=False)
+    for text in ("kelmora", "<search>kelmora</search>", "the city of kelmora", "<answer>kelmora; bob</answer>"):
+        enc = tok.encode(text, add_special_tokens=False)
+        assert any(enc[i : i + len(name)] == name for i in range(len(enc))), text
+    # a space between two words is not a token of its own (it rides on the next word)
+    assert len(tok.encode("alice was born", add_special_tokens=False)) < len(tok.encode("alice.was.born", add_special_tokens=False))
+
+
 def test_tags_are_single_non_special_tokens_and_round_trip(tok, tmp_path):
     ids = tag_ids(tok)
     assert len(set(ids.values())) == len(TAGS) == 20
-    s = "<think> alice was born</think>\n<search>kelmora city</search><answer>1901; 1902</answer> café ☃ 日本"
+    s = "<think>alice was born</think>\n<search>kelmora city</search><answer>1901; 1902</answer>café ☃ 日本  x.\n(y)"
     enc = tok.encode(s, add_special_tokens=False)
     assert tok.decode(enc, skip_special_tokens=True) == s  # tags survive skip_special_tokens
+    # the one canonicalisation: a space right after a tag or at the very start is not kept
+    assert tok.decode(tok.encode(" <think> alice</think> \n", add_special_tokens=False)) == "<think>alice</think>\n"
     for t in ("<think>", "</search>", "<answer>"):
         assert enc.count(ids[t]) == 1
     assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (0, 1, 2)
@@ -102,7 +114,7 @@ def test_tiny_model_shape_and_seed(tok):
 # ----------------------------------------------------------------------------- generation
 def test_recorded_logprobs_match_fresh_forward(model, tok, prompts):
     be = HFBackend(model, tok)
-    g = torch.Generator().manual_seed(3)
+    g = torch.Generator().manual_seed(46)  # a seed where the 4 rows end all 3 ways (depends on the tokenizer)
     outs = be.generate(prompts, 24, stop=("in",), temperature=0.9, top_p=0.95, generator=g)
     # rows finish at different steps and for each reason, so the dropped-row (cache pruning) path is exercised
     assert {o.finish for o in outs} == {"stop", "eos", "length"}

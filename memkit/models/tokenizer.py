@@ -9,21 +9,31 @@ attribute words) gives short sequences; every XML-ish tag the methods use (``<th
 * tags are **not special**: ``decode(..., skip_special_tokens=True)`` keeps them, which the
   output parsers need. Only ``<pad> <bos> <eos>`` are special.
 
-**Words never carry the space before them** (pre-tokenizer ``Split(r"[^\w]+", isolated)``
-before byte-level BPE: runs of spaces/punctuation are pieces of their own, BPE merges inside a
-piece). GPT-2's byte-level BPE glues a space onto the next word, so a name is ``"ĠLibak"``
-after a space but ``"L" "ibak"`` right after ``<search>``, ``<answer>``, a newline or a quote:
-copying a name from ``<information>`` into a tag then means learning a second spelling per
-name, which a 4M model trained from scratch never generalises (measured: 0.01-0.11 EM per
-question after 10-25 min of SFT with the GPT-2 scheme). Here every word has one spelling
-wherever it appears; the price is ~1.3x more tokens than GPT-2's scheme at 4096 entries.
-Measured on MEM1's SFT data (15,115 calls, 3.16M tokens): 34% of all tokens are a lone space
-between two words. A scheme giving every word its leading space and a mark on the rarer word
-that has none (after a tag, a newline, a bracket) would keep one spelling per word and cut
-sequences by about a quarter (first 3,000 calls: 182k spaces saved, at most 45k marks added),
-i.e. ~1.3x more SFT steps per minute. Not built: inserting the mark with a zero-width
-``normalizers.Replace`` panics inside tokenizers (index out of bounds), so it needs a
-pre-tokenizer of its own, and every recorded number would move with it.
+**Every word has one spelling, with its leading space** (``"ĠLibak"``), wherever it appears.
+GPT-2's byte-level BPE glues a space onto the next word, so a name is ``"ĠLibak"`` after a space
+but ``"L" "ibak"`` right after ``<search>`` or ``<answer>``: copying a name from ``<information>``
+into a tag then means learning a second spelling per name, which a 4M model trained from scratch
+never generalises (measured: 0.01-0.11 EM per question after 10-25 min of SFT with the GPT-2
+scheme). Here the text between two tags (and the start of a text) gets a space prepended when
+it begins with a word (normalizer ``Prepend(" ")``, then ``Replace(r"^ (?=\W)", "")`` takes it off
+again before a non-word character), and the pre-tokenizer ``Split(r" ?\w+", isolated)`` keeps
+a word together with the one space before it; the rest (punctuation, newlines, extra spaces) are
+pieces of their own. The decoder drops the space again after a tag and at the start of the
+text, so ``decode(encode(s)) == s`` for every ``s`` without a space right after a tag or at its
+start (the canonical form every method writes; a space written there is lost, which the
+parsers ignore anyway, as they strip whitespace inside tags). Only words right after a newline
+or punctuation keep a second, space-less spelling: in MEM1's SFT data these are fixed words
+("Q1", "Doc", "Title"), never names.
+
+An earlier scheme (``words4``) gave every word no space at all and made each space between two
+words a token of its own: one spelling too, but 34% of all tokens of MEM1's SFT data were
+those lone spaces, and the model's attention had to skip over them to link neighbouring words.
+Measured with the default MEM1 SFT recipe for 1,383 steps (one core each, ``max_seconds=None``,
+seed 0, 100 held-out 2-question tasks): this scheme EM **0.51** (1-hop 0.60, bridge 0.52,
+comparison 0.41) against 0.16 (seed 1: 0.18) with ``words4``, and a step took 0.43 s instead of
+0.70 (shorter sequences). ``memkit sft --method mem1`` (its 10 minutes on 2 cores of an AVX2-only
+AMD EPYC) then ran 2,039 steps instead of 1,376 and reached EM **0.655** (1-hop 0.73, bridge 0.73,
+comparison 0.50, 1% invalid) instead of 0.27.
 
 Numbers are pieces of BPE merges, not whole tokens: a digit string is one pre-token and BPE
 splits it wherever its merges happen to fall: one number is a single token, the next three pieces
@@ -48,7 +58,7 @@ from __future__ import annotations
 import re
 from typing import Iterable
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 #: Every tag used by any method (MEM1, MemSearcher, MemPO, MemAct, Mem-T). Order fixes their ids.
@@ -59,11 +69,11 @@ PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 SPECIAL_TOKENS = (PAD, BOS, EOS)  # ids 0, 1, 2
 
 #: Bumped whenever the pre-tokenization changes, so cached tokenizers (and models) are not reused.
-TOKENIZER_SCHEME = "words4"  # words4: corpus always rolled out with BM25 top-3
+TOKENIZER_SCHEME = "glue5"  # glue5: words carry their leading space (words4: spaces were tokens of their own)
 #: Default vocabulary size: most fictional names become one or two ids (copying is shorter).
 DEFAULT_VOCAB = 4096
-#: Non-word runs (spaces, punctuation) are pre-tokens of their own; BPE merges inside a piece.
-_ISOLATE = r"[^\w]+"
+#: A word with the one space before it is a pre-token; the rest (punctuation, newlines) pieces of their own.
+_WORD = r" ?\w+"
 
 _TAG_RE = re.compile("|".join(re.escape(t) for t in sorted(TAGS, key=len, reverse=True)))
 
@@ -92,11 +102,15 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB) -> Pr
         raise ValueError(f"vocab_size={vocab_size} is too small: bytes+specials+tags already take {n_fixed}; use >= 512")
 
     tok = Tokenizer(models.BPE())
+    # The normalizer runs on each piece of text between tags (tags are added tokens, matched
+    # first): a piece starting with a word gets a leading space, so the word keeps one spelling.
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend(" "), normalizers.Replace(Regex(r"^ (?=\W)"), "")])
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(_ISOLATE), behavior="isolated"),
+        pre_tokenizers.Split(Regex(_WORD), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
-    tok.decoder = decoders.ByteLevel()
+    after_tag = "|".join(re.escape(t) for t in TAGS)
+    tok.decoder = decoders.Sequence([decoders.ByteLevel(), decoders.Replace(Regex(f"^ |(?<={after_tag}) "), "")])
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size - len(TAGS),  # the tags are appended after training
         special_tokens=list(SPECIAL_TOKENS),
