@@ -43,7 +43,8 @@ were one token 45 times, two 38, three 13, and populations took 3-5 pieces. With
 ``" 1987"`` -> ``Ġ1987``, ``" 1934"`` -> ``Ġ193 4``, ``" 38790"`` -> ``Ġ3 879 0``; the birth years 1900,
 1905, ..., 1995 are one token 5 times, two 14, three once. The tiny model answers comparison
 questions ("who was born earlier, A or B?") near chance (``metrics.em_by_kind``; 0.50 after the
-10-minute glue5 SFT above): ordering two numbers cut up this way is hard to learn. Splitting numbers into single digits (``pre_tokenizers.Digits``, as Llama does)
+10-minute glue5 SFT above): ordering two numbers cut up this way is hard to learn.
+Splitting numbers into single digits (``pre_tokenizers.Digits``, as Llama does)
 makes the pieces consistent but did not fix it: the default MEM1 SFT recipe for 2,648 steps (one
 seed, 100 held-out 2-question tasks) reached EM 0.45 (1-hop 0.46, bridge 0.40, comparison 0.485)
 against 0.67 (0.79, 0.79, 0.42) with BPE pieces, and a year costs four tokens instead of one to three.
