@@ -369,6 +369,28 @@ def test_invalid_turns_end_with_the_format_penalty(world, env):
         assert not traj.calls[-1].valid
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_context_over_the_limit_is_an_invalid_turn(world, env, method):
+    """A call whose context outgrows RolloutConfig.max_context_tokens ends the episode as invalid
+    with the format penalty, before the policy is asked; the calls before it are unchanged."""
+    m = get_method(method)
+    task = make_tasks(world, 1, k=2, seed=7)[0]
+    turns = turns_for(method, task)
+    free = rollout(method, [task], env)[0]
+    sizes = [len(c.context_ids) for c in free.calls]
+    limit = max(sizes) - 1
+    first_over = next(i for i, n in enumerate(sizes) if n > limit)
+    capped = run_rollouts(m, [task], env, OraclePolicy(m, TOK, OracleConfig(), seed=0), TOK,
+                          RolloutConfig(max_turns=turns, max_context_tokens=limit))[0]
+    assert free.valid and not capped.valid
+    assert "context over the limit" in capped.reason and f"> {limit} tokens" in capped.reason
+    assert capped.reward == m.format_penalty
+    assert len(capped.calls) == first_over + 1
+    last = capped.calls[-1]
+    assert not last.valid and last.output_ids == [] and len(last.context_ids) == sizes[first_over]
+    assert [c.output_ids for c in capped.calls[:-1]] == [c.output_ids for c in free.calls[:first_over]]
+
+
 def test_memsearcher_memory_budget(world, env):
     task = make_tasks(world, 1, k=1, seed=7)[0]
     search = '<think>t</think><tool_call>{"name": "wikipedia_search", "arguments": {"query": "x"}}</tool_call>'
