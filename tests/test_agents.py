@@ -50,11 +50,11 @@ def turns_for(method: str, task) -> int:
     return get_method(method).suggested_max_turns(task)
 
 
-def rollout(method, tasks, env, cfg=None, max_turns=None, seed=0):
+def rollout(method, tasks, env, cfg=None, max_turns=None, seed=0, max_context_tokens=NO_LIMIT):
     m = get_method(method) if isinstance(method, str) else method
     turns = max_turns or max(turns_for(m.name, t) for t in tasks)
     return run_rollouts(m, tasks, env, OraclePolicy(m, TOK, cfg or OracleConfig(), seed=seed), TOK,
-                        RolloutConfig(max_turns=turns, max_context_tokens=NO_LIMIT))
+                        RolloutConfig(max_turns=turns, max_context_tokens=max_context_tokens))
 
 
 def slot_em(traj) -> float:
@@ -375,13 +375,11 @@ def test_context_over_the_limit_is_an_invalid_turn(world, env, method):
     with the format penalty, before the policy is asked; the calls before it are unchanged."""
     m = get_method(method)
     task = make_tasks(world, 1, k=2, seed=7)[0]
-    turns = turns_for(method, task)
-    free = rollout(method, [task], env)[0]
+    free = rollout(m, [task], env)[0]
     sizes = [len(c.context_ids) for c in free.calls]
     limit = max(sizes) - 1
     first_over = next(i for i, n in enumerate(sizes) if n > limit)
-    capped = run_rollouts(m, [task], env, OraclePolicy(m, TOK, OracleConfig(), seed=0), TOK,
-                          RolloutConfig(max_turns=turns, max_context_tokens=limit))[0]
+    capped = rollout(m, [task], env, max_context_tokens=limit)[0]
     assert free.valid and not capped.valid
     assert "context over the limit" in capped.reason and f"> {limit} tokens" in capped.reason
     assert capped.reward == m.format_penalty
