@@ -3,19 +3,20 @@
     python benchmarks/packing_cost.py [--objectives 8] [--n-trajs 2] [--micro 1] [--backward]
 
 Rolls out N MEM1 oracle trajectories at k objectives (valid multi-turn trajectories, no model
-needed), packs them three ways and, on a fresh tiny model (timing does not depend on weights),
-runs the forward (with ``--backward`` also forward + backward) of the packed log-probs, ``--micro`` trajectories per
-forward pass, as the trainer's micro-batches do. All modes in one run on the same trajectories.
+needed), packs them three ways (``separate``, ``mem1_mask``, ``mem1_exact``) and times the
+forward of the packed log-probs on a fresh tiny model (timing does not depend on weights),
+``--micro`` trajectories per forward pass as the trainer's micro-batches do; ``--backward`` also
+times forward + backward. All modes run in one process on the same trajectories.
 
-Columns: ``rows x L`` (last micro-batch), ``tokens`` (real tokens, padding excluded),
-``padded`` (B * L summed over micro-batches: what the forward really runs), ``pairs``
-((query, key) pairs allowed by the mask: the attention work a sparse kernel would do),
-``cells`` (B * L * L: the scores a dense sdpa/eager kernel computes, masked or not),
-wall times, and ``max|dlogp|`` against the separate rows (the exact reference; mem1_exact
-should be ~1e-6, mem1_mask shows App. B.7's position-id approximation). Ratios are to
-``separate``. Note: with a 2D mask a row of a whole trajectory is one long sequence, so its
-dense attention grows with the square of the trajectory length, while separate rows grow
-with the square of one call.
+Per mode it prints ``tokens`` (real), ``padded`` (B * L: what the forward runs), ``pairs``
+(what the mask allows: a sparse kernel's work), ``cells`` (B * L * L: a dense kernel's work),
+wall times and ``max|dlogp|`` against ``separate``, the exact reference (mem1_exact ~1e-6;
+mem1_mask shows App. B.7's position-id approximation), then ratios to ``separate``. They matter
+because a stitched trajectory has fewer tokens than its calls' contexts, but under a 2D mask it
+is one long row whose dense attention grows with the square of the trajectory's length (a
+separate row: one call's), so fewer tokens need not mean less time.
+
+(measured figures: docs/findings.md, 'Benchmarks')
 """
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ import time
 import torch
 
 from memkit.cpu import keep_freed_memory
-from memkit.pipeline import fresh_tiny, load_kit, rollout
+from memkit.evaluation import rollout
+from memkit.kit import load_kit
+from memkit.policies import fresh_tiny
 from memkit.rl.packed_forward import packed_token_logprobs
 from memkit.rl.packing import MODES, pack
 from memkit.world import make_tasks

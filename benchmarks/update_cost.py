@@ -4,7 +4,8 @@
 
 Rolls out one training batch (``--tasks`` x ``--n`` trajectories at T = 1) with the SFT'd tiny
 model when ``memkit sft --method M`` has cached one (else a fresh tiny model), then times
-``Learner.update`` on exactly those trajectories four ways (best of ``--repeats``):
+``Learner.update`` on exactly those trajectories five ways (best of ``--repeats``, at
+``--threads`` torch threads, 1 by default): the four combinations of
 
 * micro-batches cut in rollout order vs. from the length-sorted mini-batch
   (``Learner.sort_micro_batches``): same update, fewer padded token slots. It matters most for
@@ -13,34 +14,21 @@ model when ``memkit sft --method M`` has cached one (else a fresh tiny model), t
   default) vs. taken from the rollout: one forward pass less, and exact for ``separate`` /
   ``mem1_exact`` packing (their packed log-probs equal the rollout's, tests/test_rl_core.py).
 
-The defaults are notebook 02's MEM1 PPO batch (mem1_exact, 8 tasks x 4 samples, critic);
-``--method memsearcher`` times notebook 03's multi-context GRPO batch (separate rows, 4 x 5).
+and, fifth, both choices with each micro-batch's rows run as up to ``TrainConfig.row_groups``
+(4) forwards of similar-length rows, each cut to its own longest row (``packing.length_groups``;
+the same update, tests/test_trainer.py).
 
-Measured on this 2-core machine (1 thread, SFT'd tiny models), best of 2:
+The batches are ``SETUPS``: MEM1 PPO with mem1_exact rows (8 tasks x 4 samples, with a critic)
+by default, MemSearcher GRPO with separate rows (4 x 5) under ``--method memsearcher``.
 
-    MEM1 PPO, mem1_exact, 32 trajectories (22,934 tokens)   recomputed  rollout order 13.52 s  (31,696 padded slots)
-                                                            recomputed  length-sorted  9.92 s  (25,936)
-                                                            from rollout  length-sorted  9.35 s: 1.45x
-    MemSearcher GRPO, separate rows, 20 trajectories        recomputed  rollout order  6.90 s  (44,444)
-                                                            from rollout  length-sorted  5.06 s: 1.36x
+It prints each update's time, tokens and padded token slots, then the speed-ups over "recomputed,
+rollout order": sorted, from rollout, both, and rows in length groups (also over "both"). These
+ratios are why, by default, the learner sorts micro-batches and ``TrainConfig`` recomputes old
+log-probs only where they differ from the rollout's (``recompute_old_logprobs=None``) and groups
+rows: the same update with
+fewer padded slots and fewer forwards, which RL runs with a wall-clock budget turn into steps.
 
-Sorting helps the 2D-masked rows (1.36x); MemSearcher's rows are calls, whose lengths sorting
-trajectories barely groups (1.11x), and there skipping the recompute saves most (1.32x). Both are
-what ``TrainConfig`` does by default now (``recompute_old_logprobs=None``).
-
-The fifth line runs each micro-batch's rows as up to ``TrainConfig.row_groups`` (4) forwards of
-similar-length rows, each cut to its own longest row (``packing.length_groups``; the same update,
-tests/test_trainer.py). Measured on the slower AVX2 machine (1 thread, best of 2 unless noted):
-
-    MemSearcher GRPO, 20 trajectories (28,539 tokens)   one forward   10.05 s  (44,534 padded slots)
-                                                        4 row groups   6.95 s  (30,012): 1.45x
-    MemSearcher GRPO, 40 (notebook 03's 8 x 5; 1 run)   one forward   22.20 s  (90,832)
-                                                        4 row groups  16.08 s  (62,599): 1.38x
-    MEM1 PPO, mem1_exact, 32 (22,878 tokens; 1 run)     one forward   24.30 s  (25,976)
-                                                        4 row groups  21.16 s  (23,001): 1.15x
-
-A MemSearcher micro-batch mixes short act calls with memory calls that hold an observation, so
-its rows were padded 1.5x; grouping brings that to 1.05x.
+(measured figures: docs/findings.md, 'Benchmarks')
 """
 from __future__ import annotations
 
@@ -50,9 +38,11 @@ import time
 import torch
 
 from memkit.cpu import keep_freed_memory
-from memkit.pipeline import load_kit, prompt_wrap, sft_checkpoint_path
+from memkit.kit import load_kit
+from memkit.policies import load_init, prompt_wrap
 from memkit.rl.config import TrainConfig
-from memkit.rl.trainer import Trainer, load_init, make_accelerator
+from memkit.rl.trainer import Trainer, make_accelerator
+from memkit.sft import sft_checkpoint_path
 
 SETUPS = {  # the notebooks' full-mode batches (TrainConfig fields)
     "mem1": dict(algo="ppo", packing="mem1_exact", agg="token-mean", mini_batches=1, critic_lr=1e-3,

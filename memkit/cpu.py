@@ -3,27 +3,20 @@
 The tiny model is so small that how the process runs matters as much as what it computes:
 
 * **Threads.** Small batched decodes gain nothing from a second thread and can lose a lot to
-  OpenMP spin-waits on a busy 2-core box, while SFT's matmuls run ~1.8x faster on two
+  OpenMP spin-waits on a busy 2-core box, while SFT's matmuls run faster on two
   (:func:`notebook_cpu_setup`, :func:`all_cores`).
 * **The allocator.** PyTorch's CPU tensors come from ``malloc``. glibc serves every block above
   its mmap threshold (128 KiB at start, raised on the fly up to 32 MiB) with a fresh ``mmap``
   and unmaps it on ``free``, so each new KV-cache buffer, prefill activation or logits tensor
   page-faults its memory back in, zero-filled by the kernel, every step.
   :func:`keep_freed_memory` keeps such blocks in the heap for reuse instead, what preloading
-  jemalloc/tcmalloc does in PyTorch's CPU tuning guide. Measured on this 2-core machine, runs
-  with and without it alternating: ``benchmarks/rollout_throughput.py`` batched 3.4-3.8 s ->
-  3.2-3.5 s (speed-up 5.1-5.7x, mean 5.4x, over 8 runs -> 5.5-6.1x, mean 5.8x, over 10; the
-  one-by-one path is unchanged); an SFT step (float32, 2 threads) 216 -> 201 ms, with minor
-  page faults 3.3M -> 0.23M per 300 steps and peak RSS 1.42 -> 1.39 GB. glibc's own thresholds
-  move with the allocation history, so single runs vary: take several.
+  jemalloc/tcmalloc does in PyTorch's CPU tuning guide: batched rollouts and SFT steps run a few
+  percent faster, with far fewer page faults (measured: docs/findings.md, 'CPU runtime').
 * **Other jobs.** A wall-clock SFT budget buys fewer steps on a shared CPU
   (:func:`busy_cpu_note`).
 
-Not needed: the old trick of making MKL treat an AMD CPU as Intel (its ``mkl_serv_intel_cpu_true``
-check answering 1). Measured on an AMD EPYC (AVX2) with torch 2.13's MKL 2024.2, the check patched
-and restored in one process, 12 alternating rounds: the tiny model's matmul shapes ran at the same
-speed either way (ratios 0.97-1.03; ~130 GFLOP/s on 2 threads, ~70 on one). An SFT step there
-spends ~46% of its time in those matmuls, ~18% in attention's batched matmuls.
+Not needed: the old trick of making MKL treat an AMD CPU as Intel. With torch 2.13's MKL the
+tiny model's matmuls run at the same speed either way (measured: docs/findings.md, 'CPU runtime').
 """
 from __future__ import annotations
 
@@ -124,8 +117,8 @@ def busy_cpu_note(busy: float | None = None) -> str | None:
     """A warning when other processes already use the cores a time-budgeted SFT will train on.
 
     The budget is wall-clock, so a shared CPU means fewer steps, and the tiny model's EM rises
-    steeply near the step counts a 10-minute run reaches (measured, `memkit sft --method mem1` on
-    2 cores with bf16 steps: alone 2,444 steps -> EM 0.735; beside other jobs ~2,000 steps -> 0.475).
+    steeply near the step counts a 10-minute run reaches (measured: docs/findings.md, 'SFT recipe',
+    "Run it alone").
     ``busy`` defaults to :func:`cpu_busy_share` (half a second of sampling).
     """
     busy = cpu_busy_share() if busy is None else busy

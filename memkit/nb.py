@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, TypeVar
 
-from memkit.rollout.trajectory import atomic_write_text
+from memkit.io import atomic_write_text
 
 T = TypeVar("T")
 

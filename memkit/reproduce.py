@@ -8,7 +8,6 @@ A failing notebook is reported and the others still run.
 """
 from __future__ import annotations
 
-import argparse
 import ast
 import json
 import os
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from memkit.nb import PAPERMILL_ENV, RECORD_ENV, load_records
-from memkit.rollout.trajectory import atomic_write_text
+from memkit.io import atomic_write_text
 
 STANDARD_PARAMETERS = ("SMOKE", "MODEL", "SEED", "OUT_DIR")
 PARAMETERS_TAG = "parameters"
@@ -328,47 +327,3 @@ def failed_notebooks(run_dir: str | Path) -> list[str]:
     """Names of the notebooks that failed in a run written by :func:`reproduce`."""
     summary = json.loads((Path(run_dir) / "summary.json").read_text(encoding="utf-8"))
     return [n["name"] for n in summary["notebooks"] if not n["ok"]]
-
-
-# ----------------------------------------------------------------------------- CLI
-def add_reproduce_parser(subparsers) -> argparse.ArgumentParser:
-    """Add ``reproduce`` to an argparse subparsers object; the handler is ``args.handler(args)``."""
-    p = subparsers.add_parser("reproduce", help="run every notebook with papermill and write a report",
-                              description=__doc__.split("\n\n")[0])
-    p.add_argument("--smoke", action="store_true", help="small, fast settings (SMOKE=True)")
-    p.add_argument("--model", default="tiny", help="MODEL parameter: tiny, smollm2-135m, HF id/path")
-    p.add_argument("--seed", type=int, default=0, help="SEED parameter (default 0)")
-    p.add_argument("--only", nargs="+", metavar="NAME", help="notebook stems or unique prefixes")
-    p.add_argument("--out", default="runs", help="root of the run directories (default runs/)")
-    p.add_argument("--notebooks-dir", default=None, help="default: the repository's notebooks/")
-    p.add_argument("--kernel", default=None, help="Jupyter kernel name (default: this Python)")
-    p.add_argument("--timeout", type=float, default=None, help="per-cell timeout in seconds")
-    p.set_defaults(handler=run_from_args)
-    return p
-
-
-def run_from_args(args: argparse.Namespace) -> int:
-    """Handler for the ``reproduce`` subcommand; returns the exit status (1 if any failed)."""
-    try:
-        run_dir = reproduce(smoke=args.smoke, model=args.model, notebooks=args.only,
-                            out_root=args.out, kernel=args.kernel, seed=args.seed,
-                            notebooks_dir=args.notebooks_dir, timeout=args.timeout)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"memkit reproduce: error: {e}", file=sys.stderr)
-        return 2
-    return 1 if failed_notebooks(run_dir) else 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m memkit.reproduce [--smoke] [--model M] [--only NAME...] [--out DIR]``."""
-    parser = argparse.ArgumentParser(prog="memkit")
-    add_reproduce_parser(parser.add_subparsers(dest="command", required=True))
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] != "reproduce":
-        argv = ["reproduce", *argv]
-    args = parser.parse_args(argv)
-    return args.handler(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -9,111 +9,103 @@ Deviation (tiny model only): a real policy arrives pretrained; the tiny model st
 random weights and must first learn to read and copy entity names. ``context_weight`` adds a
 language-modelling loss on the context tokens (prompt, memory, ``<information>``), a
 stand-in for pretraining on the world text: passages repeat each name several times, which
-is the signal that grows copying ("induction") heads. It is on by default (w = 1), scored on
-a random half of the context tokens each step (``context_fraction``). Measured on MEM1 (hidden
-128; 2-objective EM per question on 100 held-out tasks after 3000 steps of 16 calls, GPU sweep):
-context fraction 1.0 -> 0.70, 0.5 -> 0.70, 0.25 -> 0.35-0.45, 0.1 -> 0.16; EM jumps between
-steps 1500 (0.15) and 2500 (0.55) as the copying heads form, 6000 steps reach 0.85.
-A cheaper route to those heads did not work: 200 steps of pure copying first (random token
-strings repeated once, 32 x 49 tokens, 43 s; copy accuracy 1.0 after ~150 steps) and then
-this recipe, in memkit sft's 10 minutes on a slow AVX2 machine, reached EM 0.01 after 986
-steps (0.55 s each that hour), against 0.21 after 1,383 without it. It was no further along at
-equal data either (loss 0.93 after 12,000 sequences; 0.82 for a batch-8 run without warm-up):
-heads learnt on random strings did not carry over to names in passages, and the warmed model
-began SFT at loss 23 instead of 16.
-Nor did a different optimizer: Muon (``torch.optim.Muon`` on the 28 attention / MLP matrices,
-AdamW on the tied embedding and the norms, the same warmup-stable-decay schedule), run for the
-1,383 steps the 10 minutes allow on that machine, reached EM 0.19 at lr 0.02 and 0.005 (97%
-invalid) at lr 0.05, against 0.16 for AdamW run the same way (100 held-out tasks, one seed,
-``max_seconds=None``; the time-budgeted AdamW run reached 0.21). It would also cost time on a
-CPU: torch's Muon orthogonalises in bfloat16, 1.56 s an optimizer step for the tiny model on an
-AVX2 core against 0.015 s for AdamW.
-On 2 AVX-512 CPU cores a float32 step takes ~0.2 s (0.42-0.55 s on an AVX2-only machine;
-``torch.compile`` did not help there: 0.67 vs 0.69 s on unbucketed batches, after a 94 s first
-step), so ``memkit sft``'s 10 minutes run ~2,850 of its 4000 MEM1 steps (EM 0.66; with a
-3000-step cap: 2,998 steps, 0.635) and ~4,000 MemSearcher steps (shorter contexts: EM 0.715,
-against 0.415 with the 3000-step cap). With the bf16 autocast it used to apply on every CPU,
-a machine without AMX ran 1,588 MEM1 steps in the same 10 minutes and ended at EM 0.29 (see
-``sft_uses_bf16``).
-The figures above and below were measured with the earlier ``words4`` tokenizer, in which each
-space between two words was a token of its own. The current one (``glue5``: a word carries its
-leading space, ``models/tokenizer.py``) cuts MEM1's sequences short enough for ~1.5x more steps a
-minute, and the copying comes sooner: on the same AVX2 machine ``memkit sft --method mem1`` ran
-2,039 steps in its 10 minutes (0.28 s a step) and reached EM **0.655** (1,376 steps and 0.27 before).
-Since the skill arrives late, the learning rate is held at its peak and decayed only over the
-last fifth of the run (warmup-stable-decay): measured with ``memkit sft --method mem1`` (10
-minutes, 2527 steps) EM **0.76**, against 0.52 with a cosine decay and otherwise the same
-settings (lr 4e-3, 200 warmup steps; with lr 3e-3 and 50 warmup steps the cosine gave 0.32).
+is the signal that grows copying ("induction") heads. It is on by default (w = 1) and scored on
+a random half of the context tokens each step (``context_fraction``):
 
     L(θ) = L_bc(θ) + w_ctx · (− mean_{context tokens} log π_θ(x_{i,t} | x_{i,<t}))
 
 Set ``context_weight=0`` for the papers' pure output-only SFT. RL never uses this loss: its
 loss mask covers generated tokens only.
 
+The copying skill arrives late (after about :data:`SKILL_STEPS` steps), so the learning rate is
+held at its peak and decayed only over the last fifth of the run (warmup-stable-decay), and the
+run is budgeted in wall-clock time (``max_seconds``): a slower machine trains fewer steps.
+Measured effects of each choice, and what was tried and dropped: docs/findings.md, 'SFT recipe'
+and 'Negative results'.
+
 The oracle's imperfection knobs leave mistakes in the data on purpose, so the SFT'd model is
 a reasonable but improvable start for RL (MEM1 App. F.1 compares RL against SFT).
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import random
-import shutil
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 
+from memkit.agents import METHODS
 from memkit.agents.base import OracleConfig
+from memkit.io import atomic_dir, cache_dir
 from memkit.models.loading import decoder_and_head
+from memkit.models.tokenizer import TOKENIZER_SCHEME
+from memkit.world.splits import SPLIT_SCHEME
 
 
 @dataclass
 class SFTConfig:
-    method: str = "mem1"
-    objectives: tuple[int, ...] = (1, 2)  # k values of the training tasks
-    n_tasks: int = 4000  # oracle tasks to clone (~15k calls). Measured (memkit sft, 10 min): 4000 ->
-    # EM 0.32, 12000 (~45k calls, each seen about once) -> 0.305 (both at lr 3e-3): more data does not help
-    steps: int = 4000  # optimizer steps (~0.2 s each for 16 x ~210 tokens, float32, 2 CPU threads).
-    # The 10-minute budget (max_seconds) usually ends the run first: measured, MEM1 2,851 steps ->
-    # EM 0.66 and MemSearcher 3,987 -> 0.715, against 0.635 and 0.415 with a 3000-step cap
-    batch_size: int = 16  # measured on a slow 2-core AVX2 machine (memkit sft's 10 minutes): batch 8 ran
-    # 2,211 steps at 0.26 s and reached EM 0.19, batch 16 1,383 steps at 0.42 s and 0.21. The copying skill
-    # comes with sequences seen, not optimizer steps, so smaller batches do not buy it sooner
-    lr: float = 4e-3  # measured there: lr 8e-3 -> EM 0.00 (92% invalid) after 1,173 steps; 4e-3 -> 0.21
-    warmup: int = 200  # measured (memkit sft, 10 min): lr 3e-3 / warmup 50 -> EM 0.32, 4e-3 / 200 -> 0.52
-    schedule: str = "wsd"  # after warmup: "wsd" (warmup-stable-decay: lr held, then a linear decay
-    # over the last decay_fraction of the run) or "cosine". Measured (2-objective EM on 100 held-out
-    # tasks): memkit sft 10 min, wsd 0.2 -> 0.76 (2527 steps), cosine -> 0.52 (2473 steps); 2400
-    # steps on one thread, wsd 0.2 -> 0.655
-    decay_fraction: float = 0.2  # wsd only: share of the run (steps or wall time) spent decaying to 0
-    max_len: int = 768  # sequences longer than this are dropped (counted in the log)
-    context_weight: float = 1.0  # w_ctx: LM loss on context tokens (0 = output-only SFT, see above)
-    context_fraction: float = 0.5  # share of context tokens scored by L_ctx each step (a fresh random
-    # subset per batch, an unbiased estimate of L_ctx). Measured (3000 steps, 2-objective EM on 100
-    # held-out tasks): 1.0 -> 0.70, 0.5 -> 0.70, 0.25 -> 0.35-0.45, 0.1 -> 0.16; 0.5 costs 0.82x a step
-    bf16: bool | None = None  # bfloat16 autocast for the forward/backward (weights and AdamW stay
-    # float32). None = where it is faster (sft_uses_bf16): GPUs with bf16 and CPUs with AMX
-    # tiles. Measured on this machine's AVX512-BF16 CPU *without* AMX (300 real MEM1 steps, 2
-    # threads): bf16 370 ms a step, float32 219 ms, so float32 there
-    max_seconds: float | None = 600.0  # wall-clock budget (pipeline.train_sft_model: data + training):
-    # the schedule runs on max(step/steps, elapsed/budget) and training stops when either ends
-    # (machine-dependent; None = by steps). The default is `memkit sft`'s 10 minutes, so a notebook
-    # that trains the default model gets the same one as the command line
-    k_docs: int = 1  # passages per search in the cloned trajectories (and the model's later rollouts):
-    # the papers retrieve 3; one keeps the tiny model's contexts ~1.6x shorter (measured: oracle EM
-    # stays 1.00 at 1-4 objectives, it re-searches when the top passage misses)
+    """Every knob of behaviour cloning (``memkit sft`` has one flag per field)."""
+
+    method: str = field(default="mem1", metadata={"choices": METHODS})
+    """Memory format whose oracle is cloned (``memkit.agents.METHODS``)."""
+    objectives: tuple[int, ...] = (1, 2)
+    """Questions per training task (k values)."""
+    n_tasks: int = 4000
+    """Oracle tasks to clone (~15k calls); more data does not help in the 10-minute budget
+    (measured: docs/findings.md, 'SFT recipe')."""
+    steps: int = 4000
+    """Optimizer steps, a cap: the 10-minute budget (``max_seconds``) usually ends the run first."""
+    batch_size: int = 16
+    """Sequences per optimizer step. The copying skill comes with sequences seen, not optimizer
+    steps, so smaller batches do not buy it sooner (measured: docs/findings.md, 'SFT recipe')."""
+    lr: float = 4e-3
+    """Peak learning rate (AdamW); twice as high diverges (measured: docs/findings.md, 'SFT recipe')."""
+    warmup: int = 200
+    """Linear warmup steps."""
+    schedule: str = field(default="wsd", metadata={"choices": ("wsd", "cosine")})
+    """After warmup: "wsd" (warmup-stable-decay: lr held, then a linear decay over the last
+    decay_fraction of the run) or "cosine". wsd keeps the peak rate until the late-arriving
+    copying skill has formed (measured: docs/findings.md, 'SFT recipe')."""
+    decay_fraction: float = 0.2
+    """wsd only: share of the run (steps or wall time) spent decaying to 0."""
+    max_len: int = 768
+    """Sequences longer than this are dropped (counted in the log)."""
+    context_weight: float = 1.0
+    """w_ctx: LM loss on context tokens (0 = output-only SFT, see the module doc)."""
+    context_fraction: float = 0.5
+    """Share of context tokens scored by L_ctx each step (a fresh random subset per batch, an
+    unbiased estimate of L_ctx). Half is as good as all of them and cheaper; a quarter is worse
+    (measured: docs/findings.md, 'SFT recipe')."""
+    bf16: bool | None = None
+    """bfloat16 autocast for the forward/backward (weights and AdamW stay float32). None = where it
+    is faster (:func:`sft_uses_bf16`): GPUs with bf16 and CPUs with bf16 matrix tiles; float32
+    elsewhere (measured: docs/findings.md, 'SFT recipe')."""
+    max_seconds: float | None = 600.0
+    """Wall-clock budget (``training.train_sft_model``: data + training): the schedule runs on
+    max(step/steps, elapsed/budget) and training stops when either ends (machine-dependent; None =
+    by steps). The default is `memkit sft`'s 10 minutes, so a notebook that trains the default
+    model gets the same one as the command line."""
+    k_docs: int = 1
+    """Passages per search in the cloned trajectories (and the model's later rollouts): the papers
+    retrieve 3; one keeps the tiny model's contexts ~1.6x shorter at unchanged oracle EM (the
+    oracle re-searches when the top passage misses)."""
     seed: int = 0
+    """Seeds the training tasks, the oracle's imperfections and the model's init."""
     world_seed: int = 0
+    """Synthetic world the tasks come from."""
     oracle: OracleConfig = field(default_factory=lambda: OracleConfig(p_wasted_search=0.05, p_drop_fact=0.05))
+    """Imperfection knobs of the cloned oracle (mistakes left in the data so RL has room)."""
     log_every: int = 50
-    cpu_attention: str = "auto"  # attention kernel of CPU training: "eager", "sdpa" (same numbers,
-    # tested to 1e-5) or "auto" = time both on the first steps and keep the faster (AttentionProbe).
-    # Which wins depends on the CPU: eager 0.157 vs sdpa 0.205 s a step on an earlier 2-core machine,
-    # sdpa 465 vs eager 526 ms on an AVX2-only AMD EPYC (medians of 6 alternating rounds of 20 MEM1
-    # batches in one process). There `memkit sft --method mem1` with "auto" picked sdpa and ran 1,376
-    # steps in its 10 minutes against 1,343 with eager (EM 0.27 vs 0.195, one seed each: noise-level)
+    """Log a row every N steps."""
+    cpu_attention: str = field(default="auto", metadata={"choices": ("auto", "eager", "sdpa")})
+    """Attention kernel of CPU training: "eager", "sdpa" (same numbers, tested to 1e-5) or "auto" =
+    time both on the first steps and keep the faster (:class:`AttentionProbe`). Which wins depends
+    on the CPU (measured: docs/findings.md, 'SFT recipe')."""
 
     def __post_init__(self):
         lr_shape(self)  # an unknown schedule fails here, not after the data is built
@@ -159,8 +151,8 @@ def sft_loss(model, ids, attn, output_mask, context_weight: float = 0.0, context
     ``context_keep`` (bool ``[B, T]``, optional): which context tokens enter ``L_ctx`` (a random
     subset, see ``SFTConfig.context_fraction``); None = all of them. The LM head runs only on
     the positions that are scored: it is ~25% of the tiny model's FLOPs per token at V ~ 3000,
-    and the float32 log-softmax over ``[B, T, V]`` costs as much again (measured: a step with
-    every context token scored takes 2.1x one that scores outputs only).
+    and the float32 log-softmax over ``[B, T, V]`` costs as much again (measured:
+    docs/findings.md, 'SFT recipe').
     """
     out = output_mask[:, 1:]  # [B, T-1]: position t-1 predicts token t
     ctx = attn[:, 1:].bool() & ~out if context_weight else torch.zeros_like(out)
@@ -189,10 +181,10 @@ def sft_uses_bf16(bf16: bool | None, device: torch.device) -> bool:
     """Does an SFT step autocast to bfloat16 (True) or run in plain float32 (False)?
 
     ``bf16=None`` picks bfloat16 only where the hardware has bf16 matrix units: a CUDA device
-    that supports it, or a CPU with AMX tiles (not measured here: no AMX machine was at hand).
-    AVX512-BF16 alone is not enough for the tiny model: its matmuls are small (hidden 128), so
-    the casts around them cost more than the bf16 arithmetic saves (measured on such a CPU: 1.69x
-    slower steps than float32). Pass ``bf16=True/False`` to choose yourself.
+    that supports it, or a CPU whose capabilities report bf16 matrix tiles (untested: no such
+    CPU was at hand). bf16 vector instructions alone are not enough for the tiny model: its
+    matmuls are small (hidden 128), so the casts around them cost more than the bf16 arithmetic
+    saves (measured: docs/findings.md, 'SFT recipe'). Pass ``bf16=True/False`` to choose yourself.
     """
     if bf16 is None:
         if device.type == "cuda":
@@ -205,10 +197,9 @@ def sft_uses_bf16(bf16: bool | None, device: torch.device) -> bool:
     return bool(bf16)
 
 
-#: Optimizer steps by which the default recipe has learnt to copy names. With the glue5 tokenizer
-#: (``models/tokenizer.py``), MEM1 on 2 AVX2 cores: EM 0.51 after 1,383 steps, 0.655 after the 2,039
-#: that `memkit sft --method mem1`'s 10 minutes ran. (With the earlier words4 tokenizer the skill came
-#: between steps 1500 (EM 0.15) and 2500 (0.55), and those 10 minutes ran 1,376 steps: EM 0.27.)
+#: Optimizer steps by which the default recipe (glue5 tokenizer) has learnt to copy names;
+#: :func:`budget_note` warns when the time budget ends a run sooner (measured: docs/findings.md,
+#: 'SFT recipe').
 SKILL_STEPS = 2000
 
 
@@ -368,18 +359,54 @@ def train_sft(model, tokenizer, examples, cfg: SFTConfig, log=None, progress: bo
 
 def save_checkpoint(model, tokenizer, path: Path, meta: dict | None = None) -> Path:
     """save_pretrained into a temp dir, then rename: a crash never leaves half a checkpoint."""
-    import json
+    with atomic_dir(path) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if meta is not None:
+            (tmp / "memkit.json").write_text(json.dumps(meta, indent=2, default=str))
+    return Path(path)
 
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    if meta is not None:
-        (tmp / "memkit.json").write_text(json.dumps(meta, indent=2, default=str))
-    if path.exists():
-        shutil.rmtree(path)
-    tmp.rename(path)
+
+# ---- where `memkit sft` caches its models -------------------------------------------------------
+def config_hash(obj) -> str:
+    """10 hex digits naming a dataclass's (or a JSON value's) contents."""
+    blob = json.dumps(asdict(obj) if hasattr(obj, "__dataclass_fields__") else obj, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+def sft_checkpoint_path(method: str, world_seed: int = 0, tag: str = "default") -> Path:
+    """Where ``memkit sft`` caches a method's tiny model (``tag`` tells variants apart; the
+    tokenizer scheme and the question split are in the name so a model trained on an older
+    tokenizer, or on questions that are now RL's or test ones, is never reused)."""
+    return cache_dir() / f"tiny-sft-{method}-w{world_seed}-{TOKENIZER_SCHEME}-{SPLIT_SCHEME}-{tag}"
+
+
+def sft_tag(cfg: SFTConfig) -> str:
+    """The cache tag ``memkit sft`` saves ``cfg`` under: ``default`` for the default recipe
+    (objectives, tasks and seed; the step count or time budget only says how long it trained),
+    else one naming the recipe, e.g. ``k1-2-3-n4000-s0``, ``k1-2-n4000-s0-cmp`` for the oracle's
+    ``show_comparison`` data (load it as ``tiny-sft:<tag>``).
+    So a variant never overwrites the default model the notebooks and ``memkit train`` start from."""
+    d = SFTConfig()
+    same_tasks = (tuple(cfg.objectives), cfg.n_tasks, cfg.seed) == (tuple(d.objectives), d.n_tasks, d.seed)
+    if same_tasks and cfg.oracle == d.oracle:
+        return "default"
+    tag = f"k{'-'.join(map(str, cfg.objectives))}-n{cfg.n_tasks}-s{cfg.seed}"
+    if cfg.oracle == replace(d.oracle, show_comparison=True):
+        tag += "-cmp"  # memkit sft --show-comparison
+    elif cfg.oracle != d.oracle:  # other imperfection knobs: name them by hash
+        tag += f"-o{config_hash(cfg.oracle)[:6]}"
+    return tag
+
+
+def sft_spec_path(spec: str, method: str, world_seed: int = 0) -> Path:
+    """The checkpoint of policy spec ``tiny-sft`` (the default SFT model) or ``tiny-sft:<tag>``;
+    a missing one is a :class:`FileNotFoundError` naming the command that makes it."""
+    tag = spec.split(":", 1)[1] if ":" in spec else "default"
+    path = sft_checkpoint_path(method, world_seed, tag)
+    if not path.exists():
+        how = f"`memkit sft --method {method}`" + ("" if tag == "default" else f" with the flags that give tag {tag!r}")
+        raise FileNotFoundError(f"no SFT'd tiny model for method {method!r} at {path}; train it first with {how}")
     return path
 
 

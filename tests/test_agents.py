@@ -17,9 +17,9 @@ from memkit.agents import METHODS, get_method
 from memkit.agents.base import OracleConfig, Parsed
 from memkit.agents.memact import parse_ids
 from memkit.agents.mempo import mem_probe
-from memkit.agents.tags import extract, split_answers, tool_call_query
+from memkit.agents.tags import extract, tool_call_query
 from memkit.envs import SearchEnv, make_retriever
-from memkit.metrics import exact_match
+from memkit.metrics import exact_match, split_answers
 from memkit.rollout.engine import Generation, OraclePolicy, RolloutConfig, run_rollouts
 from memkit.world import make_tasks, make_world
 

@@ -5,8 +5,9 @@ import math
 
 import pytest
 
-from memkit.rl.headroom import exploration_headroom, measure_headroom, slot_scores
-from memkit.rollout.trajectory import Trajectory
+from memkit.evaluation import measure_headroom
+from memkit.rl.headroom import exploration_headroom, slot_scores
+from memkit.trajectory import Trajectory
 
 
 def _t(task, answer, golds, valid=True):
@@ -53,7 +54,7 @@ def test_headroom_bad_input():
 
 
 def test_oracle_has_no_headroom():
-    from memkit.pipeline import load_kit
+    from memkit.kit import load_kit
 
     h = measure_headroom("mem1", load_kit(0), "oracle", k=2, n_tasks=3, n_samples=2)
     assert h["slots"] == 6 and h["greedy_em"] == 1.0 and h["headroom"] == 0.0 and h["em_bound"] == 1.0
@@ -64,11 +65,11 @@ def test_oracle_has_no_headroom():
 
 def test_policy_spec_is_loaded_once(monkeypatch):
     """Greedy and samples must score one model: "tiny" builds a random model per call."""
-    import memkit.pipeline as pipeline
-    from memkit.pipeline import load_kit
+    import memkit.policies as policies
+    from memkit.kit import load_kit
 
     built = []
-    real = pipeline.fresh_tiny
-    monkeypatch.setattr(pipeline, "fresh_tiny", lambda kit, seed=0: built.append(seed) or real(kit, seed))
+    real = policies.fresh_tiny
+    monkeypatch.setattr(policies, "fresh_tiny", lambda kit, seed=0: built.append(seed) or real(kit, seed))
     h = measure_headroom("mem1", load_kit(0), "tiny", k=1, n_tasks=2, n_samples=1, max_turns=1)
     assert h["slots"] == 2 and len(built) == 1

@@ -21,8 +21,8 @@ from nbtools import (NOTEBOOKS_DIR, check_expectations, code_cells_with_outputs,
                      run_notebook)
 
 from memkit import nb as mnb
-from memkit.reproduce import (_runs_this_python, declared_parameters, main, reproduce,
-                              resolve_kernel, select_notebooks)
+from memkit.cli import main
+from memkit.reproduce import _runs_this_python, declared_parameters, reproduce, resolve_kernel, select_notebooks
 
 # Recorded numbers each notebook must produce in SMOKE mode (SEED=0, MODEL="tiny").
 # Keys: <record>_min, <record>_max, <record>_eq, <record>_close=(target, abs_tol).
@@ -276,8 +276,8 @@ def test_reproduce_reports_failure_and_continues(tmp_path, out_dir):
     rec = mnb.load_records(run / "00_ok.record.json")
     assert rec["params"]["MODEL"] == "m1" and rec["params"]["OUT_DIR"] == str((run / "00_ok").resolve())
     assert (run / "01_fails.ipynb").exists()  # executed copy kept for debugging
-    rc = main(["--only", "02", "--out", str(tmp_path / "runs2"), "--notebooks-dir", str(nbs)])
+    rc = main(["reproduce", "--only", "02", "--out", str(tmp_path / "runs2"), "--notebooks-dir", str(nbs)])
     assert rc == 0
-    rc = main(["--only", "01_fails", "--out", str(tmp_path / "runs2"), "--notebooks-dir", str(nbs)])
+    rc = main(["reproduce", "--only", "01_fails", "--out", str(tmp_path / "runs2"), "--notebooks-dir", str(nbs)])
     assert rc == 1
-    assert main(["--only", "zz", "--notebooks-dir", str(nbs)]) == 2
+    assert main(["reproduce", "--only", "zz", "--notebooks-dir", str(nbs)]) == 2

@@ -329,9 +329,9 @@ def test_sft_variants_get_their_own_cache_tag_and_never_replace_the_default(caps
     and `memkit train` start from. A variant recipe now saves under a tag naming it, evaluates that
     model, and loads back as tiny-sft:<tag>; a missing tag and a bad --tag get one clear error."""
     from memkit.cli import main
-    from memkit.pipeline import sft_checkpoint_path, sft_tag
+    from memkit.policies import init_spec
     from memkit.rl.config import TrainConfig
-    from memkit.rl.trainer import init_spec
+    from memkit.sft import sft_checkpoint_path, sft_tag
 
     assert sft_tag(SFTConfig(method="memsearcher", steps=10, max_seconds=None)) == "default"
     assert sft_tag(SFTConfig(objectives=(1, 2, 3))) == "k1-2-3-n4000-s0"
@@ -339,12 +339,14 @@ def test_sft_variants_get_their_own_cache_tag_and_never_replace_the_default(caps
     from dataclasses import replace
 
     from memkit.cli import build_parser
+    from memkit.cli.args import config_from_args
 
     d = SFTConfig()  # other oracle data is another recipe, even with the default tasks
     assert sft_tag(replace(d, oracle=replace(d.oracle, show_comparison=True))) == "k1-2-n4000-s0-cmp"
     other = sft_tag(replace(d, oracle=replace(d.oracle, p_wrong_answer=0.1)))
     assert other.startswith("k1-2-n4000-s0-o") and other != "k1-2-n4000-s0-cmp"
-    assert build_parser().parse_args(["sft", "--method", "mem1", "--show-comparison"]).show_comparison
+    assert config_from_args(SFTConfig, build_parser().parse_args(["sft", "--method", "mem1", "--show-comparison"])).oracle \
+        == replace(d.oracle, show_comparison=True)
     default = sft_checkpoint_path("mem1", 0)
     existed = default.exists()
     rc = main(["sft", "--method", "mem1", "--objectives", "1,2,3", "--n-tasks", "6", "--steps", "2",

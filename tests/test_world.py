@@ -190,7 +190,7 @@ def test_sft_rl_and_test_splits_never_share_a_question(world, tmp_path):
     of a trained model is on questions it never saw (before the split, all 50 1-hop test questions
     and 65 of the 100 2-question test slots were in the default SFT data), and RL practises on
     questions behaviour cloning never showed it (before the three-way split, 80% of RL's slots)."""
-    from memkit.pipeline import Kit, training_tasks
+    from memkit.world import training_tasks
 
     ids = {q.id for k in (1, 2, 4) for q in make_questions(world, 600, seed=k)}
     shares = {side: sum(question_split(i) == side for i in ids) / len(ids) for side in SPLITS}
@@ -200,16 +200,15 @@ def test_sft_rl_and_test_splits_never_share_a_question(world, tmp_path):
     evaluation = [q.id for k in (1, 2, 8) for t in make_tasks(world, 50, k=k, seed=1000 + k, split="test")
                   for q in t.questions]
     assert {question_split(i) for i in evaluation} == {"test"}
-    kit = Kit(world=world, env=None, tokenizer=None, world_seed=0)
-    cloned = {q.id for t in training_tasks(kit, (1, 2), 4000, seed=0) for q in t.questions}
+    cloned = {q.id for t in training_tasks(world, (1, 2), 4000, seed=0) for q in t.questions}
     assert {question_split(i) for i in cloned} == {"sft"} and not cloned & set(evaluation)
     assert len(cloned) > 3000  # the sft side still holds thousands of distinct questions
-    rl = {q.id for t in training_tasks(kit, (2,), 300, seed=0, split="rl") for q in t.questions}
+    rl = {q.id for t in training_tasks(world, (2,), 300, seed=0, split="rl") for q in t.questions}
     assert {question_split(i) for i in rl} == {"rl"} and len(rl) > 300
-    both = {q.id for t in training_tasks(kit, (2,), 300, seed=0, split="train") for q in t.questions}
+    both = {q.id for t in training_tasks(world, (2,), 300, seed=0, split="train") for q in t.questions}
     assert {question_split(i) for i in both} == {"sft", "rl"}
     with pytest.raises(ValueError, match="never draw test questions"):
-        training_tasks(kit, (2,), 10, seed=0, split="test")
+        training_tasks(world, (2,), 10, seed=0, split="test")
     from memkit.cli import main
 
     assert main(["world", "--out", str(tmp_path), "--split", "test", "--objectives", "2", "--n-tasks", "5"]) == 0

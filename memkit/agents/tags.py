@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import re
 
-from memkit.agents.base import Parsed
+from memkit.trajectory import Parsed
 
 _OPEN = "<{}>"
 _CLOSE = "</{}>"
@@ -96,19 +96,6 @@ def parse_action(text, actions: tuple[str, ...], required: tuple[str, ...] = (),
     if not argument:
         return Parsed(ok=False, action=action, fields=fields, error=f"empty {action}")
     return Parsed(ok=True, action=action, argument=argument, fields=fields)
-
-
-def split_answers(answer: str, k: int) -> list[str]:
-    """MEM1 §3.3: k answers separated by semicolons; ``k == 1`` keeps the whole text.
-
-    Same rule as :func:`memkit.metrics.score_multi` (a single trailing ";" is tolerated), so
-    an answer the agent format accepts is one the metric can align slot by slot.
-    """
-    if k <= 1:
-        return [(answer or "").strip()]
-    from memkit.metrics import split_answers as split
-
-    return split(answer)
 
 
 _QUERY_RE = re.compile(r'"query"\s*:\s*"((?:[^"\\]|\\.)*)"')

@@ -2,8 +2,8 @@
 
 Public API::
 
-    load_policy(spec, lora=None, cache_dir=None, device=None, dtype=None, *, texts=None, seed=0) -> Policy
-    Policy(model, tokenizer, spec, wrap).backend() -> HFBackend
+    load_policy(spec, lora=None, cache_dir=None, device=None, dtype=None, *, texts=None, seed=0) -> LoadedModel
+    LoadedModel(model, tokenizer, spec, wrap).backend() -> HFBackend
     LoraSpec(r=16, alpha=32, dropout=0.0, target_modules=("q_proj", "k_proj", "v_proj", "o_proj"))
     train_tokenizer(texts, vocab_size=4096) -> PreTrainedTokenizerFast
     tiny_config(vocab_size) -> LlamaConfig ; build_tiny(tokenizer, seed) -> LlamaForCausalLM
@@ -12,15 +12,16 @@ Public API::
     sequence_logprobs(model, context_ids, output_ids, temperature=1.0) -> Tensor (len(output_ids),)
 """
 from memkit.models.generation import Generation, HFBackend, sample_next, sequence_logprobs
-from memkit.models.loading import (LoraSpec, Policy, apply_lora, chat_wrap, decoder_and_head, default_cache_dir,
-                                   identity_wrap, load_policy)
+from memkit.models.loading import (K_DOCS_ATTR, LoadedModel, LoraSpec, apply_lora, chat_wrap, decoder_and_head,
+                                   identity_wrap, load_policy, trained_k_docs)
 from memkit.models.smollm import find_gguf, load_smollm2
 from memkit.models.tiny import build_tiny, tiny_config
 from memkit.models.tokenizer import SPECIAL_TOKENS, TAGS, tag_ids, train_tokenizer
 
 __all__ = [
     "Generation", "HFBackend", "sample_next", "sequence_logprobs",
-    "LoraSpec", "Policy", "apply_lora", "chat_wrap", "decoder_and_head", "default_cache_dir", "identity_wrap", "load_policy",
+    "K_DOCS_ATTR", "LoraSpec", "LoadedModel", "apply_lora", "chat_wrap", "decoder_and_head", "identity_wrap", "load_policy",
+    "trained_k_docs",
     "find_gguf", "load_smollm2", "build_tiny", "tiny_config",
     "SPECIAL_TOKENS", "TAGS", "tag_ids", "train_tokenizer",
 ]

@@ -118,8 +118,8 @@ def inverse_cdf_sample(probs: torch.Tensor, generator: torch.Generator | Sequenc
 
     Inverse-transform sampling: with ``c = cumsum(p)`` and ``u ~ U[0, c_V)``, token ``i`` is the
     first with ``c_i > u``, which happens with probability ``p_i / c_V``; zero-probability tokens
-    (``c_i = c_{i-1}``) are never picked. Same law as ``torch.multinomial(p, 1)``, but 20x faster
-    on CPU at (64, 4096) (0.26 vs 5.4 ms, one thread), where multinomial was 13% of a rollout.
+    (``c_i = c_{i-1}``) are never picked. Same law as ``torch.multinomial(p, 1)``, but ~20x faster
+    on CPU at rollout sizes (measured: docs/findings.md, 'Generation').
     With one generator per row, each row's ``u`` comes from its own stream (:func:`uniform_draws`).
     """
     cdf = probs.double().cumsum(-1)  # float64: the last entries of a float32 cumsum drift

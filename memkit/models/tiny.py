@@ -5,20 +5,10 @@ so everything downstream (KV cache, LoRA target names ``q_proj``..., position id
 same code path as for a 7B model.
 
 Why this size (4 layers x hidden 128, 4 heads of 32): on 2 CPU cores SFT is bounded by the
-training sequences it gets through per minute (steps of 16; half the batch for twice the steps
-did not help, see ``SFTConfig.batch_size``), not by capacity. Measured on MEM1 2-objective tasks (same data,
-same prompt): hidden 256 (3.9M params) reached 0.06 EM per question after 819 steps / 10 min;
-hidden 128 runs a step ~2.2x faster and reached 0.29 after 1735 steps; hidden 192 with 6
-heads 0.10 after 1185 steps. Copying names out of the context (what every format needs) is
-learnt by heads over many steps; the small width was never the limit. Depth is not either:
-on a slow AVX2-only 2-core machine, 2 layers instead of 4 ran 2,031 steps in ``memkit sft``'s 10
-minutes (0.30 s a step against 0.42) and reached EM 0.23 against 0.21 (100 held-out tasks),
-inside the noise, so the 4 layers the papers' recipes and our recorded numbers assume stay.
-The initialisation helps a little, not enough: HF's normal(0, 0.02) on every matrix against
-0.04 and 0.08 (the same data, the 1,383 steps ``memkit sft``'s 10 minutes run there, each run on
-one core with ``max_seconds=None``) reached EM 0.16, 0.275 and 0.245 with seed 0, and 0.18 (0.02)
-against 0.24 (0.04) with seed 1 (100 held-out tasks, standard error ~0.03): about +0.09, far
-from the 0.6 that ~2,500 steps give, so the default stays (every recorded number assumes it).
+training sequences it gets through per minute, not by capacity. Copying names out of the context
+(what every format needs) is learnt by attention heads over many steps, so a narrower model that
+runs more steps a minute learns it sooner; wider, shallower or differently initialised variants
+did no better (measured: docs/findings.md, 'Tiny model size').
 
 Parameter count for vocab V: embeddings V*128 (tied with the LM head) + 4 layers x
 (4*128*128 attention + 3*128*344 MLP) ~= 0.79M + V*128, i.e. ~1.2M at V ~ 3000 (the world
@@ -26,7 +16,8 @@ tokenizer stops merging below its 4096 cap).
 
 Attention implementation: ``"sdpa"`` (PyTorch scaled_dot_product_attention). It accepts the
 boolean / additive 4D masks that MEM1's packed trajectories need, and is what transformers
-picks by default; ``"eager"`` gives the same numbers (tested to 1e-5) and is slower.
+picks by default; ``"eager"`` gives the same numbers (tested to 1e-5). Which is faster depends on
+the CPU, so CPU SFT times both (``SFTConfig.cpu_attention``).
 """
 from __future__ import annotations
 

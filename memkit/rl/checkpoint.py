@@ -18,20 +18,10 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import shutil
 from pathlib import Path
 
-from memkit.rollout.trajectory import atomic_write_text
-
-
-def latest_checkpoint(ckpt_dir: Path) -> Path | None:
-    """The checkpoint ``ckpt_dir/latest`` names when it is complete (has ``memkit.json``), else None."""
-    pointer = Path(ckpt_dir) / "latest"
-    if not pointer.is_file():
-        return None
-    path = Path(ckpt_dir) / pointer.read_text().strip()
-    return path if (path / "memkit.json").is_file() else None
+from memkit.io import atomic_write_text, latest_checkpoint, replace_dir
 
 
 class RunFiles:
@@ -88,9 +78,7 @@ class RunFiles:
             (tmp / "memkit.json").write_text(json.dumps(meta, indent=1, default=str))
         self.acc.wait_for_everyone()
         if self.main:
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
+            replace_dir(tmp, final)  # an older save of this step is moved aside, then deleted
             atomic_write_text(self.ckpt_dir / "latest", name)
             old = sorted(p for p in self.ckpt_dir.glob("step-*") if p.is_dir() and p != final)
             for p in old[:max(0, len(old) - (keep - 1))]:

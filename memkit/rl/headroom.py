@@ -16,13 +16,14 @@ run's training-reward rise is mere sharpening (sampling catching up with greedy)
 the greedy EM not at all. Slots are scored by EM with the count rule of the methods' rewards
 (:func:`memkit.metrics.score_multi`: a wrong answer count scores every slot 0; an invalid
 trajectory answers nothing) — EM, also where the training reward is F1 (MemSearcher eq. 9).
+:func:`memkit.evaluation.measure_headroom` rolls out a policy spec and calls this.
 """
 from __future__ import annotations
 
 from collections import defaultdict
 
 from memkit.metrics import score_multi
-from memkit.rollout.trajectory import Trajectory
+from memkit.trajectory import Trajectory
 
 
 def slot_scores(traj: Trajectory) -> list[float]:
@@ -73,23 +74,3 @@ def exploration_headroom(greedy: list[Trajectory], samples: list[Trajectory]) ->
             "sample_em": (acc_right + acc_wrong) / slots,
             "sample_em_greedy_right": acc_right / right if right else float("nan"),
             "sample_em_greedy_wrong": acc_wrong / wrong if wrong else float("nan"), "n_samples": n}
-
-
-def measure_headroom(method: str, kit, policy, k: int = 2, n_tasks: int = 50, n_samples: int = 8,
-                     temperature: float = 1.0, seed: int = 1000, **rollout_kw) -> dict:
-    """Roll out ``n_tasks`` held-out ``k``-question tasks (the tasks :func:`memkit.pipeline.evaluate`
-    uses) once greedily and ``n_samples`` times at ``temperature``; return :func:`exploration_headroom`.
-    ``policy``: a spec as in :func:`memkit.pipeline.rollout` (checkpoint dir, "tiny-sft", "oracle")
-    or a loaded :class:`memkit.models.Policy`."""
-    from memkit.pipeline import held_out_tasks, load_spec, rollout
-
-    if temperature <= 0:
-        raise ValueError(f"temperature={temperature}: the samples must be sampled (e.g. 1.0, as RL rollouts)")
-    if n_samples < 1:
-        raise ValueError(f"n_samples={n_samples} must be >= 1")
-    policy = load_spec(policy, method, kit, seed)  # once: greedy and samples score the same model
-    tasks = held_out_tasks(kit, n_tasks, k, seed)
-    greedy = rollout(method, tasks, kit, policy=policy, n=1, temperature=0.0, seed=seed, **rollout_kw)
-    samples = rollout(method, tasks, kit, policy=policy, n=n_samples, temperature=temperature, seed=seed + 1,
-                      **rollout_kw)
-    return exploration_headroom(greedy, samples)

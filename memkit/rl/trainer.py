@@ -23,29 +23,26 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from memkit.models.loading import trained_k_docs
 from memkit.rl.checkpoint import RunFiles
 from memkit.rl.config import RESUME_KEYS, TrainConfig
-from memkit.rl.update import Learner, make_accelerator, trainable_calls
-from memkit.rollout.trajectory import Trajectory
-
-
-@dataclass
-class TrainResult:
-    history: list[dict]  # one row per step (see Trainer.train_step)
-    eval_history: list[dict]  # one row per (eval step, k)
-    model: torch.nn.Module  # the trained policy (unwrapped; peft model when lora)
-    path: Path | None  # last checkpoint directory (policy/ inside loads with load_policy)
+from memkit.rl.update import Learner, make_accelerator
+from memkit.trajectory import Trajectory
+from memkit.world.task_sets import held_out_tasks, training_tasks
 
 
 class Trainer(Learner):
-    """:class:`~memkit.rl.update.Learner` + the loop: tasks, rollouts, logs, eval, checkpoints."""
+    """:class:`~memkit.rl.update.Learner` + the loop: tasks, rollouts, logs, eval, checkpoints.
 
-    def __init__(self, cfg: TrainConfig, model, tokenizer, wrap=None, kit=None, accelerator=None):
+    ``kit``: anything with ``world`` (the tasks' world) and ``env_for(k_docs)`` (the search env),
+    e.g. :func:`memkit.kit.load_kit`'s. ``task_pool``: the training tasks (default below)."""
+
+    def __init__(self, cfg: TrainConfig, model, tokenizer, wrap=None, kit=None, accelerator=None,
+                 task_pool: list | None = None):
         super().__init__(cfg, model, tokenizer, wrap, accelerator)
         self.kit, self.method = kit, None
         if kit is not None:
@@ -55,20 +52,18 @@ class Trainer(Learner):
         self.step, self.history, self.eval_history = 0, [], []
         self.files = RunFiles(cfg.out_dir, self.acc) if cfg.out_dir else None
         self.last_checkpoint: Path | None = None
-        # The training tasks; None = ``pipeline.training_tasks(kit, cfg.objectives, cfg.n_train_tasks,
-        # cfg.seed, split=cfg.question_split)`` on first use. Set it to train on other tasks (e.g. the
-        # evaluation tasks, to test whether RL can fit what it fails to generalise); a resumed run
-        # must set it again.
-        self.task_pool: list | None = None
+        # The training tasks; None = ``memkit.world.training_tasks(kit.world, cfg.objectives,
+        # cfg.n_train_tasks, cfg.seed, split=cfg.question_split)`` on first use. Set it to train on other
+        # tasks (e.g. the evaluation tasks, to test whether RL can fit what it fails to generalise); a
+        # resumed run must set it again.
+        self.task_pool: list | None = task_pool
 
     def step_tasks(self, step: int) -> list:
         """The global task list of ``step`` (a function of (seed, step): resumable)."""
         if self.kit is None:
-            raise ValueError("this Trainer has no kit; pass kit=memkit.pipeline.load_kit() to roll out")
+            raise ValueError("this Trainer has no kit; pass kit=memkit.kit.load_kit() to roll out")
         if self.task_pool is None:
-            from memkit.pipeline import training_tasks
-
-            self.task_pool = training_tasks(self.kit, self.cfg.objectives, self.cfg.n_train_tasks, self.cfg.seed,
+            self.task_pool = training_tasks(self.kit.world, self.cfg.objectives, self.cfg.n_train_tasks, self.cfg.seed,
                                             split=self.cfg.question_split)
         if not self.task_pool:
             raise ValueError("Trainer.task_pool is empty; give it tasks (memkit.world.make_tasks) or leave it None")
@@ -93,10 +88,8 @@ class Trainer(Learner):
 
     @property
     def env(self):
-        """The search env the policy was trained with (``pipeline.trained_k_docs``: 1 passage
-        per search for the SFT'd tiny model), else the kit's."""
-        from memkit.pipeline import trained_k_docs
-
+        """The search env the policy was trained with (:func:`memkit.models.trained_k_docs`: 1
+        passage per search for the SFT'd tiny model), else the kit's."""
         return self.kit.env_for(trained_k_docs(self.policy))
 
     def train_step(self) -> dict:
@@ -173,14 +166,13 @@ class Trainer(Learner):
                 "response_tokens": tot[8] / N, "n_trajectories": int(tot[0])}
 
     def evaluate(self) -> list[dict]:
-        """Greedy rollouts on ``pipeline.held_out_tasks`` of seed base ``cfg.eval_seed``, main process."""
+        """Greedy rollouts on :func:`memkit.world.held_out_tasks` of seed base ``cfg.eval_seed``, main process."""
         from memkit.metrics import em_by_kind, summarize
-        from memkit.pipeline import held_out_tasks
 
         rows = []
         if self.acc.is_main_process and self.cfg.eval_tasks:
             for k in self.cfg.eval_objectives:
-                tasks = held_out_tasks(self.kit, self.cfg.eval_tasks, k, self.cfg.eval_seed)
+                tasks = held_out_tasks(self.kit.world, self.cfg.eval_tasks, k, self.cfg.eval_seed)
                 trajs = self.rollout(tasks, 1, 0.0, self.cfg.eval_seed + k)
                 s = summarize(trajs)
                 rows.append({"step": self.step, "k": k, "reward_mean": sum(t.reward for t in trajs) / len(trajs),
@@ -220,50 +212,4 @@ def _norm(v):
     return list(v) if isinstance(v, (tuple, list)) else v
 
 
-def init_spec(cfg: TrainConfig, world_seed: int) -> str:
-    """``cfg.init`` with ``tiny-sft`` / ``tiny-sft:<tag>`` resolved to its cached checkpoint
-    (checked before any work)."""
-    from memkit.pipeline import sft_spec_path
-
-    if cfg.init != "tiny-sft" and not cfg.init.startswith("tiny-sft:"):
-        return cfg.init
-    try:
-        return str(sft_spec_path(cfg.init, cfg.method, world_seed))
-    except FileNotFoundError as e:
-        raise FileNotFoundError(f"{e} (or use --init tiny for a random policy)") from None
-
-
-def load_init(cfg: TrainConfig, kit):
-    """The initial policy of ``cfg.init`` -> ``(model, tokenizer, wrap)`` (LoRA applied if asked)."""
-    from memkit.models import LoraSpec, apply_lora, build_tiny, identity_wrap, load_policy
-
-    lora = LoraSpec(r=cfg.lora_r, alpha=cfg.lora_alpha) if cfg.lora else None
-    spec = init_spec(cfg, kit.world_seed)
-    if spec == "tiny":  # random init with the kit's world tokenizer
-        model = build_tiny(kit.tokenizer, seed=cfg.seed)
-        return (apply_lora(model, lora) if lora else model), kit.tokenizer, identity_wrap
-    p = load_policy(spec, lora=lora)
-    return p.model, p.tokenizer, p.wrap
-
-
-def train(cfg: TrainConfig, kit=None, progress=True, log=None, resume: bool = False) -> TrainResult:
-    """Run ``cfg.steps`` RL steps or ``cfg.max_seconds`` (continuing ``cfg.out_dir`` when ``resume``).
-
-    ``progress``: a tqdm bar (main process); ``log``: called with every step row.
-    """
-    from memkit.pipeline import load_kit, prompt_wrap
-
-    cfg.validate()
-    init_spec(cfg, kit.world_seed if kit is not None else cfg.world_seed)  # fail fast on a missing checkpoint
-    acc = make_accelerator(cfg)
-    kit = kit if kit is not None else load_kit(cfg.world_seed)
-    model, tok, wrap = load_init(cfg, kit)
-    wrap = prompt_wrap(cfg.method, tok, wrap, cfg.prompt)  # the prompt the SFT'd model learned
-    trainer = Trainer(cfg, model, tok, wrap, kit, acc)
-    if resume:
-        trainer.resume()
-    trainer.run(progress=progress, log=log)
-    return TrainResult(trainer.history, trainer.eval_history, trainer.policy, getattr(trainer, "last_checkpoint", None))
-
-
-__all__ = ["Trainer", "TrainResult", "TrainConfig", "train", "load_init", "make_accelerator", "trainable_calls"]
+__all__ = ["Trainer", "TrainConfig", "make_accelerator"]

@@ -39,11 +39,12 @@ from memkit.world.schema import (
     compose_prompt,
 )
 from memkit.world.splits import SPLITS, question_split
+from memkit.world.task_sets import EVAL_SEEDS, held_out_tasks, training_seed, training_tasks
 
 __all__ = [
     "ATTRS", "KINDS", "SPLITS", "TYPES", "Attr", "Entity", "World", "aliases", "make_questions", "make_tasks",
     "make_world", "question_split", "load_dpr_topics", "load_flashrag_jsonl", "load_hotpotqa_json", "load_tasks_jsonl",
     "load_wiki_summaries", "save_corpus_jsonl", "save_tasks_jsonl", "tasks_from_dataset",
     "tasks_to_dataset", "world_texts", "MULTI_OBJECTIVE_TEMPLATE", "Passage", "Question", "SubQuestion",
-    "Task", "compose_prompt",
+    "Task", "compose_prompt", "EVAL_SEEDS", "held_out_tasks", "training_seed", "training_tasks",
 ]

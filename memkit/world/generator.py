@@ -1,6 +1,6 @@
 """Seeded synthetic world: fictional entities, wiki-style passages, multi-hop questions.
 
-Why synthetic: every name is made up from syllables, so no model (4M or 7B) can answer
+Why synthetic: every name is made up from syllables, so no model (tiny or 7B) can answer
 from pre-training; the only way to a correct answer is to search and *remember* what was
 read -- exactly the skill the five papers train. Why these shapes: HotpotQA-like 1-hop,
 2-hop bridge and comparison questions give 1-2 retrieval hops per question, and MEM1
@@ -379,7 +379,7 @@ def make_tasks(world: World, n: int, k: int = 1, seed: int = 0, kinds: tuple[str
     Kinds rotate round-robin over all slots (equal mix); a question is reused across tasks
     only once the world runs out of fresh ones of that kind, never twice inside one task.
     ``split``: ``"sft"``, ``"rl"``, ``"test"`` or ``"train"`` (sft + rl) draws only those questions
-    of :func:`~memkit.world.splits.question_split` (``pipeline.training_tasks`` and the evaluations
+    of :func:`~memkit.world.splits.question_split` (``task_sets.training_tasks`` and the evaluations
     do); None draws from all questions.
     """
     if not isinstance(n, int) or n < 1 or not isinstance(k, int) or k < 1:

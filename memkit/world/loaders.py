@@ -17,7 +17,7 @@ import zipfile
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from memkit.rollout.trajectory import atomic_write_text
+from memkit.io import atomic_write_text, read_jsonl
 from memkit.world.schema import Passage, Question, Task, compose_prompt
 
 TASK_SCHEMA = ('one JSON object per line: {"id": str, "prompt": str, "questions": [{"id", "text", '
@@ -69,20 +69,8 @@ def save_tasks_jsonl(tasks: Iterable[Task], path) -> None:
 
 
 def load_tasks_jsonl(path) -> list[Task]:
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"task file {path} does not exist; write one with "
-                                "`memkit world --out DIR` (it writes DIR/tasks.jsonl)")
-    out = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            out.append(Task.from_dict(json.loads(line)))
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
-            raise ValueError(f"{path}:{i} is not a memkit task ({type(e).__name__}: {e}); expected "
-                             f"{TASK_SCHEMA}") from None
-    return out
+    return read_jsonl(path, Task.from_dict, "task", f"expected {TASK_SCHEMA}; `memkit world --out DIR` "
+                                                     "writes one (DIR/tasks.jsonl)")
 
 
 def tasks_to_dataset(tasks: Iterable[Task]):

@@ -17,7 +17,7 @@ SPLIT_SHARES = {side: _BUCKETS.count(side) / len(_BUCKETS) for side in ("sft", "
 SPLITS = tuple(SPLIT_SHARES)
 #: ``make_tasks(split="train")``: every question an evaluation never asks (sft + rl).
 TRAIN = "train"
-#: The splits training tasks may draw (``pipeline.training_tasks``, ``TrainConfig.question_split``).
+#: The splits training tasks may draw (``task_sets.training_tasks``, ``TrainConfig.question_split``).
 TRAINING_SPLITS = ("rl", "sft", TRAIN)
 #: In the SFT cache name, so a model cloned under an older split is never reused.
 SPLIT_SCHEME = "q3"
@@ -28,7 +28,7 @@ def question_split(question_id: str) -> str:
 
     A stable hash of the id (a comparison's two entities in either order are one question), so
     the split is the same for every seed and process. Behaviour cloning draws only sft questions
-    (``pipeline.training_tasks``), RL only rl ones (``TrainConfig.question_split``) and evaluation
+    (``task_sets.training_tasks``), RL only rl ones (``TrainConfig.question_split``) and evaluation
     only test ones: "held-out" means questions never trained on, not only new combinations of
     trained ones (a world has ~1,100 1-hop questions and SFT draws thousands of slots). The test
     bucket is the one-in-five of the earlier two-way split, unchanged, so held-out tasks are too.

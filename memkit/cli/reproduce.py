@@ -1,0 +1,34 @@
+"""``memkit reproduce``: run every notebook with papermill and write a report (:mod:`memkit.reproduce`)."""
+from __future__ import annotations
+
+import sys
+
+
+def add_parser(sub) -> None:
+    from memkit.reproduce import __doc__ as doc
+
+    p = sub.add_parser("reproduce", help="run every notebook with papermill and write a report",
+                       description=doc.split("\n\n")[0])
+    p.add_argument("--smoke", action="store_true", help="small, fast settings (SMOKE=True)")
+    p.add_argument("--model", default="tiny", help="MODEL parameter: tiny, smollm2-135m, HF id/path")
+    p.add_argument("--seed", type=int, default=0, help="SEED parameter (default 0)")
+    p.add_argument("--only", nargs="+", metavar="NAME", help="notebook stems or unique prefixes")
+    p.add_argument("--out", default="runs", help="root of the run directories (default runs/)")
+    p.add_argument("--notebooks-dir", default=None, help="default: the repository's notebooks/")
+    p.add_argument("--kernel", default=None, help="Jupyter kernel name (default: this Python)")
+    p.add_argument("--timeout", type=float, default=None, help="per-cell timeout in seconds")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    """Exit status 1 if any notebook failed, 2 on a bad argument."""
+    from memkit.reproduce import failed_notebooks, reproduce
+
+    try:
+        run_dir = reproduce(smoke=args.smoke, model=args.model, notebooks=args.only,
+                            out_root=args.out, kernel=args.kernel, seed=args.seed,
+                            notebooks_dir=args.notebooks_dir, timeout=args.timeout)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"memkit reproduce: error: {e}", file=sys.stderr)
+        return 2
+    return 1 if failed_notebooks(run_dir) else 0

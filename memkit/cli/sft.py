@@ -1,0 +1,60 @@
+"""``memkit sft``: behaviour-clone a method's oracle into the tiny model (a cached checkpoint).
+
+Every :class:`~memkit.sft.SFTConfig` field is a flag (``--batch-size``, ``--oracle-p-drop-fact``, ...).
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+from memkit.cli.args import add_config_flags, add_max_minutes, config_from_args, ints
+
+
+def add_parser(sub) -> None:
+    from memkit.sft import SFTConfig
+
+    sp = sub.add_parser("sft", help="behaviour-clone the oracle into the tiny model (cached checkpoint)",
+                        description=__doc__.splitlines()[0])
+    add_config_flags(sp, SFTConfig, required={"method"}, aliases={"oracle.show_comparison": ["--show-comparison"]})
+    add_max_minutes(sp, SFTConfig.max_seconds, zero="no budget: exactly --steps, reproducible")
+    sp.add_argument("--eval-tasks", type=int, default=100, help="held-out tasks to evaluate after training (0 = skip)")
+    sp.add_argument("--eval-objectives", type=ints, default=[2])
+    sp.add_argument("--tag", default=None,
+                    help="cache tag of the checkpoint (default: 'default' for the default --objectives / --n-tasks / "
+                         "--seed, else one naming them, e.g. k1-2-3-n4000-s0); load it as --policy tiny-sft:TAG")
+    sp.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from memkit.cpu import busy_cpu_note
+    from memkit.evaluation import evaluate
+    from memkit.kit import load_kit
+    from memkit.sft import SFTConfig, budget_note, sft_checkpoint_path, sft_tag
+    from memkit.training import train_sft_model
+
+    cfg = config_from_args(SFTConfig, args)
+    tag = args.tag or sft_tag(cfg)
+    if not all(c.isalnum() or c in "-_." for c in tag):
+        raise ValueError(f"--tag {tag!r}: use letters, digits, '-', '_' or '.' (it becomes part of a directory name)")
+    kit = load_kit(cfg.world_seed)
+    note = busy_cpu_note() if cfg.max_seconds else None
+    if note:
+        print(note, file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    path, history, n_ex = train_sft_model(cfg.method, kit, cfg, log=lambda r: print(
+        f"step {r['step']:5d}  loss {r['loss']:.4f}  lr {r['lr']:.2e}  {r['seconds']:.0f}s  attention {r['attention']}", flush=True),
+        path=sft_checkpoint_path(cfg.method, cfg.world_seed, tag))
+    spec = "tiny-sft" if tag == "default" else f"tiny-sft:{tag}"
+    print(f"trained on {n_ex} calls in {time.perf_counter() - t0:.0f}s; checkpoint: {path}\n"
+          f"use it as --policy {spec} (memkit eval / rollout) or --init {spec} (memkit train)")
+    note = budget_note(history, cfg, time.perf_counter() - t0, cfg.method)
+    if note:
+        print(note, file=sys.stderr, flush=True)
+    if args.eval_tasks:
+        results = evaluate(cfg.method, kit, objectives=args.eval_objectives, n_tasks=args.eval_tasks, policy=spec)
+        for k, (summary, _) in results.items():
+            kinds = ", ".join(f"{c[3:]} {v:.2f}" for c, v in summary.items() if c.startswith("em_"))
+            print(f"{spec} {cfg.method} k={k}: EM per question {summary['em']:.3f} ({kinds})  F1 {summary['f1']:.3f}  "
+                  f"invalid {summary['invalid_rate']:.2f}  peak tokens {summary['peak_tokens']:.0f}")
+    print(f"total wall time {time.perf_counter() - t0:.0f}s")
+    return 0

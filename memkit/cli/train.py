@@ -1,0 +1,58 @@
+"""``memkit train``: RL (GRPO or PPO) on a method's synthetic tasks.
+
+    memkit train --algo grpo --method memsearcher --steps 100
+    memkit train --algo ppo --method mem1 --packing mem1_mask --lora --out runs/mem1-ppo
+    memkit train ... --out runs/mem1-ppo --resume          # continue from the latest checkpoint
+
+Every :class:`~memkit.rl.config.TrainConfig` field is a flag (``--clip-high``, ``--gamma``, ...).
+Multi-GPU: ``accelerate launch -m memkit.cli train ...`` or ``torchrun --nproc_per_node N -m memkit.cli train ...``.
+"""
+from __future__ import annotations
+
+from memkit.cli.args import Computed, add_config_flags, add_max_minutes, config_from_args
+
+#: the command's short spellings of TrainConfig fields (the README's commands use them)
+ALIASES = {"n_samples": ["--n"], "out_dir": ["--out"]}
+
+
+def add_parser(sub) -> None:
+    from memkit.rl.config import TrainConfig
+
+    sp = sub.add_parser("train", help="RL-train a policy (GRPO or PPO) on a method's tasks",
+                        description=__doc__.splitlines()[0])
+    add_config_flags(sp, TrainConfig, required={"method"}, aliases=ALIASES, defaults={"out_dir": Computed("runs/<method>-<algo>")})
+    add_max_minutes(sp, TrainConfig.max_seconds)
+    sp.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    sp.set_defaults(func=run)
+
+
+def train_config(args):
+    """The :class:`~memkit.rl.config.TrainConfig` of parsed ``memkit train`` arguments (validated);
+    no ``--out`` = ``runs/<method>-<algo>``."""
+    from memkit.rl.config import TrainConfig
+
+    cfg = config_from_args(TrainConfig, args)
+    if cfg.out_dir is None:
+        cfg.out_dir = f"runs/{cfg.method}-{cfg.algo}"
+    return cfg.validate()
+
+
+def run(args) -> int:
+    from memkit.training import train
+
+    cfg = train_config(args)
+
+    def log(r):
+        print(f"step {r['step']:4d}  reward {r['reward_mean']:.3f}  EM {r['em']:.3f}  kl {r['kl']:.4f}  "
+              f"entropy {r['entropy']:.3f}  clip {r['clip_frac']:.3f}  peak {r['peak_tokens']:.0f}  "
+              f"{r['seconds']:.1f}s", flush=True)
+
+    result = train(cfg, progress=False, log=log, resume=args.resume)
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():  # torchrun / accelerate launch: tear the process
+        dist.destroy_process_group()  # group down now; gloo's threads can abort a rank at interpreter exit
+    for e in result.eval_history[-len(cfg.eval_objectives):]:
+        print(f"eval step {e['step']} k={e['k']}: EM {e['em']:.3f}  F1 {e['f1']:.3f}  invalid {e['invalid_rate']:.2f}")
+    print(f"logs in {cfg.out_dir}/metrics.csv; checkpoint {result.path}")
+    return 0

@@ -1,0 +1,79 @@
+"""Roll out a method with a policy spec, evaluate it on held-out tasks, measure RL's headroom.
+
+``memkit rollout``, ``memkit eval`` and the notebooks' tables all call these, so a number printed
+by the CLI and a number recorded by a notebook come from the same code.
+"""
+from __future__ import annotations
+
+import time
+
+from memkit.agents import get_method
+from memkit.agents.base import OracleConfig
+from memkit.metrics import em_by_kind, summarize
+from memkit.models import trained_k_docs
+from memkit.policies import load_spec, prompt_wrap, resolve_policy
+from memkit.rl.headroom import exploration_headroom
+from memkit.rollout.engine import RolloutConfig, run_rollouts
+from memkit.world.task_sets import DEFAULT_KINDS, held_out_tasks
+
+
+def rollout(method_name: str, tasks, kit, policy: str = "oracle", n: int = 1, max_turns: int | None = None,
+            temperature: float = 0.0, seed: int = 0, oracle_cfg: OracleConfig | None = None,
+            max_context_tokens: int | None = None, progress: bool = False, method_kwargs: dict | None = None,
+            prompt: str = "auto", k_docs: int | None = None, sample_seeds=None):
+    """Roll out ``n`` trajectories per task with a policy spec; returns trajectories.
+
+    ``sample_seeds``: one seed per trajectory (task-major) for batch-invariant sampling
+    (:class:`RolloutConfig`); None = one stream seeded by ``seed``.
+
+    ``prompt``: "paper" (the paper's instruction verbatim), "compact" (one short line and
+    numbered questions, see :func:`memkit.agents.base.compact_prompt_wrap`) or "auto" =
+    compact for tiny models. ``k_docs``: passages per search; None = what the model was
+    trained with (:func:`memkit.models.trained_k_docs`, e.g. 1 for the SFT'd tiny model), else the kit's.
+    """
+    method = get_method(method_name, **(method_kwargs or {}))
+    engine_policy, tok, wrap, loaded = resolve_policy(policy, method, kit, temperature, seed, oracle_cfg)
+    env = kit.env_for(k_docs if k_docs is not None else trained_k_docs(getattr(loaded, "model", None)))
+    wrap = prompt_wrap(method.name, tok, wrap, prompt, oracle=isinstance(policy, str) and policy == "oracle")
+    if max_context_tokens is None:  # the model's window; the oracle has none
+        model = getattr(getattr(engine_policy, "backend", None), "model", None)
+        max_context_tokens = model.config.max_position_embeddings - 256 if model is not None else 10**9
+    cfg = RolloutConfig(n=n, max_turns=max_turns, max_context_tokens=max_context_tokens, seed=seed,
+                        sample_seeds=sample_seeds)
+    return run_rollouts(method, tasks, env, engine_policy, tok, cfg, wrap=wrap, progress=progress)
+
+
+def evaluate(method_name: str, kit, objectives=(1, 2, 4, 8), n_tasks: int = 50, policy: str = "oracle",
+             seed: int = 1000, kinds=DEFAULT_KINDS, **rollout_kw):
+    """Run :func:`memkit.world.held_out_tasks` at each objective count; returns
+    ``{k: (summary_dict, trajectories)}``.
+
+    The summary is :func:`memkit.metrics.summarize`'s plus EM by question kind (``em_by_kind``)."""
+    results = {}
+    policy = load_spec(policy, method_name, kit, seed)  # once for every k
+    for k in objectives:
+        tasks = held_out_tasks(kit.world, n_tasks, k, seed, kinds)
+        t0 = time.perf_counter()
+        trajs = rollout(method_name, tasks, kit, policy=policy, seed=seed, **rollout_kw)
+        summary = {**summarize(trajs), **em_by_kind(trajs, tasks)}
+        summary["wall_seconds"] = time.perf_counter() - t0
+        results[k] = (summary, trajs)
+    return results
+
+
+def measure_headroom(method: str, kit, policy, k: int = 2, n_tasks: int = 50, n_samples: int = 8,
+                     temperature: float = 1.0, seed: int = 1000, **rollout_kw) -> dict:
+    """Roll out ``n_tasks`` held-out ``k``-question tasks (the tasks :func:`evaluate` uses) once
+    greedily and ``n_samples`` times at ``temperature``; return
+    :func:`memkit.rl.headroom.exploration_headroom`. ``policy``: a spec as in :func:`rollout`
+    (checkpoint dir, "tiny-sft", "oracle") or a loaded :class:`memkit.models.LoadedModel`."""
+    if temperature <= 0:
+        raise ValueError(f"temperature={temperature}: the samples must be sampled (e.g. 1.0, as RL rollouts)")
+    if n_samples < 1:
+        raise ValueError(f"n_samples={n_samples} must be >= 1")
+    policy = load_spec(policy, method, kit, seed)  # once: greedy and samples score the same model
+    tasks = held_out_tasks(kit.world, n_tasks, k, seed)
+    greedy = rollout(method, tasks, kit, policy=policy, n=1, temperature=0.0, seed=seed, **rollout_kw)
+    samples = rollout(method, tasks, kit, policy=policy, n=n_samples, temperature=temperature, seed=seed + 1,
+                      **rollout_kw)
+    return exploration_headroom(greedy, samples)

@@ -1,0 +1,85 @@
+"""Policy specs -> loaded policies, and the prompt each policy is rolled out with.
+
+A spec is "oracle", "tiny" (a fresh random tiny Llama), "tiny-sft[:<tag>]" (``memkit sft``'s
+cached model), "smollm2-135m", a checkpoint or run directory, or a hub id. The CLI, the
+evaluation and the training runs resolve specs here, so they all load the same model.
+"""
+from __future__ import annotations
+
+from memkit.agents.base import PROMPTS, OracleConfig, compact_prompt_wrap
+from memkit.models import LoadedModel, LoraSpec, apply_lora, build_tiny, identity_wrap, load_policy
+from memkit.rollout.engine import ModelPolicy, OraclePolicy
+from memkit.sft import sft_spec_path
+
+POLICY_SPECS = ("oracle", "tiny", "tiny-sft", "tiny-sft:<tag>", "smollm2-135m", "<local checkpoint dir or memkit train run dir>", "<HF model id>")
+
+
+def load_spec(spec, method_name: str, kit, seed: int = 0):
+    """A policy spec as a loaded :class:`memkit.models.LoadedModel`, to load a model once for many
+    rollouts ("tiny" builds a new random model, seeded by ``seed``, on every load). "oracle" and
+    already loaded policies pass through unchanged."""
+    if not isinstance(spec, str) or spec == "oracle":
+        return spec
+    if spec == "tiny-sft" or spec.startswith("tiny-sft:"):
+        spec = str(sft_spec_path(spec, method_name, kit.world_seed))
+    return fresh_tiny(kit, seed) if spec == "tiny" else load_policy(spec)
+
+
+def resolve_policy(spec: str, method, kit, temperature: float = 0.0, seed: int = 0,
+                   oracle_cfg: OracleConfig | None = None):
+    """Return ``(engine_policy, tokenizer, wrap, loaded)``; ``loaded`` is the models.LoadedModel or None.
+
+    ``spec`` is a policy spec string or an already loaded :class:`memkit.models.LoadedModel` (reused
+    as is, e.g. to roll out many batches without reloading the model: :func:`load_spec`)."""
+    if spec == "oracle":  # a loaded LoadedModel never equals the string
+        return OraclePolicy(method, kit.tokenizer, oracle_cfg, seed=seed), kit.tokenizer, None, None
+    return _model_policy(load_spec(spec, method.name, kit, seed), temperature, seed)
+
+
+def _model_policy(loaded, temperature: float, seed: int):
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    return ModelPolicy(loaded.backend(), temperature=temperature, generator=gen), loaded.tokenizer, loaded.wrap, loaded
+
+
+def fresh_tiny(kit, seed: int = 0) -> LoadedModel:
+    """A randomly initialised tiny Llama on the kit's world tokenizer."""
+    return LoadedModel(model=build_tiny(kit.tokenizer, seed=seed), tokenizer=kit.tokenizer, spec="tiny", wrap=identity_wrap)
+
+
+def prompt_wrap(method_name: str, tokenizer, wrap=None, prompt: str = "auto", oracle: bool = False):
+    """The context wrap for a policy: ``prompt`` "paper" keeps the paper's instruction,
+    "compact" swaps it for one short line (:func:`memkit.agents.base.compact_prompt_wrap`),
+    "auto" = paper for the oracle and chat models, compact for tiny models (what SFT trains on).
+    Rollouts, SFT and RL must use the same choice, or the model sees a prompt it never learned."""
+    if prompt == "auto":
+        prompt = "paper" if oracle or getattr(tokenizer, "chat_template", None) else "compact"
+    if prompt == "paper":
+        return wrap
+    if prompt != "compact":
+        raise ValueError(f"prompt must be one of {PROMPTS}, got {prompt!r}")
+    inner, compact = wrap or (lambda segs: segs), compact_prompt_wrap(method_name)
+    return lambda segs: inner(compact(segs))
+
+
+def init_spec(cfg, world_seed: int) -> str:
+    """``cfg.init`` (a :class:`~memkit.rl.config.TrainConfig`'s) with ``tiny-sft`` /
+    ``tiny-sft:<tag>`` resolved to its cached checkpoint (checked before any work)."""
+    if cfg.init != "tiny-sft" and not cfg.init.startswith("tiny-sft:"):
+        return cfg.init
+    try:
+        return str(sft_spec_path(cfg.init, cfg.method, world_seed))
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{e} (or use --init tiny for a random policy)") from None
+
+
+def load_init(cfg, kit):
+    """The initial policy of ``cfg.init`` -> ``(model, tokenizer, wrap)`` (LoRA applied if asked)."""
+    lora = LoraSpec(r=cfg.lora_r, alpha=cfg.lora_alpha) if cfg.lora else None
+    spec = init_spec(cfg, kit.world_seed)
+    if spec == "tiny":  # random init with the kit's world tokenizer
+        model = build_tiny(kit.tokenizer, seed=cfg.seed)
+        return (apply_lora(model, lora) if lora else model), kit.tokenizer, identity_wrap
+    p = load_policy(spec, lora=lora)
+    return p.model, p.tokenizer, p.wrap

@@ -1,0 +1,88 @@
+"""Training runs on a kit: behaviour cloning (``memkit sft``) and RL (``memkit train``).
+
+Each function assembles what its algorithm takes as arguments (tasks, the initial policy, the
+prompt wrap) and runs it: the algorithms themselves (:mod:`memkit.sft`, :mod:`memkit.rl`) know
+nothing of kits, policy specs or caches.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+
+from memkit.cpu import all_cores
+from memkit.evaluation import rollout
+from memkit.kit import Kit, load_kit
+from memkit.models import K_DOCS_ATTR
+from memkit.policies import fresh_tiny, init_spec, load_init, prompt_wrap
+from memkit.rl.config import TrainConfig
+from memkit.rl.trainer import Trainer
+from memkit.rl.update import make_accelerator
+from memkit.sft import SFTConfig, collect_examples, config_hash, save_checkpoint, sft_checkpoint_path, train_sft
+from memkit.world.task_sets import training_tasks
+
+
+# ---- SFT -------------------------------------------------------------------------------------------
+def train_sft_model(method_name: str, kit: Kit, cfg: SFTConfig | None = None, progress: bool = True, log=None,
+                    path: Path | None = None):
+    """Clone the method's (imperfect) oracle into a fresh tiny model; save and return it.
+
+    Returns ``(path, history, n_examples)``.
+    """
+    t0 = time.perf_counter()
+    cfg = cfg or SFTConfig(method=method_name)
+    tasks = training_tasks(kit.world, cfg.objectives, cfg.n_tasks, cfg.seed)
+    trajs = rollout(method_name, tasks, kit, policy="oracle", oracle_cfg=cfg.oracle, seed=cfg.seed, prompt="compact",
+                    k_docs=cfg.k_docs)
+    examples, dropped = collect_examples([t for t in trajs if t.valid], cfg.max_len)
+    policy = fresh_tiny(kit, cfg.seed)
+    setattr(policy.model.config, K_DOCS_ATTR, cfg.k_docs)  # its rollouts will search the same way
+    opt_cfg = cfg  # max_seconds budgets the whole call: the optimisation gets what the data left
+    if cfg.max_seconds:
+        opt_cfg = replace(cfg, max_seconds=max(cfg.max_seconds - (time.perf_counter() - t0), 1.0))
+    with all_cores() as threads:
+        history = train_sft(policy.model, kit.tokenizer, examples, opt_cfg, log=log, progress=progress)
+    path = path or sft_checkpoint_path(method_name, kit.world_seed)
+    meta = {"sft": asdict(cfg), "n_examples": len(examples), "n_dropped_too_long": dropped, "history": history,
+            "torch_threads": threads}
+    save_checkpoint(policy.model, kit.tokenizer, path, meta)
+    return path, history, len(examples)
+
+
+def ensure_sft(method_name: str, kit: Kit, cfg: SFTConfig | None = None, progress: bool = True) -> Path:
+    """The SFT'd tiny model for ``cfg``: the default one from ``memkit sft`` when ``cfg`` is None
+    (trained now if missing), else one cached under a hash of ``cfg`` (e.g. a short smoke run)."""
+    path = sft_checkpoint_path(method_name, kit.world_seed,
+                               "default" if cfg is None else "cfg" + config_hash(cfg))
+    if not path.exists():
+        train_sft_model(method_name, kit, cfg or SFTConfig(method=method_name), progress=progress, path=path)
+    return path
+
+
+# ---- RL --------------------------------------------------------------------------------------------
+@dataclass
+class TrainResult:
+    history: list[dict]  # one row per step (see Trainer.train_step)
+    eval_history: list[dict]  # one row per (eval step, k)
+    model: torch.nn.Module  # the trained policy (unwrapped; peft model when lora)
+    path: Path | None  # last checkpoint directory (policy/ inside loads with load_policy)
+
+
+def train(cfg: TrainConfig, kit: Kit | None = None, progress=True, log=None, resume: bool = False) -> TrainResult:
+    """Run ``cfg.steps`` RL steps or ``cfg.max_seconds`` (continuing ``cfg.out_dir`` when ``resume``).
+
+    ``progress``: a tqdm bar (main process); ``log``: called with every step row.
+    """
+    cfg.validate()
+    init_spec(cfg, kit.world_seed if kit is not None else cfg.world_seed)  # fail fast on a missing checkpoint
+    acc = make_accelerator(cfg)
+    kit = kit if kit is not None else load_kit(cfg.world_seed)
+    model, tok, wrap = load_init(cfg, kit)
+    wrap = prompt_wrap(cfg.method, tok, wrap, cfg.prompt)  # the prompt the SFT'd model learned
+    trainer = Trainer(cfg, model, tok, wrap, kit, acc)
+    if resume:
+        trainer.resume()
+    trainer.run(progress=progress, log=log)
+    return TrainResult(trainer.history, trainer.eval_history, trainer.policy, getattr(trainer, "last_checkpoint", None))

@@ -1,0 +1,149 @@
+"""The ``memkit`` command line: flags generated from the config dataclasses, and every command
+line the docs and notebooks show parses with the real parser."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shlex
+import typing
+from pathlib import Path
+
+import pytest
+
+from memkit.cli import build_parser
+from memkit.cli.args import config_from_args, field_docs
+from memkit.cli.train import train_config
+from memkit.rl.config import TrainConfig
+from memkit.sft import SFTConfig
+
+REPO = Path(__file__).resolve().parents[1]
+NEEDS_METHOD = ("sft", "train", "rollout")
+
+
+def _parse(argv):
+    return build_parser().parse_args(argv)
+
+
+def _leaves(cls, prefix=""):
+    """``(dest, field, type)`` of every flag-backed field, nested dataclasses flattened."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        inner = [a for a in typing.get_args(tp) if a is not type(None)] or [tp]
+        if dataclasses.is_dataclass(inner[0]):
+            yield from _leaves(inner[0], prefix + f.name + ".")
+        else:
+            yield prefix + f.name, f, tp
+
+
+def _other_value(f, tp, default):
+    """A command-line string for a value other than ``default``, and that value."""
+    if f.metadata.get("choices"):
+        value = next(c for c in f.metadata["choices"] if c != default)
+        return value, value
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    base = args[0] if args and typing.get_origin(tp) is not tuple else tp
+    if default is None and base is not bool:
+        base = base if base in (int, float, str) else int
+        return "7", base("7")
+    if base is bool or (typing.get_origin(tp) is not None and bool in args):
+        return None, not default
+    if base is int:
+        return str(default + 3), default + 3
+    if base is float:
+        return str(default * 0.5 + 0.25), default * 0.5 + 0.25
+    if base is str:
+        return "other/dir", "other/dir"
+    if typing.get_origin(tp) is tuple:
+        return "3,5", (3, 5)
+    if tp is dict or typing.get_origin(tp) is dict:
+        return '{"reward_metric": "em"}', {"reward_metric": "em"}
+    raise AssertionError(f"no test value for {f.name}: {tp}")
+
+
+@pytest.mark.parametrize("command, cls", [("train", TrainConfig), ("sft", SFTConfig)])
+def test_every_config_field_has_a_flag_that_sets_it(command, cls):
+    """One definition per knob: each field (nested ones too) has ``--field-name`` with the field's
+    docstring as help, and giving it changes exactly that field of the built config."""
+    base = [command, "--method", "memsearcher"]
+    default = config_from_args(cls, _parse(base))
+    expect = cls(method="memsearcher")
+    if command == "train":
+        expect.out_dir = None  # the command computes runs/<method>-<algo> after parsing
+    assert default == expect
+    docs = {**field_docs(cls), **{f"oracle.{k}": v for k, v in field_docs(type(SFTConfig().oracle)).items()}}
+    for dest, f, tp in _leaves(cls):
+        if dest == "method":
+            continue
+        assert docs.get(dest), f"{cls.__name__}.{dest} has no docstring, so its flag would have no help"
+        flag = "--" + dest.replace(".", "-").replace("_", "-")
+        current = default
+        for part in dest.split(".")[:-1]:
+            current = getattr(current, part)
+        text, value = _other_value(f, tp, getattr(current, f.name))
+        if text is None:  # a bool: --flag / --no-flag
+            argv = [flag if value else "--no-" + flag[2:]]
+        else:
+            argv = [flag, text]
+        built = config_from_args(cls, _parse(base + argv))
+        got = built
+        for part in dest.split("."):
+            got = getattr(got, part)
+        assert got == value, (dest, argv, got)
+
+
+def test_optional_fields_accept_none_and_aliases_keep_working():
+    args = _parse(["train", "--method", "mem1", "--clip-high", "0.28", "--vf-clip", "none", "--n", "6",
+                   "--out", "runs/x", "--max-minutes", "2", "--objectives", "1,2", "--method-kwargs", "{}"])
+    cfg = train_config(args)
+    assert (cfg.clip_high, cfg.vf_clip, cfg.n_samples, cfg.out_dir, cfg.max_seconds, cfg.objectives) == \
+        (0.28, None, 6, "runs/x", 120.0, (1, 2))
+    assert train_config(_parse(["train", "--method", "mem1", "--algo", "ppo"])).out_dir == "runs/mem1-ppo"
+    sft = config_from_args(SFTConfig, _parse(["sft", "--method", "mem1", "--max-minutes", "0", "--show-comparison"]))
+    assert sft.max_seconds is None and sft.oracle.show_comparison and sft.oracle.p_drop_fact == SFTConfig().oracle.p_drop_fact
+    assert config_from_args(SFTConfig, _parse(["sft", "--method", "mem1"])).max_seconds == SFTConfig.max_seconds
+
+
+def _documented_commands() -> list[tuple[str, str]]:
+    """``(where, command line)`` for every runnable ``memkit ...`` line in README.md, docs/*.md
+    (fenced code) and inline in the notebooks and docs (those without placeholders)."""
+    found = []
+    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        if not path.exists():
+            continue
+        text = path.read_text(encoding="utf-8")
+        for block in re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                line = line.split("#")[0].strip()
+                if line.startswith("memkit "):
+                    found.append((path.name, line))
+    sources = [(p.name, p.read_text(encoding="utf-8")) for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+               if p.exists()]
+    for path in sorted((REPO / "notebooks").glob("*.ipynb")):
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        sources.append((path.name, "".join("".join(c["source"]) for c in cells)))
+    for name, text in sources:
+        for span in re.findall(r"`(memkit (?:world|rollout|eval|sft|train|reproduce)\b[^`]*)`", text):
+            span = " ".join(span.split())
+            words = span.split()
+            if "<" in span or any(re.fullmatch(r"[A-Z]", w) for w in words) or "..." in span:
+                continue
+            if words[1] in NEEDS_METHOD and "--method" not in words:
+                continue  # a bare mention of a flag, not a command
+            found.append((name, span))
+    return found
+
+
+def test_every_documented_command_line_parses():
+    commands = _documented_commands()
+    assert any(c.startswith("memkit train") for _, c in commands)
+    for where, line in commands:
+        try:
+            args = _parse(shlex.split(line)[1:])
+        except SystemExit:
+            pytest.fail(f"{where}: `{line}` does not parse")
+        if args.command == "train":
+            train_config(args)
+        elif args.command == "sft":
+            config_from_args(SFTConfig, args)
