@@ -37,15 +37,17 @@ from typing import Sequence
 
 import numpy as np
 
-from memkit.rollout.trajectory import Call, Trajectory
+from memkit.trajectory import Call, Trajectory
 
 EXCLUDE = ("system",)
 #: output tags counted as one tool call each
 TOOL_TAGS = ("search", "tool_call")
-#: output tags counted as one memory action each (MemPO <mem>, MEM1/MemSearcher memory,
-#: MemAct notes and prune records)
-MEMORY_TAGS = ("mem", "memory", "note", "prune", "prune_write")
-_PRUNE = re.compile(r"prune", re.I)
+#: output tags counted as one memory action each (MemPO <mem>, MemSearcher <memory>)
+MEMORY_TAGS = ("mem", "memory")
+#: the tags of one MemAct Prune&Write, a_mem = (I_target, c) (MemAct §3.2 eq. 1): the ids in
+#: <prune> and the note in <note> are two arguments of *one* action, not two actions
+PRUNE_WRITE_TAGS = ("prune", "note", "prune_write")
+_TOOL_NAME = re.compile(r"""["']name["']\s*:\s*["']([^"']*)["']""")
 _PUNCT = frozenset(string.punctuation)
 
 
@@ -91,11 +93,15 @@ def f1(pred: str | None, golds) -> float:
     return best
 
 
-def split_answers(text: str | None) -> list[str]:
-    """Answers of a multi-objective task: ``text`` split on ``;``, each stripped.
+def split_answers(text: str | None, k: int | None = None) -> list[str]:
+    """Answers of a multi-objective task: ``text`` split on ``;``, each stripped (MEM1 §3.3).
 
-    A single trailing ``;`` ("a; b;") is tolerated; None/empty text -> [].
+    A single trailing ``;`` ("a; b;") is tolerated; None/empty text -> []. ``k == 1`` keeps the
+    whole text as the one answer (plain QA: a ';' inside it is no separator). The agents check
+    the answer count with this rule and :func:`score_multi` aligns slots with it.
     """
+    if k is not None and k <= 1:
+        return [(text or "").strip()]
     if not text or not text.strip():
         return []
     parts = [p.strip() for p in text.split(";")]
@@ -212,8 +218,11 @@ def _span_text(call: Call, tag: str, k: int) -> str:
 
 
 def _is_prune_call(call: Call, k: int) -> bool:
-    """A MemAct Prune&Write issued as the k-th ``<tool_call>`` (by name in its text)."""
-    return bool(_PRUNE.search(_span_text(call, "tool_call", k)))
+    """A MemAct Prune&Write issued as the k-th ``<tool_call>``: its function ``"name"`` (e.g.
+    ``prune_context``) names a prune. Only the name is read, so a search whose *query* says
+    "prune" stays a search."""
+    m = _TOOL_NAME.search(_span_text(call, "tool_call", k))
+    return bool(m and "prune" in m.group(1).lower())
 
 
 def tool_calls(traj: Trajectory) -> int:
@@ -227,12 +236,24 @@ def tool_calls(traj: Trajectory) -> int:
 
 
 def memory_actions(traj: Trajectory) -> int:
-    """Memory edits: output spans tagged ``mem``/``memory``/``note``/``prune``/``prune_write``,
-    plus prune ``tool_call``s; a ``role="memory"`` call with none of these tags (a bare
-    MemSearcher memory update) counts as one."""
+    """Memory edits, one per action whatever its number of tags. Per call:
+
+    * each output span tagged ``mem`` (MemPO) or ``memory`` (MemSearcher);
+    * one MemAct Prune&Write per ``<prune>``/``<note>`` pair: a_mem = (I_target, c) is one
+      action (MemAct §3.2 eq. 1) written as two tags, so a call counts
+      max(#prune, #note, #prune_write) spans, not their sum (a ``<note>`` with no ``<prune>``,
+      a write that deletes nothing, is one action too);
+    * each prune ``tool_call`` (the paper's ``prune_context`` function-call form);
+    * a ``role="memory"`` call with none of these (a bare MemSearcher memory update): one.
+
+    MEM1's internal state ``<think>`` is not counted: it is rewritten on every turn as part of
+    the reasoning, not a separate action (and ``<think>`` is plain reasoning in every other
+    format), so MEM1 and ReAct score 0.
+    """
     n = 0
     for c in traj.calls:
         m = sum(len(c.output_spans.get(t, [])) for t in MEMORY_TAGS)
+        m += max(len(c.output_spans.get(t, [])) for t in PRUNE_WRITE_TAGS)
         m += sum(_is_prune_call(c, k) for k in range(len(c.output_spans.get("tool_call", []))))
         n += m if (m or c.role != "memory") else 1
     return n
@@ -299,7 +320,7 @@ def summarize(trajs: Sequence[Trajectory], exclude: Sequence[str] = EXCLUDE) -> 
     """
     trajs = list(trajs)
     if not trajs:
-        raise ValueError("summarize() got no trajectories; roll some out first (memkit.pipeline.rollout)")
+        raise ValueError("summarize() got no trajectories; roll some out first (memkit.evaluation.rollout)")
     em, f1s = [], []
     for t in trajs:
         if not t.golds:
@@ -326,10 +347,9 @@ def em_by_kind(trajs: Sequence[Trajectory], tasks) -> dict[str, float]:
     """EM per question, split by question kind: ``{"em_1hop": ..., "em_bridge": ..., "em_comparison": ...}``.
 
     ``tasks``: the tasks the trajectories answered (matched by ``Trajectory.task_id``); only the
-    kinds they ask appear. Where a model fails shows here: the tiny MEM1 model after an 18-minute
-    SFT answered 0.79 of the 1-hop and 0.79 of the bridge questions but 0.42 of the comparisons
-    (``memkit eval --policy tiny-sft --objectives 2 --n-tasks 100``), below the 0.5 that always
-    naming one of the two entities would score.
+    kinds they ask appear. Where a model fails shows here: the tiny SFT'd models answer comparison
+    questions near the 0.5 that always naming one of the two entities would score, well below
+    1-hop and bridge questions (measured: docs/findings.md).
     """
     by_id = {t.id: t for t in tasks}
     scores: dict[str, list[float]] = {}

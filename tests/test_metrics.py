@@ -1,4 +1,5 @@
-"""Accuracy and efficiency metrics on hand-computed cases and hand-built trajectories."""
+"""Accuracy and efficiency metrics on hand-computed cases, hand-built trajectories and, for
+the action counts, real oracle rollouts of every method (``fixtures.traces``)."""
 import random
 
 import pytest
@@ -9,7 +10,9 @@ from memkit.metrics import (
     dependency, dependency_loop, exact_match, f1, format_table, memory_actions, normalize_answer, peak_tokens,
     score_multi, split_answers, step_peak_tokens, summarize, tool_calls, total_tokens,
 )
-from memkit.rollout.trajectory import Call, Trajectory
+from fixtures.traces import oracle_traces
+from memkit.agents import METHODS, get_method
+from memkit.trajectory import Call, Trajectory
 
 
 # ---------------------------------------------------------------------------- accuracy
@@ -133,6 +136,62 @@ def test_tool_calls_and_memory_actions():
     assert memory_actions(t) == 4  # <mem>, the prune_write, the bare update, <memory>
 
 
+def test_one_prune_write_is_one_memory_action_by_hand():
+    text = "<think>t</think><prune>r1, r2</prune><note>facts</note>"
+    spans = {"think": [(0, 3)], "prune": [(3, 6)], "note": [(6, 9)]}  # what the engine tags on MemAct's output
+    assert memory_actions(traj([call(1, 10, 9, spans=spans, text=text)])) == 1  # a_mem = (I_target, c): one action
+    assert memory_actions(traj([call(1, 10, 3, spans={"note": [(0, 3)]})])) == 1  # a write that deletes nothing
+    assert memory_actions(traj([call(1, 10, 9, spans=spans), call(2, 10, 9, spans=spans)])) == 2
+    assert tool_calls(traj([call(1, 10, 9, spans=spans)])) == 0
+    query = '<tool_call>{"name": "wikipedia_search", "arguments": {"query": "prune juice"}}</tool_call>'
+    search = call(1, 10, 5, spans={"tool_call": [(0, 5)]}, text=query, char_spans={"tool_call": [(0, len(query))]})
+    assert tool_calls(traj([search])) == 1 and memory_actions(traj([search])) == 0  # "prune" in a query is a search
+
+
+# Real traces: the oracle policy of each method through the rollout engine. What counts as one
+# action is read from the trace independently of the metric, with the method's own parser:
+# a memory action is a MemAct Prune&Write, a MemSearcher memory update, a MemPO step's <mem>;
+# a tool call is a search.
+def parsed_actions(t):
+    method = get_method(t.method)
+    return [method.parse(c.output_text, c.role) for c in t.calls if c.valid and c.output_text]
+
+
+def real_memory_actions(t) -> int:
+    return sum(p.action in ("prune_write", "memory") or "mem" in p.fields for p in parsed_actions(t))
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_memory_actions_count_each_memact_prune_write_once_on_real_traces(k):
+    trajs = oracle_traces("memact", k=k, n_tasks=2)
+    for t in trajs:
+        n_prune_write = sum(p.action == "prune_write" for p in parsed_actions(t))
+        assert n_prune_write >= 1 and (k < 4 or n_prune_write >= 2)
+        assert n_prune_write == sum(map(bool, t.info["pruned_ids"]))  # every oracle Prune&Write deletes records
+        assert sum("Note saved as" in (c.observation_text or "") for c in t.calls) == n_prune_write
+        assert memory_actions(t) == n_prune_write == real_memory_actions(t)
+        assert tool_calls(t) == sum(p.action == "search" for p in parsed_actions(t))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_action_counts_match_the_parsed_actions_on_real_traces(method):
+    for t in oracle_traces(method, k=2):
+        assert all(c.valid for c in t.calls)
+        acts = [c for c in t.calls if c.role == "act"]
+        searches = sum(p.action == "search" for p in parsed_actions(t))
+        prune_writes = sum(p.action == "prune_write" for p in parsed_actions(t))
+        assert tool_calls(t) == searches == len(acts) - 1 - prune_writes  # the other act calls search
+        assert memory_actions(t) == real_memory_actions(t)
+        if method == "memsearcher":  # one per memory-update call, its <memory> tag not counted again
+            assert memory_actions(t) == sum(c.role == "memory" for c in t.calls) == searches
+        elif method == "mempo":  # one <mem> per step, the answering step's too
+            assert memory_actions(t) == len(acts)
+        elif method == "memact":  # one per Prune&Write, not one per <prune> and one per <note>
+            assert memory_actions(t) == prune_writes >= 1
+        elif method in ("mem1", "react"):  # MEM1's <think> internal state is reasoning, not an action
+            assert memory_actions(t) == 0
+
+
 def test_summarize_and_table():
     good = traj([call(1, 10, 4, seconds=0.5), call(2, 20, 2, seconds=0.25)], answer="Paris; 1999",
                 golds=[["paris"], ["1999"]])
@@ -176,7 +235,7 @@ def test_em_by_kind_by_hand():
 
 
 def test_summarize_round_trips_through_jsonl(tmp_path):
-    from memkit.rollout.trajectory import load_jsonl, save_jsonl
+    from memkit.trajectory import load_jsonl, save_jsonl
 
     rng = random.Random(3)
     trajs = [traj([call(i + 1, rng.randint(1, 50), rng.randint(1, 20), system=1) for i in range(4)],

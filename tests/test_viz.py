@@ -1,4 +1,5 @@
-"""memkit.viz: trace HTML/widget and attention-mask figures, on hand-built trajectories."""
+"""memkit.viz: trace HTML/widget and attention-mask figures, on hand-built trajectories and,
+for MemAct's pruned records, on real oracle rollouts (``fixtures.traces``)."""
 from __future__ import annotations
 
 import html as html_lib
@@ -8,9 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from memkit.rollout.trajectory import Call, Trajectory
+from fixtures.traces import oracle_traces
+from memkit.agents import get_method
+from memkit.trajectory import Call, Trajectory, load_jsonl, save_jsonl
 from memkit.viz import PALETTE, MaskViewer, TraceViewer, color_for, plot_mask, render_call_html, to_html
-from memkit.viz.html import diff_html, part_counts, render_spans
+from memkit.viz.html import diff_html, part_counts, record_spans, render_spans
 
 
 def parts(*pieces):
@@ -46,13 +49,34 @@ def memsearcher_traj():
                       golds=[["London"]], reward=1.0)
 
 
+def memact_real_traces():
+    """MemAct oracle rollouts on 4-question tasks: each trajectory makes 2-3 Prune&Writes."""
+    return oracle_traces("memact", k=4, n_tasks=2)
+
+
 @pytest.fixture
 def memact_traj():
-    calls = []
-    for i in range(3):
-        recs = [("record", f"[r{j}] fact number {j}\n") for j in range(i + 1)]
-        calls.append(make_call(i, [("system", "sys\n"), *recs], [("tool_call", f"<prune>r{i}</prune>")]))
-    return Trajectory(task_id="t2", method="memact", calls=calls, info={"pruned": [[], ["r0"], ["r1", 7]]})
+    """A real MemAct trajectory (oracle policy through the rollout engine) with >= 2 prunes."""
+    return next(t for t in memact_real_traces() if sum(map(bool, t.info["pruned_ids"])) >= 2)
+
+
+def pruned_by_call(traj):
+    """call index -> record ids its Prune&Write deleted, read from the outputs alone (the
+    method's parser), not from ``traj.info``."""
+    memact = get_method("memact")
+    out = {}
+    for i, c in enumerate(traj.calls):
+        parsed = memact.parse(c.output_text, c.role)
+        if c.valid and parsed.action == "prune_write":
+            out[i] = parsed.prune_ids
+    return out
+
+
+def marked_rows(page):
+    """(record ids struck out as pruned, record ids kept) in a call's records table."""
+    table = re.search(r'<table class="mk-counts mk-records">(.*?)</table>', page)
+    rows = table.group(1) if table else ""
+    return re.findall(r'<tr class="mk-pruned"><td>([^<]*)</td>', rows), re.findall(r"<tr><td>([^<]*)</td>", rows)
 
 
 def test_call_html_has_each_kind_class_and_colour(memsearcher_traj):
@@ -116,17 +140,48 @@ def test_viewer_with_several_trajectories(memsearcher_traj, memact_traj):
     v = TraceViewer([memsearcher_traj, memact_traj])
     v.slider.value = 1
     v.selector.value = 1
-    assert v.slider.max == 2 and v.slider.value == 0
+    assert v.slider.max == len(memact_traj.calls) - 1 and v.slider.value == 0
     assert "memact" in v.html.value
+    i = next(iter(pruned_by_call(memact_traj)))
+    v.slider.value = i
+    assert 'class="mk-pruned"' in v.html.value
 
 
-def test_memact_pruned_ids_appear(memact_traj):
-    page = render_call_html(memact_traj, 2)
-    assert re.search(r"pruned by this call: .*r1.*7", page)
-    assert '<tr class="mk-pruned"><td>r1</td>' in page
-    assert '<tr><td>r0</td>' in page  # kept records are not struck out
-    assert "pruned by this call: none" in render_call_html(memact_traj, 0)
-    assert "3 record(s) in context" in page
+def test_memact_pruned_records_marked_on_real_rollouts():
+    """Every call that pruned (by its own output) strikes out exactly the records it deleted;
+    no other call marks anything."""
+    trajs = memact_real_traces()
+    n_pruning = 0
+    for traj in trajs:
+        expected = pruned_by_call(traj)
+        assert len(expected) >= 2, traj.info  # the fixture exercises several prunes per trajectory
+        for i, call in enumerate(traj.calls):
+            page = render_call_html(traj, i, include_css=False)
+            struck, kept = marked_rows(page)
+            live = [rid for rid, _ in record_spans(call)]
+            if i in expected:
+                n_pruning += 1
+                ids = expected[i]
+                assert ids and sorted(struck) == sorted(ids), (i, struck, ids)
+                assert set(ids) <= set(live)  # the records it deleted were in its context
+                assert sorted(kept) == sorted(set(live) - set(ids))
+                listed = re.search(r'pruned by this call: (.*?)</div>', page).group(1)
+                assert re.findall(r'<span class="mk-pruned">([^<]*)</span>', listed) == ids
+            else:
+                assert 'class="mk-pruned"' not in page, i
+                assert "pruned by this call: none" in page
+                assert sorted(kept) == sorted(live)
+            assert f"{len(live)} record(s) in context" in page or not live
+    assert n_pruning == sum(len(pruned_by_call(t)) for t in trajs) >= 4
+
+
+def test_memact_prunes_survive_the_jsonl_round_trip(tmp_path, memact_traj):
+    """A trace saved by ``memkit rollout --out`` and viewed later still shows its prunes."""
+    save_jsonl([memact_traj], tmp_path / "trace.jsonl")
+    (back,) = load_jsonl(tmp_path / "trace.jsonl")
+    struck = lambda page: re.findall(r'<tr class="mk-pruned"><td>([^<]*)</td>', page)  # noqa: E731
+    assert struck(to_html(back)) == struck(to_html(memact_traj))
+    assert sorted(struck(to_html(back))) == sorted(r for ids in pruned_by_call(memact_traj).values() for r in ids)
 
 
 def test_to_html_writes_a_self_contained_file(tmp_path, memsearcher_traj, memact_traj):
@@ -134,7 +189,9 @@ def test_to_html_writes_a_self_contained_file(tmp_path, memsearcher_traj, memact
     page = to_html([memsearcher_traj, memact_traj], path=path)
     assert path.read_text(encoding="utf-8") == page
     assert page.startswith("<!DOCTYPE html>") and "<style>" in page and "<script>" in page
-    assert 'id="t0-c1"' in page and 'id="t1-c2"' in page and 'href="#t1-c2"' in page
+    last = len(memact_traj.calls) - 1
+    assert 'id="t0-c1"' in page and f'id="t1-c{last}"' in page and f'href="#t1-c{last}"' in page
+    assert '<tr class="mk-pruned">' in page
     assert "http://" not in page and "https://" not in page  # nothing external to load
     assert not list(path.parent.glob(".*.tmp"))
 

@@ -6,8 +6,9 @@ the records whose ids are in ``I_target`` and appends itself, with its note ``c`
 record (eq. 1), so later notes can prune earlier ones. The context of call t is the
 instruction + question + the live records, each ``[id] output observation`` with the output
 and observation as verbatim refs. ``state.memory["pruned"]`` keeps, per call, the ids that
-call deleted (``trajectory_info`` exports it for the viewers). A Prune&Write naming an id
-that is not live is an invalid turn ("unknown prune id").
+call deleted; ``trajectory_info`` exports it as ``Trajectory.info[INFO_PRUNED_IDS]`` (the key
+the viewers read). A Prune&Write naming an id that is not live is an invalid turn ("unknown
+prune id").
 
 Because contexts are no longer prefixes of each other after an edit, DCPO (§3.3, in
 ``memkit.rl``) trains on segments that start at each memory action.
@@ -61,6 +62,9 @@ INSTRUCTION = (
     "- [ASSUMPTIONS] Optional unverified premises used to proceed.\n"
 )
 _ID_RE = re.compile(r"[A-Za-z0-9_-]+")
+#: ``Trajectory.info`` keys MemAct writes, one entry per call: the record id the call made
+#: (None for the answer) and the record ids its Prune&Write deleted ([] for other calls).
+INFO_RECORD_IDS, INFO_PRUNED_IDS = "record_ids", "pruned_ids"
 
 
 def parse_ids(text: str) -> list[str]:
@@ -75,6 +79,7 @@ def parse_ids(text: str) -> list[str]:
 class MemAct(Method):
     name = "memact"
     format_penalty = -0.1
+    default_credit = "multi_context"  # one trajectory advantage copied to every call
 
     def __init__(self, prune_after: int = 2):
         self.prune_after = prune_after  # the oracle prunes once this many search records are live
@@ -153,7 +158,8 @@ class MemAct(Method):
     def trajectory_info(self, state: AgentState) -> dict:
         m = self._mem(state)
         n = len(state.calls)
-        return {"record_ids": [m["made"].get(i) for i in range(n)], "pruned_ids": [list(m["pruned"].get(i, [])) for i in range(n)],
+        return {INFO_RECORD_IDS: [m["made"].get(i) for i in range(n)],
+                INFO_PRUNED_IDS: [list(m["pruned"].get(i, [])) for i in range(n)],
                 "live_records": [r["id"] for r in m["records"]]}
 
     def oracle(self, state: AgentState, rng: random.Random, cfg: OracleConfig) -> str:

@@ -12,7 +12,9 @@ import html
 import re
 from pathlib import Path
 
-from memkit.rollout.trajectory import Call, Trajectory, atomic_write_text
+from memkit.agents.memact import INFO_PRUNED_IDS
+from memkit.io import atomic_write_text
+from memkit.trajectory import Call, Trajectory
 from memkit.viz.colors import CSS, css_class, legend_html, span_open
 
 MEMORY_KINDS = ("memory", "mem")  # preferred; "think" is the fallback (MEM1-style internal state)
@@ -161,8 +163,9 @@ def record_spans(call: Call) -> list[tuple[str | None, str]]:
 
 
 def pruned_ids(traj: Trajectory, i: int) -> list[str]:
-    """Record ids pruned by call ``i`` (from ``traj.info["pruned"]``), as strings."""
-    pruned = traj.info.get("pruned") if isinstance(traj.info, dict) else None
+    """Record ids pruned by call ``i``, as strings: ``traj.info[INFO_PRUNED_IDS][i]``, the
+    per-call lists MemAct's ``trajectory_info`` writes (the records call ``i`` saw and deleted)."""
+    pruned = traj.info.get(INFO_PRUNED_IDS) if isinstance(traj.info, dict) else None
     if not pruned or i >= len(pruned) or pruned[i] is None:
         return []
     ids = pruned[i] if isinstance(pruned[i], (list, tuple)) else [pruned[i]]
@@ -171,7 +174,7 @@ def pruned_ids(traj: Trajectory, i: int) -> list[str]:
 
 def _records_html(traj: Trajectory, i: int) -> str:
     records, pruned = record_spans(traj.calls[i]), pruned_ids(traj, i)
-    if not records and "pruned" not in traj.info:
+    if not records and INFO_PRUNED_IDS not in traj.info:
         return ""
     parts = ['<div class="mk-head">records</div>']
     if pruned:
