@@ -1,20 +1,50 @@
-"""Trajectory / Call data model and its JSONL round trip.
+"""The data model at the bottom of memkit: context pieces, parsed outputs, calls, trajectories,
+training units, and their JSONL round trip. Imports nothing from memkit but ``io``.
 
-A trajectory is a list of LLM calls. Each call keeps the *exact* token ids the policy saw
-and produced, the log-probs of the produced ids under the sampling policy, and where in the
-context and the output each tagged part lies, so any packing (separate, MEM1 mask, DCPO
-segments) and any credit assignment can be computed later without re-running the rollout.
+A trajectory is a set of LLM calls. Each call keeps the *exact* token ids the policy saw and
+produced, the log-probs of the produced ids under the sampling policy, and where in the context
+and the output each tagged part lies, so any packing and any credit assignment can be computed
+later without re-running the rollout. ``Call.parent`` links a call to the one it continues: a
+plain rollout is a chain (parent = previous call), a forked rollout (Mem-T's operation trees) is
+a tree whose root-to-leaf paths are chains. A :class:`TrainingUnit` (a trajectory and a subset
+of its calls: a MEM1 row, a MemSearcher call, a DCPO segment, a tree path) is what ``pack()``
+turns into training rows.
 """
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+from memkit.io import atomic_write_text, read_jsonl
+
 Span = tuple[int, int]  # [start, end) token indices
+
+
+@dataclass
+class Segment:
+    """A piece of a call's context.
+
+    ``kind`` names what it is for colouring/accounting: "system", "question", "memory",
+    "think", "search", "answer", "information", "record", "hint", "chat"...
+    """
+
+    kind: str
+    text: str
+    ref: tuple[int, str] | None = None  # (call index, "output" | "observation")
+
+
+@dataclass
+class Parsed:
+    """A parsed model output. ``ok=False`` means an invalid turn; ``error`` says why."""
+
+    ok: bool
+    action: str | None = None  # "search" | "answer" | "prune_write" | "memory"
+    argument: str | None = None  # query, answer text, or memory text
+    fields: dict[str, str] = field(default_factory=dict)  # tag -> content
+    prune_ids: list[str] = field(default_factory=list)
+    error: str | None = None
 
 
 @dataclass
@@ -40,6 +70,9 @@ class Call:
     valid: bool = True
     reason: str | None = None
     seconds: float = 0.0
+    parent: int | None = None  # index (in Trajectory.calls) of the call this one continues; None = a root
+    reward: float | None = None  # per-call reward where a paper has one (MemPO R_M, Mem-T node reward)
+    advantage: float | None = None  # per-call advantage a credit rule assigned (for inspection)
 
     @property
     def n_context(self) -> int:
@@ -71,12 +104,36 @@ class Trajectory:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def path(self, i: int) -> list[int]:
+        """Call indices from the root to call ``i`` (inclusive), following ``Call.parent``."""
+        out = []
+        while i is not None:
+            out.append(i)
+            i = self.calls[i].parent
+        return out[::-1]
+
+    def children(self, i: int | None) -> list[int]:
+        """Indices of the calls whose parent is ``i`` (``None``: the roots)."""
+        return [j for j, c in enumerate(self.calls) if c.parent == i]
+
+    def leaves(self) -> list[int]:
+        """Calls no other call continues (one for a chain: its last call)."""
+        parents = {c.parent for c in self.calls}
+        return [j for j in range(len(self.calls)) if j not in parents]
+
+    @property
+    def is_tree(self) -> bool:
+        """True when two calls share a parent (a forked rollout)."""
+        parents = [c.parent for c in self.calls]
+        return len(set(parents)) < len(parents)
+
     @classmethod
     def from_dict(cls, d: dict) -> "Trajectory":
         d = dict(d)
         calls = []
-        for c in d.pop("calls", []):
+        for i, c in enumerate(d.pop("calls", [])):
             c = dict(c)
+            c.setdefault("parent", i - 1 if i else None)  # traces written before calls had parents were chains
             c["context_spans"] = {k: [tuple(s) for s in v] for k, v in c.get("context_spans", {}).items()}
             c["output_spans"] = {k: [tuple(s) for s in v] for k, v in c.get("output_spans", {}).items()}
             for key in ("context_char_spans", "output_char_spans"):
@@ -86,21 +143,51 @@ class Trajectory:
         return cls(calls=calls, **d)
 
 
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write via a temp file + rename so a crash never leaves a half-written file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+@dataclass(frozen=True)
+class TrainingUnit:
+    """What one packed training row (or group of rows) is made of: a trajectory and the indices
+    of the calls to train, ascending. A MEM1 row is every call of a trajectory; a DCPO segment
+    a run of calls with a fixed prefix; a Mem-T node path the calls from a root to a leaf.
+
+    Context refs still resolve through the whole ``traj.calls`` (indices are absolute), so a
+    unit's first call may read an earlier call's output that the unit does not train.
+    """
+
+    traj: Trajectory
+    calls: tuple[int, ...]
+
+    @classmethod
+    def of(cls, traj: Trajectory) -> "TrainingUnit":
+        """Every call of ``traj`` that generated tokens (a call cut off before generating, e.g.
+        over the context limit, has nothing to train and is always the last of its path)."""
+        return cls(traj, tuple(i for i, c in enumerate(traj.calls) if c.output_ids))
+
+    def __post_init__(self):
+        idx = list(self.calls)
+        if idx != sorted(set(idx)) or (idx and not 0 <= idx[0] <= idx[-1] < len(self.traj.calls)):
+            raise ValueError(f"TrainingUnit.calls {self.calls} must be distinct ascending indices into "
+                             f"the trajectory's {len(self.traj.calls)} calls")
+
+    def __len__(self) -> int:
+        return len(self.calls)
+
+    def __iter__(self):
+        """``(index, call)`` pairs of the unit's calls."""
+        return ((i, self.traj.calls[i]) for i in self.calls)
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens the unit brings to a forward pass whatever the packing: its first context plus
+        every output and observation (a sort key for micro-batches)."""
+        if not self.calls:
+            return 0
+        first = len(self.traj.calls[self.calls[0]].context_ids)
+        return first + sum(len(c.output_ids) + len(c.observation_ids) for _, c in self)
+
+
+def as_unit(item: "Trajectory | TrainingUnit") -> TrainingUnit:
+    """A trajectory means all its calls that generated tokens (:meth:`TrainingUnit.of`)."""
+    return item if isinstance(item, TrainingUnit) else TrainingUnit.of(item)
 
 
 def save_jsonl(trajs: Iterable[Trajectory], path: str | Path) -> None:
@@ -108,15 +195,4 @@ def save_jsonl(trajs: Iterable[Trajectory], path: str | Path) -> None:
 
 
 def load_jsonl(path: str | Path) -> list[Trajectory]:
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"trace file {path} does not exist; write one with `memkit rollout --out {path}`")
-    out = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            out.append(Trajectory.from_dict(json.loads(line)))
-        except (json.JSONDecodeError, TypeError, KeyError) as e:
-            raise ValueError(f"{path}:{i} is not a memkit trajectory ({e}); traces come from `memkit rollout --out`") from None
-    return out
+    return read_jsonl(path, Trajectory.from_dict, "trace", f"write one with `memkit rollout --out {path}`")

@@ -9,10 +9,10 @@ import torch
 
 from memkit.rl import advantages as adv
 from memkit.rl import losses as L
-from memkit.rl.packed_forward import (model_attention_mask, packed_token_logprobs, packing_gap,
-                                      recompute_call_logprobs)
+from memkit.models.generation import sequence_logprobs
+from memkit.rl.packed_forward import model_attention_mask, packed_token_logprobs, packing_gap
 from memkit.rl.packing import pack
-from memkit.rollout.trajectory import Call, Trajectory
+from memkit.trajectory import Call, Trajectory
 
 SEEDS = range(6)
 
@@ -372,14 +372,6 @@ def test_tokens_processed():
     assert sep.n_attention_pairs > mask.n_attention_pairs
 
 
-def test_token_advantages_follow_multi_context_grpo():
-    b = pack(TRAJS, "separate")
-    A = adv.grpo_advantages(torch.tensor([tr.reward for tr in TRAJS]), [0, 0, 0])
-    per_row = adv.broadcast_to_calls(A, [len(tr.calls) for tr in TRAJS])
-    ta = b.token_advantages(A)
-    assert torch.allclose(ta, per_row[:, None] * b.loss_mask)
-
-
 def test_bad_refs_raise():
     tr = mem1_traj(0, 3)
     tr.calls[2].context_refs[0] = (7, 9, 2, "output")  # points at itself
@@ -394,13 +386,13 @@ def test_bad_refs_raise():
 def test_ppo_backward_through_packed_logprobs(sdpa_model):
     b = pack(TRAJS, "mem1_exact")
     logp = packed_token_logprobs(sdpa_model, b)
-    adv_tok = b.token_advantages(torch.tensor([1.0, -1.0, 0.5]))
+    adv_tok = torch.tensor([1.0, -1.0, 0.5])[b.traj_index][:, None] * b.loss_mask
     loss, st = L.ppo_clip_loss(logp, b.old_logprobs, adv_tok, b.loss_mask, agg="seq-mean-token-mean")
     loss.backward()
     grads = [p.grad for p in sdpa_model.parameters() if p.grad is not None]
     assert grads and all(torch.isfinite(g).all() for g in grads)
     sdpa_model.zero_grad(set_to_none=True)
-    ref = recompute_call_logprobs(sdpa_model, TRAJS[0].calls[2])
+    ref = sequence_logprobs(sdpa_model, TRAJS[0].calls[2].context_ids, TRAJS[0].calls[2].output_ids)
     assert torch.allclose(logp[0][b.call_ids[0] == 2].detach(), ref, atol=1e-4)
 
 
@@ -420,9 +412,9 @@ def test_padded_tokens_and_attention_cells():
 
 
 @pytest.mark.parametrize("mode", ["separate", "mem1_mask", "mem1_exact"])
-def test_segments_tile_rows_and_name_mem1_blocks(mode):
-    from memkit.rl.packing import segments
-    b, segs = pack(TRAJS, mode), segments(TRAJS, mode)
+def test_row_pieces_tile_rows_and_name_mem1_blocks(mode):
+    from memkit.rl.packing import row_pieces
+    b, segs = pack(TRAJS, mode), row_pieces(TRAJS, mode)
     assert len(segs) == b.input_ids.shape[0]
     for row, runs in enumerate(segs):
         assert runs[0].start == 0 and runs[-1].end == int(b.lengths[row])
@@ -448,7 +440,7 @@ def test_segments_tile_rows_and_name_mem1_blocks(mode):
     assert labels == expect
     if mode == "separate":
         assert [s.label for s in segs[2]] == ["q", "[S2A2]'", "O2", "S3A3"]
-        assert [s.label for s in segments(TRAJS[1:2], mode)[1]] == ["q", "[S1A1]'", "O1", "c2", "S2A2"]
+        assert [s.label for s in row_pieces(TRAJS[1:2], mode)[1]] == ["q", "[S1A1]'", "O1", "c2", "S2A2"]
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
@@ -471,18 +463,18 @@ def test_mask_form_logit_gap(impl, sdpa_model):
         mask_form_logit_gap(model, pack(TRAJS, "separate"), "float01")
 
 
-def test_plot_mask_and_viewer_name_segments():
-    from memkit.rl.packing import segments
+def test_plot_mask_and_viewer_name_row_pieces():
+    from memkit.rl.packing import row_pieces
     from memkit.viz.mask import MaskViewer, plot_mask
-    b, segs = pack(TRAJS, "mem1_exact"), segments(TRAJS, "mem1_exact")
+    b, segs = pack(TRAJS, "mem1_exact"), row_pieces(TRAJS, "mem1_exact")
     n = int(b.lengths[0])
-    fig = plot_mask(b.attention_mask[0, 0, :n, :n], segments=segs[0])
+    fig = plot_mask(b.attention_mask[0, 0, :n, :n], pieces=segs[0])
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == [s.label for s in segs[0]]
     assert [t.get_text() for t in ax.get_yticklabels()] == [s.label for s in segs[0]]
     assert len(ax.lines) == 2 * (len(segs[0]) - 1)  # a boundary at each start but 0, both axes
-    plot_mask(b.attention_mask[0, 0, :n, :n], segments=[(s.start, s.end, s.label) for s in segs[0]])
-    v = MaskViewer(b.attention_mask, segments=segs)
+    plot_mask(b.attention_mask[0, 0, :n, :n], pieces=[(s.start, s.end, s.label) for s in segs[0]])
+    v = MaskViewer(b.attention_mask, pieces=segs)
     v.slider.value = 2
     assert [t.get_text() for t in v.figure.axes[0].get_xticklabels()] == [s.label for s in segs[2]]
 

@@ -15,7 +15,8 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 import dist_worker as dw
 from memkit.rl.advantages import gae_loop
 from memkit.rl.config import TrainConfig
-from memkit.rl.critic import loss_weights, trajectory_gae
+from memkit.rl.credit import trajectory_gae
+from memkit.rl.critic import loss_weights
 from memkit.rl.losses import aggregate
 from memkit.rl.packing import pack
 
@@ -132,10 +133,10 @@ def test_naive_micro_batch_mean_would_not_be_exact(monkeypatch):
 def test_micro_batches_group_similar_lengths():
     """Micro-batches are cut from a mini-batch sorted by trajectory length: fewer padded token slots
     than cutting it in rollout order, and (test above) the same update."""
-    from memkit.rl.update import trajectory_tokens
+    from memkit.trajectory import TrainingUnit
 
     trajs = dw.trajectories(range(4))
-    assert len({trajectory_tokens(t) for t in trajs}) > 2  # uneven lengths, or there is nothing to sort
+    assert len({TrainingUnit.of(t).n_tokens for t in trajs}) > 2  # uneven lengths, or there is nothing to sort
     # one forward per micro-batch (row_groups=1): grouping rows by length would hide what sorting saves
     sorted_stats = dw.make_learner("ppo", packing="mem1_exact", micro_batch_size=2, row_groups=1).update(trajs)
     plain = dw.make_learner("ppo", packing="mem1_exact", micro_batch_size=2, row_groups=1)
@@ -275,7 +276,7 @@ def test_trajectory_gae_is_the_same_for_every_packing():
 # ============================================================================ the loop
 @pytest.fixture(scope="module")
 def kit():
-    from memkit.pipeline import load_kit
+    from memkit.kit import load_kit
 
     return load_kit(0)
 
@@ -293,7 +294,7 @@ def test_resume_continues_exactly(kit, tmp_path):
     identical parameters and history. PPO (critic, two optimizers, warmup schedulers); the
     random policy earns no reward, so the entropy bonus and KL are what move it."""
     from memkit.models import load_policy
-    from memkit.rl.trainer import train
+    from memkit.training import train
 
     a = train(_loop_cfg(tmp_path / "a", 4), kit, progress=False)
     train(_loop_cfg(tmp_path / "b", 2), kit, progress=False)
@@ -327,7 +328,7 @@ def test_resume_continues_exactly(kit, tmp_path):
 def test_wall_clock_budget_stops_evaluates_and_saves(kit, tmp_path):
     """`max_seconds`: the loop stops before a step would start past the budget, and the stop
     ends like a finished run (a final eval at the stop step, a checkpoint of it)."""
-    from memkit.rl.trainer import train
+    from memkit.training import train
 
     res = train(_loop_cfg(tmp_path / "r", 50, max_seconds=1e-3, eval_every=10, save_every=10), kit, progress=False)
     assert len(res.history) == 1  # the first step starts inside the budget and overruns it
@@ -364,16 +365,16 @@ def test_task_pool_replaces_the_training_tasks(kit, tmp_path):
 
 def test_training_tasks_never_use_evaluation_seeds(kit):
     """Seed 10 used to draw its 2-question training tasks from seed 1002, the test tasks of
-    `pipeline.evaluate` and of every notebook's final table. No training seed lands in
+    `evaluation.evaluate` and of every notebook's final table. No training seed lands in
     EVAL_SEEDS now, seeds 0-9 keep the values the cached SFT models were trained on, and
     TrainConfig.eval_seed refuses seeds outside EVAL_SEEDS."""
-    from memkit.pipeline import EVAL_SEEDS, training_seed, training_tasks
+    from memkit.world import EVAL_SEEDS, training_seed, training_tasks
     from memkit.world import make_tasks
 
     assert not {training_seed(s, k) for s in range(-3, 200) for k in range(1, 17)} & set(EVAL_SEEDS)
     assert [training_seed(s, 2) for s in (0, 1, 9)] == [2, 102, 902]
     test = {t.prompt for t in make_tasks(kit.world, n=50, k=2, seed=1002, split="test")}
-    assert not test & {t.prompt for t in training_tasks(kit, (2,), 200, seed=10)}
+    assert not test & {t.prompt for t in training_tasks(kit.world, (2,), 200, seed=10)}
     for bad in (0, 902, 9_998):  # a training seed, one more, and a base whose k = 2 leaves the range
         with pytest.raises(ValueError, match="eval_seed"):
             TrainConfig(eval_seed=bad).validate()
@@ -382,7 +383,7 @@ def test_training_tasks_never_use_evaluation_seeds(kit):
 
 def test_eval_seed_picks_the_evaluation_tasks(kit, tmp_path, monkeypatch):
     """The periodic evaluation rolls out make_tasks(seed=eval_seed + k): the default is the test
-    tasks (a prefix of pipeline.evaluate's), another base a disjoint validation set."""
+    tasks (a prefix of evaluation.evaluate's), another base a disjoint validation set."""
     from memkit.models.tiny import build_tiny
     from memkit.rl.trainer import Trainer
     from memkit.world import make_tasks
@@ -450,8 +451,8 @@ def test_train_rolls_out_with_the_prompt_sft_used(kit, tmp_path, monkeypatch):
     """The tiny model is SFT'd on the compact instruction; `train()` must roll it out with that
     prompt (TrainConfig.prompt="auto"), not the paper's, which the model has never seen."""
     from memkit.agents import get_method
-    from memkit.pipeline import prompt_wrap
-    from memkit.rl import trainer as tr
+    from memkit import training as tr
+    from memkit.policies import prompt_wrap
     from memkit.world import make_tasks
 
     method = get_method("mem1")
@@ -491,11 +492,11 @@ def test_readme_train_commands_parse_to_the_notebooks_settings():
 
     from memkit.cli import build_parser
     from memkit.reproduce import declared_parameters
-    from memkit.rl.cli import config_from_args
+    from memkit.cli.train import train_config
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text().replace("\\\n", " ")
     lines = [ln.split("#")[0] for ln in readme.splitlines() if re.match(r"memkit train --algo", ln)]
-    cfgs = {c.method: c for c in (config_from_args(build_parser().parse_args(shlex.split(ln)[1:])) for ln in lines)}
+    cfgs = {c.method: c for c in (train_config(build_parser().parse_args(shlex.split(ln)[1:])) for ln in lines)}
     assert set(cfgs) == {"mem1", "memsearcher"}
     mem1, ms = cfgs["mem1"], cfgs["memsearcher"]
     # notebook 02's default RL_ALGO (its deviation 4) and full-mode sizes, read from the notebook itself

@@ -24,23 +24,13 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from memkit import metrics
+from memkit.metrics import split_answers
+from memkit.trajectory import Parsed, Segment
 from memkit.world.schema import Task
 
 # Tags used for span colouring and token accounting.
 SPAN_TAGS = ("mem", "think", "memory", "search", "tool_call", "answer", "information", "note", "records")
-
-
-@dataclass
-class Segment:
-    """A piece of a call's context.
-
-    ``kind`` names what it is for colouring/accounting: "system", "question", "memory",
-    "think", "search", "answer", "information", "record", "hint", "chat"...
-    """
-
-    kind: str
-    text: str
-    ref: tuple[int, str] | None = None  # (call index, "output" | "observation")
 
 
 @dataclass
@@ -58,27 +48,19 @@ class CallSpec:
 
 
 @dataclass
-class Parsed:
-    """A parsed model output. ``ok=False`` means an invalid turn; ``error`` says why."""
-
-    ok: bool
-    action: str | None = None  # "search" | "answer" | "prune_write" | "memory"
-    argument: str | None = None  # query, answer text, or memory text
-    fields: dict[str, str] = field(default_factory=dict)  # tag -> content
-    prune_ids: list[str] = field(default_factory=list)
-    error: str | None = None
-
-
-@dataclass
 class OracleConfig:
     """Imperfection knobs of the scripted policy (so SFT leaves room for RL)."""
 
-    p_drop_fact: float = 0.0  # chance a found fact is left out of memory (forcing a re-search or a wrong answer)
-    p_wasted_search: float = 0.0  # chance of a search with an uninformative query before the right one
-    p_wrong_answer: float = 0.0  # chance an answer slot is replaced by a distractor
-    show_comparison: bool = False  # write a comparison's two values before its winner, in the turn the
-    # second one arrives ("A founded: 1989; B founded: 1975, so B"), instead of the winner alone. Measured on
-    # the tiny MEM1 model it does not help (EM 0.535 vs 0.67, comparisons 0.41 vs 0.42; agents/oracle.py)
+    p_drop_fact: float = 0.0
+    """Chance a found fact is left out of memory (forcing a re-search or a wrong answer)."""
+    p_wasted_search: float = 0.0
+    """Chance of a search with an uninformative query before the right one."""
+    p_wrong_answer: float = 0.0
+    """Chance an answer slot is replaced by a distractor."""
+    show_comparison: bool = False
+    """Write a comparison's two values before its winner, in the turn the second one arrives
+    ("A founded: 1989; B founded: 1975, so B"), instead of the winner alone. It did not help the
+    tiny MEM1 model (measured: docs/findings.md, 'Negative results')."""
 
 
 @dataclass
@@ -112,6 +94,10 @@ class Method(ABC):
     name: str = "base"
     #: reward of an episode that ends in an invalid turn (the paper's format penalty)
     format_penalty: float = 0.0
+    #: how RL packs this format's calls (``memkit.rl.packing.MODES``): each call its own row
+    default_packing: str = "separate"
+    #: the group-relative credit rule RL uses for it (``memkit.rl.credit``); PPO always uses ``gae``
+    default_credit: str = "grpo"
 
     def new_state(self, task: Task, max_turns: int = 12) -> AgentState:
         return AgentState(task=task, max_turns=max_turns)
@@ -154,8 +140,6 @@ class Method(ABC):
         """``answer``: check the answer count (MEM1 App. B.4: k answers separated by ";",
         otherwise the episode is invalid) and finish; ``search``: return the observation
         wrapped as ``\n<information>...</information>\n`` (Search-R1 / MEM1 Alg. 1)."""
-        from memkit.agents.tags import split_answers
-
         if parsed.action == "answer":
             k = state.task.k
             slots = split_answers(parsed.argument or "", k)
@@ -178,15 +162,11 @@ def wrap_information(obs: str, hint: str = "") -> str:
 
 # ---- answer scoring: memkit.metrics (SQuAD normalisation; MEM1 App. B.4 EM and F1 per slot) ---
 def exact_match(pred: str, golds: list[str]) -> float:
-    from memkit.metrics import exact_match as em
-
-    return em(pred, golds)
+    return metrics.exact_match(pred, golds)
 
 
 def f1_score(pred: str, golds: list[str]) -> float:
-    from memkit.metrics import f1
-
-    return f1(pred, golds)
+    return metrics.f1(pred, golds)
 
 
 def slot_scores(state: AgentState, metric=exact_match) -> list[float]:
@@ -194,8 +174,6 @@ def slot_scores(state: AgentState, metric=exact_match) -> list[float]:
 
     Never raises: a task without gold aliases scores 0 on that slot.
     """
-    from memkit.agents.tags import split_answers
-
     slots = split_answers(state.answer or "", state.task.k)
     if len(slots) != state.task.k:
         return []
@@ -226,6 +204,12 @@ def numbered_questions(text: str) -> str:
     return text[: m.start()] + listed + text[m.end():]
 
 
+
+#: The instruction choices of a context (``policies.prompt_wrap``): the paper's, the compact one
+#: line below, or "auto" (compact for tiny models, paper for chat models and the oracle).
+PROMPTS = ("auto", "paper", "compact")
+
+
 def compact_prompt_wrap(method_name: str):
     """The tiny model's prompt: one short instruction line and numbered questions.
 
@@ -235,10 +219,9 @@ def compact_prompt_wrap(method_name: str):
     * The questions of a multi-objective task are numbered, ``Q1: ... Q2: ...``, instead of
       MEM1 Prompt 1's quoted list. Every format's memory says "Q2: ..."; with the label in the
       prompt, finding question 2 is a copy after the same two tokens (what a transformer's
-      induction heads do from early in training) rather than counting quoted strings. Measured
-      on MEM1 with the quoted list: a from-scratch model answered 0.58-0.62 of 1-objective
-      bridge/1-hop questions but 0.13-0.21 of the same kinds inside 2-objective tasks, its
-      memory mixing up which question it was on.
+      induction heads do from early in training) rather than counting quoted strings. With the
+      quoted list a from-scratch model's memory mixed up which question it was on (measured:
+      docs/findings.md, 'Prompt').
 
     A documented deviation; the oracle and chat models keep the paper's prompt.
     """

@@ -88,6 +88,7 @@ def turns_left_hint(state: AgentState) -> str:
 class MEM1(Method):
     name = "mem1"
     format_penalty = 0.0
+    default_packing = "mem1_mask"  # one row per trajectory with a 2D mask (§3.2)
 
     def next_call(self, state: AgentState) -> CallSpec:
         k = state.task.k

@@ -17,10 +17,9 @@ Reward, eq. 9: 0 if the format is wrong; 0.1 if the format is right but F1 = 0; 
 With k questions memkit uses the mean slot F1. ``reward_metric="em"`` (a deviation, off by
 default) puts exact match where eq. 9 has F1: the world's names share their type words
 ("... Holdings", "... Systems"), so F1 gives a wrong entity of the right type half the reward
-of the right one, where MEM1's EM reward gives it nothing. Measured on the tiny model (GRPO,
-notebook 03's settings, 100 held-out 2-question tasks): only 20 of the SFT start's 132 wrong
-answers had F1 > 0, and EM did no better than F1 (0.34 -> 0.34 after 44 steps, 0.355 after 61;
-F1 0.365 after 45, 0.37 after 63).
+of the right one, where MEM1's EM reward gives it nothing. On the tiny model few wrong answers
+earn any F1, and GRPO with EM did no better than with F1 (measured: docs/findings.md, 'Negative
+results').
 
 Prompt: the paper prints none; this one paraphrases §3.1. Deviations: the answer goes in
 ``<answer>`` (``\\boxed{}`` is accepted too) so that a stop string ends the call and k answers
@@ -57,6 +56,7 @@ REWARD_METRICS = {"f1": f1_score, "em": exact_match}
 class MemSearcher(Method):
     name = "memsearcher"
     format_penalty = 0.0
+    default_credit = "multi_context"  # one trajectory advantage copied to every call
 
     def __init__(self, memory_budget_words: int = 256, on_over_budget: str = "fail", reward_metric: str = "f1"):
         if on_over_budget not in ("fail", "truncate"):

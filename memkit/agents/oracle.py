@@ -23,13 +23,8 @@ Imperfection knobs (:class:`~memkit.agents.base.OracleConfig`), so SFT data leav
 ``show_comparison`` (off by default; ``memkit sft --show-comparison``) is not a mistake but a
 different trace: in the turn a comparison's second value arrives the state reads "A founded: 1989;
 B founded: 1975, so B." instead of "B." alone. It targets the tiny model's weakest questions
-(``metrics.em_by_kind``: after an 18-minute MEM1 SFT, 0.79 of 1-hop and bridge questions right but
-0.42 of comparisons) and did not help them. Measured (MEM1, 2,648 SFT steps on 2 AVX2 cores, as
-many as that 18-minute run; one seed; 100 held-out 2-question tasks): EM 0.535 (comparisons 0.41)
-against 0.67 (0.42). The model copied both values right in 61 of its 67 written comparisons but
-named a winner consistent with them in only 27: in this budget the tiny model does not learn the
-order of numbers, which the world tokenizer cuts into uneven BPE pieces (``models/tokenizer.py``),
-whether one value sits in its memory or both side by side.
+(``metrics.em_by_kind``) and did not help them: the model copied both values but often named a
+winner they contradict (measured: docs/findings.md, 'Negative results').
 
 State lives in ``state.oracle`` (never shown to the model): ``known`` (hop key -> answer),
 ``attempts``, ``pending`` (hop the last search aimed at), ``gave_up``, ``seen``.

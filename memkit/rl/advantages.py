@@ -128,13 +128,35 @@ def discounted_returns(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: f
     return gae(token_rewards.to(torch.float32), zeros, mask, gamma=gamma, lam=1.0)[0]
 
 
-def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8):
-    """(x - mean) / sqrt(var + eps) over the masked-in entries (unbiased var); 0 elsewhere."""
+def masked_moments(values: torch.Tensor, mask: torch.Tensor) -> tuple[float, float, float]:
+    """``(sum, sum of squares, count)`` of the masked-in entries: what processes and micro-batches
+    add up before :func:`masked_whiten` (``moments_to_mean_var`` turns the totals into mean, var)."""
     m = mask.to(values.dtype)
-    n = m.sum()
-    mean = (values * m).sum() / n.clamp(min=1)
-    var = (((values - mean) * m) ** 2).sum() / (n - 1).clamp(min=1)
-    out = (values - mean) * torch.rsqrt(var + eps)
+    return float((values * m).sum()), float((values ** 2 * m).sum()), float(m.sum())
+
+
+def moments_to_mean_var(s1: float, s2: float, n: float) -> tuple[float, float]:
+    """Mean and unbiased (n - 1) variance from :func:`masked_moments` totals."""
+    mean = s1 / max(n, 1.0)
+    return mean, max(s2 - n * mean ** 2, 0.0) / max(n - 1.0, 1.0)
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8,
+                  mean_var: tuple[float, float] | None = None):
+    """(x - mean) / sqrt(var + eps) over the masked-in entries (unbiased var); 0 elsewhere.
+
+    ``mean_var`` gives statistics taken over more than this tensor (every micro-batch and process
+    of a rollout batch, as verl whitens PPO advantages); None = this tensor's own. ``[B, L]``."""
+    m = mask.to(values.dtype)
+    if mean_var is None:
+        n = m.sum()
+        mean = (values * m).sum() / n.clamp(min=1)
+        var = (((values - mean) * m) ** 2).sum() / (n - 1).clamp(min=1)
+        inv = torch.rsqrt(var + eps)
+    else:
+        mean, var = mean_var
+        inv = (var + eps) ** -0.5
+    out = (values - mean) * inv
     if not shift_mean:
         out = out + mean
     return out * m

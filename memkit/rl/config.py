@@ -9,23 +9,32 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
+from memkit.agents import METHODS
+from memkit.agents.base import PROMPTS
 from memkit.rl.losses import AGG_MODES, KL_KINDS
 from memkit.rl.packing import MODES as PACKING_MODES
+from memkit.world.splits import TRAINING_SPLITS
+from memkit.world.task_sets import EVAL_SEEDS
 
-ALGOS = ("grpo", "ppo")
+DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("no", "bf16", "fp16")
+
+#: algorithm -> its credit rule (``memkit.rl.credit``); "method" = the memory format's own
+#: group-relative rule (``Method.default_credit``: grpo, or multi_context for MemSearcher/MemAct)
+ALGO_CREDIT = {"grpo": "method", "ppo": "gae"}
+ALGOS = tuple(ALGO_CREDIT)
 
 
 @dataclass
 class TrainConfig:
     # ---- what is trained ---------------------------------------------------------------
-    algo: str = "grpo"
+    algo: str = field(default="grpo", metadata={"choices": ALGOS})
     """``grpo`` (group-normalised outcome advantage copied to every call: MemSearcher's
     multi-context GRPO) or ``ppo`` (critic + GAE over each trajectory's trained tokens: MEM1 §3.2).
-    On the tiny SFT'd MEM1 model (notebook 02, same budget) GRPO raised held-out 2-question EM
-    0.59 -> 0.69 / 0.64 / 0.69 / 0.67 (seeds 0-3, 50 tasks) where PPO went 0.59 -> 0.63 (one
-    mini-batch) or 0.59 / 0.45 (4): its critic, a fresh value head, never predicted the reward
-    better than a constant."""
-    method: str = "mem1"
+    GRPO is the default because PPO's critic starts as a fresh value head: on the tiny model it
+    never predicted the reward better than a constant, and a GRPO step costs half as much
+    (measured: docs/findings.md, 'RL settings')."""
+    method: str = field(default="mem1", metadata={"choices": METHODS})
     """Memory format (``memkit.agents.METHODS``): decides contexts, parsing and the outcome reward."""
     method_kwargs: dict = field(default_factory=dict)
     """Keyword arguments of ``get_method`` (e.g. memsearcher ``memory_budget_words``)."""
@@ -33,12 +42,17 @@ class TrainConfig:
     """Initial policy: ``tiny-sft`` (cached SFT checkpoint of ``method``; make it with
     ``memkit sft --method M``), ``tiny-sft:<tag>`` (a variant ``memkit sft`` saved under that tag),
     ``tiny`` (random init), ``smollm2-135m``, a checkpoint dir or a hub id."""
-    prompt: str = "auto"
+    prompt: str = field(default="auto", metadata={"choices": PROMPTS})
     """Instruction in each context: ``paper`` | ``compact`` | ``auto`` (compact for tiny models,
-    as ``memkit sft`` trains them; paper for chat models) — see ``pipeline.prompt_wrap``."""
-    packing: str = "auto"
-    """``separate`` | ``mem1_mask`` | ``mem1_exact`` (see ``memkit.rl.packing``); ``auto`` =
-    ``mem1_mask`` for mem1 (the paper's masked trajectory), ``separate`` otherwise."""
+    as ``memkit sft`` trains them; paper for chat models) — see ``policies.prompt_wrap``."""
+    packing: str = field(default="auto", metadata={"choices": ("auto", *PACKING_MODES)})
+    """``separate`` | ``mem1_mask`` | ``mem1_exact`` (see ``memkit.rl.packing``); ``auto`` = the
+    method's ``default_packing`` (``mem1_mask`` for mem1: the paper's masked trajectory;
+    ``separate`` otherwise)."""
+    credit: str = "auto"
+    """Credit rule (``memkit.rl.credit.CREDIT_RULES``: grpo | multi_context | gae); ``auto`` = what
+    ``algo`` implies (``ALGO_CREDIT``: the method's ``default_credit`` for grpo, gae for ppo). A rule
+    that needs values (gae) trains a critic."""
     lora: bool = False
     """Train LoRA adapters (peft) instead of all weights; the reference policy is then the base
     model with adapters disabled (no second copy in memory)."""
@@ -60,8 +74,8 @@ class TrainConfig:
     objectives: tuple[int, ...] = (2,)
     """Questions per training task (MEM1 trains on 2-objective tasks)."""
     n_train_tasks: int = 1000
-    """Size of the training task pool (``pipeline.training_tasks`` of :attr:`question_split`)."""
-    question_split: str = "rl"
+    """Size of the training task pool (``memkit.world.training_tasks`` of :attr:`question_split`)."""
+    question_split: str = field(default="rl", metadata={"choices": TRAINING_SPLITS})
     """Which questions the training tasks ask (``memkit.world.question_split``): ``"rl"`` (default),
     the tenth of the questions that behaviour cloning never saw, so RL rewards answers the policy
     had to search for rather than recall; ``"sft"`` the ones SFT cloned; ``"train"`` both. Never
@@ -76,20 +90,16 @@ class TrainConfig:
     records, so the first PPO ratio is 1 for any T (verl divides the logits the same way). The
     papers use 1.0. Greedy evaluation is the same policy for every T; a lower T makes the samples
     differ from greedy only where the model is unsure, so the group's reward differences come from
-    the choices that decide greedy answers (notebooks 02/03 use 0.5). Measured on the tiny SFT'd
-    models, 50 2-question tasks: at T = 1 most of the reward gain was sharpening (samples catching
-    up with greedy) and greedy EM moved by -0.10 to +0.03; at 0.5, on tasks that still shared
-    questions with the training data, MEM1 PPO went 0.65 -> 0.75 (0.64 with seeds 1 and 2) and
-    MemSearcher GRPO 0.55 -> 0.64 (0.59, 0.56); on held-out questions only
-    (``world.question_split``), 0.59 -> 0.55 / 0.56 (seeds 0 / 1) and 0.57 -> 0.61 / 0.69 -> 0.66;
-    with RL on questions SFT never saw (:attr:`question_split` = "rl"), 0.59 -> 0.59 / 0.45 and
-    0.50 -> 0.49 / 0.46 -> 0.52."""
+    the choices that decide greedy answers (notebooks 02/03 use 0.5). At T = 1 an SFT'd tiny model's
+    samples are far worse than its greedy answers and RL spends its steps sharpening them
+    (measured: docs/findings.md, 'RL settings')."""
     top_p: float = 1.0
     """Nucleus sampling for training rollouts (1.0 = off)."""
 
     # ---- optimisation ------------------------------------------------------------------
     lr: float = 1e-5
-    """Actor learning rate (AdamW). The tiny model likes ~1e-5..1e-4; 7B models ~1e-6."""
+    """Actor learning rate (AdamW). The papers use ~1e-6 for 3B-7B models; the tiny SFT'd model
+    barely moves below ~1e-4, so notebooks 02/03 use 3e-4 (measured: docs/findings.md, 'RL settings')."""
     critic_lr: float = 5e-5
     """Critic learning rate (ppo only)."""
     warmup_steps: int = 0
@@ -120,9 +130,9 @@ class TrainConfig:
     """Dual-clip bound c > 1 for negative advantages (None = off)."""
     kl_coef: float = 0.001
     """Weight of KL(pi || pi_ref) in the loss (0 = no reference model is kept)."""
-    kl_kind: str = "low_var_kl"
+    kl_kind: str = field(default="low_var_kl", metadata={"choices": KL_KINDS})
     """KL estimator: k1 | k2 | k3 (= low_var_kl) | abs ... (``memkit.rl.losses.kl_penalty``)."""
-    agg: str = "token-mean"
+    agg: str = field(default="token-mean", metadata={"choices": AGG_MODES})
     """Loss aggregation over the whole mini-batch (all micro-batches and processes):
     token-mean | seq-mean-token-mean (MemSearcher eq. 7 with separate packing) | seq-mean-token-sum."""
     entropy_coef: float = 0.0
@@ -154,13 +164,13 @@ class TrainConfig:
     eval_at_start: bool = True
     """Also evaluate before the first step (the step-0 point of learning curves)."""
     eval_tasks: int = 32
-    """Held-out tasks per objective count (``pipeline.held_out_tasks(kit, eval_tasks, k, eval_seed)``)."""
+    """Held-out tasks per objective count (``memkit.world.held_out_tasks(world, eval_tasks, k, eval_seed)``)."""
     eval_seed: int = 1000
-    """Seed base of those tasks. 1000 = ``pipeline.evaluate``'s default test tasks (the first
+    """Seed base of those tasks. 1000 = ``evaluation.evaluate``'s default test tasks (the first
     ``eval_tasks`` of them: a smaller n gives a prefix of the same list). To keep a *validation*
     set apart from the tasks a final table reports, give it another base (notebook 03 uses 3000:
     other compositions of the same held-out test questions).
-    Must lie in ``pipeline.EVAL_SEEDS`` (1000-9999), which training tasks never use."""
+    Must lie in ``memkit.world.EVAL_SEEDS`` (1000-9999), which training tasks never use."""
     eval_objectives: tuple[int, ...] = (2,)
     """Objective counts evaluated."""
     save_every: int = 10
@@ -175,16 +185,30 @@ class TrainConfig:
     """Seeds model init (tiny), task sampling and rollouts (each step re-seeds from (seed, step, rank))."""
     world_seed: int = 0
     """Synthetic world used for tasks when no kit is given."""
-    device: str = "auto"
+    device: str = field(default="auto", metadata={"choices": DEVICES})
     """``auto`` (GPU if available), ``cpu`` or ``cuda``; multi-GPU via ``accelerate launch``/``torchrun``."""
-    mixed_precision: str = "no"
+    mixed_precision: str = field(default="no", metadata={"choices": PRECISIONS})
     """``no`` | ``bf16`` | ``fp16`` (accelerate autocast; bf16 on GPUs)."""
 
     # ------------------------------------------------------------------------------------------
     def resolved_packing(self) -> str:
+        """The packing mode: ``packing``, or the method's ``default_packing`` when ``auto``."""
         if self.packing == "auto":
-            return "mem1_mask" if self.method == "mem1" else "separate"
+            from memkit.agents import get_method
+
+            return get_method(self.method, **self.method_kwargs).default_packing
         return self.packing
+
+    def resolved_credit(self) -> str:
+        """The credit rule's name: ``credit``, or what ``algo`` implies when ``auto``."""
+        if self.credit != "auto":
+            return self.credit
+        rule = ALGO_CREDIT[self.algo]
+        if rule == "method":
+            from memkit.agents import get_method
+
+            return get_method(self.method, **self.method_kwargs).default_credit
+        return rule
 
     def resolved_recompute(self) -> bool:
         if self.recompute_old_logprobs is None:
@@ -192,7 +216,7 @@ class TrainConfig:
         return bool(self.recompute_old_logprobs)
 
     def validate(self) -> "TrainConfig":
-        from memkit.agents import METHODS, get_method
+        from memkit.agents import get_method
 
         def bad(name, why):
             raise ValueError(f"TrainConfig.{name}={getattr(self, name)!r}: {why}")
@@ -207,7 +231,12 @@ class TrainConfig:
             bad("method_kwargs", f"{e} (see memkit.agents.{self.method})")
         if self.packing != "auto" and self.packing not in PACKING_MODES:
             bad("packing", f"choose auto or one of {PACKING_MODES}")
-        if self.prompt not in ("auto", "paper", "compact"):
+        from memkit.rl.credit import CREDIT_RULES
+
+        if self.credit != "auto" and self.credit not in CREDIT_RULES:
+            bad("credit", f"choose auto or one of {sorted(CREDIT_RULES)}")
+        rule = CREDIT_RULES[self.resolved_credit()]
+        if self.prompt not in PROMPTS:
             bad("prompt", "choose auto, paper or compact")
         if self.agg not in AGG_MODES:
             bad("agg", f"choose one of {AGG_MODES}")
@@ -217,16 +246,15 @@ class TrainConfig:
                      "row_groups", "n_train_tasks", "keep_checkpoints"):
             if int(getattr(self, name)) < 1:
                 bad(name, "must be >= 1")
-        from memkit.pipeline import EVAL_SEEDS
-
         if self.eval_seed not in EVAL_SEEDS or self.eval_seed + max(self.eval_objectives, default=0) not in EVAL_SEEDS:
             bad("eval_seed", f"evaluation seeds live in [{EVAL_SEEDS.start}, {EVAL_SEEDS.stop}) (training tasks use "
-                             "the others, pipeline.training_seed); e.g. 1000 (test) or 3000 (validation)")
+                             "the others, memkit.world.training_seed); e.g. 1000 (test) or 3000 (validation)")
         for name in ("eval_every", "save_every", "eval_tasks", "warmup_steps"):
             if int(getattr(self, name)) < 0:
                 bad(name, "must be >= 0 (0 turns it off)")
-        if self.algo == "grpo" and self.n_samples < 2:
-            bad("n_samples", "GRPO needs a group of >= 2 samples per task (set n_samples=4 or use algo='ppo')")
+        if rule.needs_groups and self.n_samples < 2:
+            bad("n_samples", f"credit rule {rule.name!r} normalises within a group of samples per task: set "
+                             "n_samples >= 2 (e.g. 4), or use algo='ppo' (gae)")
         if not self.objectives or min(self.objectives) < 1:
             bad("objectives", "give question counts >= 1, e.g. (2,)")
         if self.max_seconds is not None and self.max_seconds <= 0:
@@ -241,13 +269,11 @@ class TrainConfig:
             bad("clip_ratio_c", "the dual-clip bound must be > 1 (e.g. 3.0) or None")
         if self.temperature <= 0:
             bad("temperature", "training rollouts must sample (temperature > 0, usually 1.0)")
-        from memkit.world.splits import TRAINING_SPLITS
-
         if self.question_split not in TRAINING_SPLITS:
             bad("question_split", "choose rl (questions SFT never saw), sft or train (both); test is evaluation's")
-        if self.device not in ("auto", "cpu", "cuda"):
+        if self.device not in DEVICES:
             bad("device", "choose auto, cpu or cuda")
-        if self.mixed_precision not in ("no", "bf16", "fp16"):
+        if self.mixed_precision not in PRECISIONS:
             bad("mixed_precision", "choose no, bf16 or fp16")
         return self
 
@@ -268,6 +294,6 @@ class TrainConfig:
 
 
 #: fields that must match for ``--resume`` to continue a run (others may change, e.g. steps)
-RESUME_KEYS = ("algo", "method", "method_kwargs", "init", "packing", "lora", "lora_r", "lora_alpha", "seed", "world_seed")
+RESUME_KEYS = ("algo", "credit", "method", "method_kwargs", "init", "packing", "lora", "lora_r", "lora_alpha", "seed", "world_seed")
 
 __all__ = ["TrainConfig", "ALGOS", "RESUME_KEYS"]

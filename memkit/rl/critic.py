@@ -1,6 +1,6 @@
-"""The PPO critic (MEM1 §3.2) and the two pieces of arithmetic the trainer needs around it:
-GAE over each trajectory's trained tokens, and loss weights that make an aggregation exact
-over a whole mini-batch split into micro-batches and processes.
+"""The PPO critic (MEM1 §3.2) and the loss weights that make an aggregation exact over a whole
+mini-batch split into micro-batches and processes. GAE itself is a credit rule
+(:mod:`memkit.rl.credit`).
 
 Shapes follow ``memkit.rl.packing``: per-token tensors are ``[B, L]`` and token aligned.
 """
@@ -11,8 +11,6 @@ import copy
 import torch
 from torch import nn
 
-from memkit.rl.advantages import gae
-from memkit.rl.packing import PackedBatch
 
 
 class ValueModel(nn.Module):
@@ -44,43 +42,6 @@ class ValueModel(nn.Module):
         h = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                           use_cache=False).last_hidden_state
         return self.head(h.to(self.head.weight.dtype)).squeeze(-1).float()
-
-
-def trajectory_gae(batch: PackedBatch, values: torch.Tensor, rewards: torch.Tensor, gamma: float = 1.0,
-                   lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """GAE over each trajectory's trained tokens in generation order, for any packing.
-
-    values ``[B, L]`` (V(s_t) of each token, already read at its predicting position),
-    rewards ``[N]`` (outcome reward of each trajectory of the batch, placed on its last trained
-    token) -> ``(advantages, returns)`` ``[B, L]``, zero off ``loss_mask``.
-
-    The trained tokens of trajectory i are gathered, in call order, into one compressed row
-    (for ``mem1_*`` packing that is its packed row read left to right; for ``separate`` its
-    call rows one after another), so V(s_{t+1}) of a call's last token is the value of the
-    *next call's* first token, exactly the temporal difference MEM1 §3.2 builds its masked
-    trajectory for. Then :func:`memkit.rl.advantages.gae` runs on ``[N, T]`` and the result is
-    scattered back.
-    """
-    N = int(rewards.numel())
-    m = batch.loss_mask.to(values.device) > 0
-    b, i = m.nonzero(as_tuple=True)  # row-major: rows in (trajectory, call) order, tokens in order
-    tr = batch.traj_index.to(values.device)[b]
-    order = torch.argsort(tr, stable=True)
-    b, i, tr = b[order], i[order], tr[order]
-    counts = torch.bincount(tr, minlength=N)
-    pos = torch.arange(len(tr), device=values.device) - (counts.cumsum(0) - counts)[tr]
-    T = int(counts.max()) if len(tr) else 0
-    v = values.new_zeros(N, T)
-    mask = values.new_zeros(N, T)
-    r = values.new_zeros(N, T)
-    v[tr, pos] = values[b, i].float()
-    mask[tr, pos] = 1.0
-    has = (counts > 0).nonzero(as_tuple=True)[0]
-    r[has, counts[has] - 1] = rewards.to(values.device, torch.float32)[has]
-    adv_c, ret_c = gae(r, v, mask, gamma, lam)
-    adv, ret = torch.zeros_like(values, dtype=torch.float32), torch.zeros_like(values, dtype=torch.float32)
-    adv[b, i], ret[b, i] = adv_c[tr, pos], ret_c[tr, pos]
-    return adv, ret
 
 
 def loss_weights(loss_mask: torch.Tensor, agg: str, n_tokens: float, n_rows: float) -> torch.Tensor:

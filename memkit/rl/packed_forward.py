@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import torch
 
+from memkit.models.generation import sequence_logprobs
 from memkit.rl.losses import token_logprobs
 from memkit.rl.packing import PackedBatch, pack
-from memkit.rollout.trajectory import Call, Trajectory
+from memkit.trajectory import TrainingUnit, Trajectory, as_unit
 
 
 MASK_FORMS = ("bool", "additive", "float01")
@@ -90,34 +91,25 @@ def packed_token_logprobs(model, batch: PackedBatch, with_entropy: bool = False)
 
 
 @torch.no_grad()
-def recompute_call_logprobs(model, call: Call) -> torch.Tensor:
-    """Log-probs ``[n_output]`` of a call's output ids given exactly its context (one plain
-    causal forward of ``context_ids + output_ids``): the reference every packing is judged by."""
-    dev = next(model.parameters()).device
-    ids = torch.tensor([list(call.context_ids) + list(call.output_ids)], dtype=torch.long, device=dev)
-    return token_logprobs(model, ids)[0, call.n_context:]
+def packing_gap(model, units: list[TrainingUnit | Trajectory], mode: str, pad_id: int = 0) -> dict:
+    """Measure how far a packing's output-token log-probs are from per-call recomputation (one
+    plain causal forward of each call's ``context_ids + output_ids``:
+    :func:`memkit.models.generation.sequence_logprobs`, the reference every packing is judged by).
 
-
-@torch.no_grad()
-def packing_gap(model, trajectories: list[Trajectory], mode: str, pad_id: int = 0) -> dict:
-    """Measure how far a packing's output-token log-probs are from per-call recomputation.
-
-    Returns ``{"max_abs", "mean_abs", "per_call_max": [[...] per trajectory], "n_tokens"}``.
+    Returns ``{"max_abs", "mean_abs", "per_call_max": [[...] per unit], "n_tokens"}``.
     """
-    batch = pack(trajectories, mode, pad_id)
+    units = [as_unit(u) for u in units]
+    batch = pack(units, mode, pad_id)
     logp = packed_token_logprobs(model, batch)
     diffs, per_call = [], []
-    for i, tr in enumerate(trajectories):
+    for i, unit in enumerate(units):
         row_max = []
-        for t, c in enumerate(tr.calls):
-            ref = recompute_call_logprobs(model, c)
+        for t, c in unit:
+            ref = sequence_logprobs(model, c.context_ids, c.output_ids)
             # separate: one row per call; the 2D modes: one row per trajectory
             b = int(((batch.traj_index == i) & (batch.call_index == t)).nonzero()[0]) if mode == "separate" else i
             sel = (batch.call_ids[b] == t) & (batch.loss_mask[b] > 0)
-            ok = ref.new_ones(len(ref), dtype=torch.bool)
-            if c.n_context == 0 and len(ok):
-                ok[0] = False
-            d = (logp[b][sel].cpu() - ref[ok].cpu()).abs()
+            d = (logp[b][sel].cpu() - ref.cpu()).abs()
             diffs.append(d)
             row_max.append(float(d.max()) if len(d) else 0.0)
         per_call.append(row_max)

@@ -1,5 +1,11 @@
-"""Packing calls into training tensors: one row per call, or one row per trajectory with a
-2D attention mask (MEM1 §3.2, App. B.7).
+"""Packing training units into tensors: one row per call, or one row per unit with a 2D
+attention mask (MEM1 §3.2, App. B.7).
+
+``pack`` takes :class:`memkit.trajectory.TrainingUnit`s (a trajectory and a subset of its calls;
+a plain trajectory means all its calls that generated tokens), so a MEM1 trajectory, a
+MemSearcher call, a DCPO segment and a tree path all become rows the same way. Context refs
+resolve through the whole trajectory: a ref to a call outside the unit is placed as ordinary
+(untrained) context tokens.
 
 Conventions (all modes)
 -----------------------
@@ -28,6 +34,10 @@ Modes
     literal prefix identical to call 0's (the fixed prompt), which is shared (exactly). Tokens
     placed for call t attend to the stitched copies of call t's context before them and to
     themselves (MEM1's Attn_t); tokens reused from earlier calls keep their own attention row.
+    So an observation O_i, placed for the call whose context is ``(q, S_i A_i, O_i)``, attends
+    to {q, S_i A_i, O_i}: what the rollout computed it under. §3.2's formula, read literally,
+    would also let O_i see S_{i-1} A_{i-1} O_{i-1}; memkit follows the prose rule ("only the
+    tokens retained in memory at the time"), see docs/findings.md, 'Which 2D mask'.
     Position ids are contiguous over the stitched row (App. B.7). Approximate: a reused state
     out_{t-1} sits at other positions and (less obviously) carries hidden states computed while
     *generating* it, where it attended to ctx_{t-1}, not to what preceded it in ctx_t. Calls 1
@@ -54,7 +64,7 @@ from typing import NamedTuple
 
 import torch
 
-from memkit.rollout.trajectory import Call, Trajectory
+from memkit.trajectory import Call, Trajectory, TrainingUnit, as_unit
 
 MODES = ("separate", "mem1_mask", "mem1_exact")
 
@@ -68,9 +78,9 @@ class PackedBatch:
     pred_index: torch.Tensor  # [B, L] long, position whose logits predict token i; -1 = none
     loss_mask: torch.Tensor  # [B, L] float 0/1, 1 on trained output tokens (token aligned)
     old_logprobs: torch.Tensor  # [B, L] float, sampling log-prob of each output token, 0 elsewhere
-    call_ids: torch.Tensor  # [B, L] long, call index of each trained token, -1 elsewhere
-    traj_index: torch.Tensor  # [B] long, trajectory of each row
-    call_index: torch.Tensor  # [B] long, call of each row (separate), -1 for per-trajectory rows
+    call_ids: torch.Tensor  # [B, L] long, call index (in its trajectory) of each trained token, -1 elsewhere
+    traj_index: torch.Tensor  # [B] long, unit of each row (index into pack's input list)
+    call_index: torch.Tensor  # [B] long, call of each row (separate), -1 for per-unit rows
     lengths: torch.Tensor  # [B] long, non-padding tokens per row
 
     @property
@@ -106,11 +116,6 @@ class PackedBatch:
         out = per_position.gather(1, self.pred_index.clamp(min=0).to(per_position.device))
         return out * (self.pred_index >= 0).to(per_position.device, per_position.dtype)
 
-    def token_advantages(self, traj_advantages: torch.Tensor) -> torch.Tensor:
-        """Outcome advantage of each row's trajectory on its trained tokens: ``[N] -> [B, L]``
-        (multi-context GRPO, MemSearcher eq. 8: A_{i,j} = A_i)."""
-        return traj_advantages[self.traj_index].unsqueeze(-1).to(self.loss_mask.dtype) * self.loss_mask
-
 
 # ----------------------------------------------------------------------------- helpers
 def _ref_source(calls: list[Call], t: int, ref) -> tuple[int, str, int]:
@@ -142,7 +147,7 @@ class _Row:
     def __init__(self):
         self.ids: list[int] = []
         self.pos: list[int] = []
-        self.calls: list[tuple[list[int], list[bool], int]] = []  # (full indices, placed_here, n_ctx)
+        self.calls: list[tuple[int, list[int], list[bool], int]] = []  # (call, full indices, placed_here, n_ctx)
 
     def new(self, tok: int, pos: int = -1) -> int:
         self.ids.append(int(tok))
@@ -150,11 +155,12 @@ class _Row:
         return len(self.ids) - 1
 
 
-def _layout_mem1_mask(calls: list[Call]) -> _Row:
+def _layout_mem1_mask(calls: list[Call], chosen: tuple[int, ...]) -> _Row:
     row = _Row()
     placed: dict[tuple[int, str], list] = {}
-    prompt_idx: list[int] = []  # call 0's literal prefix, shareable by later calls
-    for t, c in enumerate(calls):
+    prompt_idx: list[int] = []  # the first chosen call's literal prefix, shareable by later calls
+    for t in chosen:
+        c = calls[t]
         _check_call(c, t)
         kinds = [None] * len(c.context_ids)
         for ref in c.context_refs:
@@ -171,27 +177,29 @@ def _layout_mem1_mask(calls: list[Call]) -> _Row:
                     full.append(prompt_idx[p]); here.append(False)
                 else:
                     i = row.new(tok); full.append(i); here.append(True)
-                    if t == 0 and len(prompt_idx) == p:
+                    if t == chosen[0] and len(prompt_idx) == p:
                         prompt_idx.append(i)
                 continue
             sharing = False
             j, kind, k = src
-            slots = placed.setdefault((j, kind), [None] * len(calls[j].observation_ids))
-            if slots[k] is None:  # an observation seen for the first time (outputs are placed)
+            src = calls[j].output_ids if kind == "output" else calls[j].observation_ids
+            slots = placed.setdefault((j, kind), [None] * len(src))
+            if slots[k] is None:  # first seen: an observation, or an output the unit does not train
                 slots[k] = row.new(tok); full.append(slots[k]); here.append(True)
             else:
                 full.append(slots[k]); here.append(False)
         outs = [row.new(tok) for tok in c.output_ids]
         placed[(t, "output")] = outs
-        row.calls.append((full + outs, here + [True] * len(outs), len(c.context_ids)))
+        row.calls.append((t, full + outs, here + [True] * len(outs), len(c.context_ids)))
     row.pos = list(range(len(row.ids)))  # contiguous over the stitched row (App. B.7)
     return row
 
 
-def _layout_trie(calls: list[Call]) -> _Row:
+def _layout_trie(calls: list[Call], chosen: tuple[int, ...]) -> _Row:
     row = _Row()
     children: dict[tuple[int, int], int] = {}  # (parent index or -1, token) -> node index
-    for t, c in enumerate(calls):
+    for t in chosen:
+        c = calls[t]
         _check_call(c, t)
         for ref in c.context_refs:
             _ref_source(calls, t, ref)  # validation only
@@ -209,7 +217,7 @@ def _layout_trie(calls: list[Call]) -> _Row:
             node = row.new(tok, len(c.context_ids) + k)  # always fresh: trained once
             children.setdefault((parent, int(tok)), node)
             full.append(node); here.append(True); parent = node
-        row.calls.append((full, here, len(c.context_ids)))
+        row.calls.append((t, full, here, len(c.context_ids)))
     return row
 
 
@@ -219,7 +227,7 @@ def _fill_2d(row: _Row, calls: list[Call], b: int, out: dict) -> None:
     out["input_ids"][b, :n] = torch.tensor(row.ids)
     out["position_ids"][b, :n] = torch.tensor(row.pos)
     mask = out["attention_mask"][b, 0]
-    for t, (full, here, n_ctx) in enumerate(row.calls):
+    for t, full, here, n_ctx in row.calls:
         idx = torch.tensor(full, dtype=torch.long)
         q = torch.tensor([k for k, h in enumerate(here) if h], dtype=torch.long)
         if len(q):
@@ -234,22 +242,24 @@ def _fill_2d(row: _Row, calls: list[Call], b: int, out: dict) -> None:
 
 
 # ----------------------------------------------------------------------------- public API
-def pack(trajectories: list[Trajectory], mode: str = "separate", pad_id: int = 0) -> PackedBatch:
-    """Pack trajectories into a :class:`PackedBatch` (see the module docstring for the modes).
+def pack(units: list[TrainingUnit | Trajectory], mode: str = "separate", pad_id: int = 0) -> PackedBatch:
+    """Pack training units into a :class:`PackedBatch` (see the module docstring for the modes).
 
+    A :class:`Trajectory` in ``units`` means all its calls that generated tokens.
     Shapes: ``separate``: B = total calls, L = max(n_ctx + n_out); 2D modes: B = number of
-    trajectories, L = longest packed row.
+    units, L = longest packed row.
     """
     if mode not in MODES:
         raise ValueError(f"unknown packing mode {mode!r}; choose one of {MODES}")
+    units = [as_unit(u) for u in units]
     if mode == "separate":
-        seqs = [(i, t, c) for i, tr in enumerate(trajectories) for t, c in enumerate(tr.calls)]
+        seqs = [(i, t, c) for i, u in enumerate(units) for t, c in u]
         for _, t, c in seqs:
             _check_call(c, t)
         lengths = [c.n_context + c.n_output for _, _, c in seqs]
     else:
         layout = _layout_mem1_mask if mode == "mem1_mask" else _layout_trie
-        rows = [layout(tr.calls) for tr in trajectories]
+        rows = [layout(u.traj.calls, u.calls) for u in units]
         lengths = [len(r.ids) for r in rows]
     B, L = len(lengths), max(lengths, default=0)
     ar = torch.arange(L)
@@ -276,15 +286,15 @@ def pack(trajectories: list[Trajectory], mode: str = "separate", pad_id: int = 0
     else:
         eye = torch.eye(L, dtype=torch.bool)
         out["attention_mask"] = eye.expand(B, 1, L, L).clone()  # padding attends to itself
-        for b, (row, tr) in enumerate(zip(rows, trajectories)):
-            _fill_2d(row, tr.calls, b, out)
+        for b, (row, u) in enumerate(zip(rows, units)):
+            _fill_2d(row, u.traj.calls, b, out)
         traj_index, call_index = list(range(B)), [-1] * B
     return PackedBatch(mode=mode, traj_index=torch.tensor(traj_index, dtype=torch.long),
                        call_index=torch.tensor(call_index, dtype=torch.long),
                        lengths=torch.tensor(lengths, dtype=torch.long), **out)
 
 
-class Segment(NamedTuple):
+class RowPiece(NamedTuple):
     """A run ``[start, end)`` of one packed row that comes from one piece of one call.
 
     ``kind``: ``prompt`` (call 0's context outside any ref), ``output`` (call ``call``'s
@@ -314,18 +324,18 @@ def _ref_kind(call: Call, p: int) -> tuple[str, int] | None:
     return None
 
 
-def _runs(tags: list[tuple[str, int]]) -> list[Segment]:
+def _runs(tags: list[tuple[str, int]]) -> list[RowPiece]:
     out, start = [], 0
     for i in range(1, len(tags) + 1):
         if i == len(tags) or tags[i] != tags[start]:
             kind, call = tags[start]
-            out.append(Segment(start, i, kind, call, _label(kind, call)))
+            out.append(RowPiece(start, i, kind, call, _label(kind, call)))
             start = i
     return out
 
 
-def segments(trajectories: list[Trajectory], mode: str) -> list[list[Segment]]:
-    """The pieces of every row of ``pack(trajectories, mode)``, in row order (same rows, same
+def row_pieces(units: list[TrainingUnit | Trajectory], mode: str) -> list[list[RowPiece]]:
+    """The pieces of every row of ``pack(units, mode)``, in row order (same rows, same
     token indices): for drawing a packed mask with its blocks named, e.g. for a MEM1 row under
     ``mem1_exact``: ``q, S1A1, O1, S2A2, [S2A2]', O2, S3A3, ...``. A context token belongs to
     the call that placed it (see the module docstring); refs say whether it copies an earlier
@@ -333,10 +343,11 @@ def segments(trajectories: list[Trajectory], mode: str) -> list[list[Segment]]:
     if mode not in MODES:
         raise ValueError(f"unknown packing mode {mode!r}; choose one of {MODES}")
     rows = []
-    for tr in trajectories:
+    for u in map(as_unit, units):
+        tr = u.traj
         if mode == "separate":
-            first = list(tr.calls[0].context_ids) if tr.calls else []
-            for t, c in enumerate(tr.calls):
+            first = list(tr.calls[u.calls[0]].context_ids) if u.calls else []
+            for t, c in u:
                 n_pre = 0  # call 0's prompt, repeated at the start of every later call
                 while (n_pre < min(len(first), c.n_context) and c.context_ids[n_pre] == first[n_pre]
                        and _ref_kind(c, n_pre) is None):
@@ -344,13 +355,13 @@ def segments(trajectories: list[Trajectory], mode: str) -> list[list[Segment]]:
                 tags = [_ref_kind(c, p) or (("prompt", 0) if p < n_pre else ("context", t)) for p in range(c.n_context)]
                 rows.append(_runs(tags + [("output", t)] * c.n_output))
             continue
-        row = (_layout_mem1_mask if mode == "mem1_mask" else _layout_trie)(tr.calls)
+        row = (_layout_mem1_mask if mode == "mem1_mask" else _layout_trie)(tr.calls, u.calls)
         tags: list = [None] * len(row.ids)
-        for t, (full, here, n_ctx) in enumerate(row.calls):
+        for t, full, here, n_ctx in row.calls:
             for p, (i, placed) in enumerate(zip(full, here)):
                 if placed and tags[i] is None:
                     tags[i] = ("output", t) if p >= n_ctx else (
-                        _ref_kind(tr.calls[t], p) or (("prompt", 0) if t == 0 else ("context", t)))
+                        _ref_kind(tr.calls[t], p) or (("prompt", 0) if t == u.calls[0] else ("context", t)))
         rows.append(_runs(tags))
     return rows
 

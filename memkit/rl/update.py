@@ -3,9 +3,9 @@
 ``Learner.update(trajs)`` is the whole algorithm given trajectories (rewards already set); the
 loop around it (rollouts, logs, eval, checkpoints) is :mod:`memkit.rl.trainer`.
 
-    A      = grpo: (R_i - mean_g R) / std_g R, copied to every call   (MemSearcher eq. 5-8)
-             ppo:  GAE(critic values, R on the last trained token)     (MEM1 §3.2), whitened
-    batch  = pack(trajs, packing)          input_ids [B, L], attention [B, L] or [B, 1, L, L]
+    units  = TrainingUnit.of(traj)         the calls that generated tokens
+    batch  = pack(units, packing)          input_ids [B, L], attention [B, L] or [B, 1, L, L]
+    A      = credit rule by name           memkit.rl.credit (grpo, multi_context, gae, ...)
     old    = log pi_old(x_t)  [B, L]       recomputed with the packed forward (verl) or the rollout's
     ref    = log pi_ref(x_t)  [B, L]       frozen initial policy (LoRA: adapters disabled)
     loss   = sum_{b,t} w_bt [ PPO-clip_bt(logp, old, A) + kl_coef * KL_bt - entropy_coef * H_bt ]
@@ -26,23 +26,25 @@ import os
 
 import torch
 
-from memkit.rl.advantages import grpo_advantages
+from memkit.rl.advantages import masked_moments, masked_whiten, moments_to_mean_var
 from memkit.rl.config import TrainConfig
-from memkit.rl.critic import ValueModel, loss_weights, trajectory_gae, weighted_sum
+from memkit.rl.credit import CreditBatch, get_credit, record_call_advantages
+from memkit.rl.critic import ValueModel, loss_weights, weighted_sum
 from memkit.rl.losses import kl_penalty, ppo_clip_loss, token_logprobs, value_loss
 from memkit.rl.packed_forward import model_attention_mask
 from memkit.rl.packing import PackedBatch, length_groups, pack
-from memkit.rollout.trajectory import Trajectory
+from memkit.trajectory import TrainingUnit, Trajectory
 
 
 def make_accelerator(cfg: TrainConfig):
     """The run's ``Accelerator`` on ``cfg.device`` with ``cfg.mixed_precision``.
 
-    accelerate keeps one device/precision state per process: after a CPU run, ``Accelerator(cpu=False)``
-    silently stays on the CPU (measured on an H100), and another precision raises "cannot be changed,
-    restart your runtime". A notebook or test that trains twice in one process needs neither, so a
-    single-process run that asks for other settings resets that state (an Accelerator made before
-    then follows the new settings); a distributed run keeps the launcher's.
+    accelerate keeps one device/precision state per process: after a CPU run,
+    ``Accelerator(cpu=False)`` silently stays on the CPU (found by ``tests/test_gpu.py``), and
+    another precision raises "cannot be changed, restart your runtime". A notebook or test that
+    trains twice in one process needs neither, so a single-process run that asks for other
+    settings resets that state (an Accelerator made before then follows the new settings); a
+    distributed run keeps the launcher's.
     """
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
@@ -66,24 +68,6 @@ def _cut_rows(t: torch.Tensor | None, rows: torch.Tensor, width: int) -> torch.T
     return t[rows][..., :width] if t.dim() == 2 else t[rows][..., :width, :width]
 
 
-def trainable_calls(traj: Trajectory) -> Trajectory:
-    """A shallow copy without trailing calls that produced no tokens (context over the limit,
-    max turns): nothing to train there, and no later call can reference them."""
-    calls = list(traj.calls)
-    while calls and not calls[-1].output_ids:
-        calls.pop()
-    out = copy.copy(traj)
-    out.calls = calls
-    return out
-
-
-def trajectory_tokens(traj: Trajectory) -> int:
-    """Tokens a trajectory brings to a forward pass whatever the packing: its first context plus
-    every output and observation (the length of its ``mem1_mask`` row; a sort key for micro-batches)."""
-    first = len(traj.calls[0].context_ids) if traj.calls else 0
-    return first + sum(len(c.output_ids) + len(c.observation_ids) for c in traj.calls)
-
-
 class Learner:
     """Policy, reference, critic and optimizers (prepared by ``accelerate``) and ``update``."""
 
@@ -91,6 +75,7 @@ class Learner:
         self.cfg = cfg.validate()
         self.packing = cfg.resolved_packing()
         self.recompute = cfg.resolved_recompute()
+        self.credit = get_credit(cfg.resolved_credit())
         self.acc = accelerator or make_accelerator(cfg)
         self.tokenizer, self.wrap = tokenizer, wrap
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -101,7 +86,7 @@ class Learner:
         self.ref = None
         if cfg.kl_coef > 0 and not self.is_peft:
             self.ref = copy.deepcopy(model).requires_grad_(False).eval().to(self.acc.device)
-        critic = ValueModel(model).eval() if cfg.algo == "ppo" else None
+        critic = ValueModel(model).eval() if self.credit.needs_values else None
         self.opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
                                      weight_decay=cfg.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self._warmup)
@@ -173,12 +158,13 @@ class Learner:
             return batch.at_pred(critic(ids, mask, pos))
 
     @torch.no_grad()
-    def _experience(self, trajs: list[Trajectory], traj_adv: torch.Tensor | None, rewards: torch.Tensor):
+    def _experience(self, units: list[TrainingUnit], unit_traj: list[int], rewards: torch.Tensor, group_ids):
         """Pack one micro-batch and compute everything the update holds fixed: old and reference
-        log-probs, critic values, advantages and returns (all ``[B, L]``, token aligned)."""
-        if not trajs:
+        log-probs, critic values, advantages and returns (all ``[B, L]``, token aligned).
+        ``unit_traj``: which of the update's trajectories (``rewards [N]``, ``group_ids``) each unit is."""
+        if not units:
             return None
-        batch = pack(trajs, self.packing, self.pad_id)
+        batch = pack(units, self.packing, self.pad_id)
         if batch.input_ids.shape[1] == 0:
             return None
         dev, inputs = self.acc.device, self._inputs(batch)
@@ -195,24 +181,27 @@ class Learner:
             ctx = self.policy.disable_adapter() if self.is_peft else contextlib.nullcontext()
             with ctx:
                 exp["ref"] = self._logprobs(self.policy if self.is_peft else self.ref, inputs, loss_mask=m, groups=groups)
+        values = None
         if self.critic is not None:
             values = self._values(self.acc.unwrap_model(self.critic), batch, inputs)
             exp["values"] = values * m
-            exp["adv"], exp["returns"] = trajectory_gae(batch, values, rewards, self.cfg.gamma, self.cfg.lam)
-        else:
-            exp["adv"] = batch.token_advantages(traj_adv).to(dev)  # [B, L], A_i on every trained token
+        cb = CreditBatch(batch=batch, units=units, unit_traj=torch.tensor(unit_traj, dtype=torch.long),
+                         rewards=rewards, group_ids=group_ids, values=values)
+        adv, returns = self.credit.fn(cb, self.cfg)
+        record_call_advantages(cb, adv)
+        exp["adv"] = adv.to(dev) * m
+        if returns is not None:
+            exp["returns"] = returns.to(dev)
         return exp
 
     def _whiten(self, exps) -> None:
-        """PPO: whiten GAE advantages over the whole rollout batch, all processes (verl)."""
+        """Whiten advantages over the whole rollout batch, every micro-batch and process (verl's PPO)."""
         live = [e for e in exps if e is not None]
-        s1, s2, n = self._sum([sum(float((e["adv"] * e["m"]).sum()) for e in live),
-                               sum(float((e["adv"] ** 2 * e["m"]).sum()) for e in live),
-                               sum(float(e["m"].sum()) for e in live)])
-        mean = s1 / max(n, 1.0)
-        var = (s2 - n * mean ** 2) / max(n - 1.0, 1.0)  # unbiased, as masked_whiten
+        parts = [masked_moments(e["adv"], e["m"]) for e in live]
+        totals = self._sum([sum(p[k] for p in parts) for k in range(3)])
+        mean_var = moments_to_mean_var(*totals)
         for e in live:
-            e["adv"] = (e["adv"] - mean) * e["m"] / math.sqrt(max(var, 0.0) + 1e-8)
+            e["adv"] = masked_whiten(e["adv"], e["m"], mean_var=mean_var)
 
     # ------------------------------------------------------------------------- the update
     def update(self, trajs: list[Trajectory]) -> dict:
@@ -222,15 +211,13 @@ class Learner:
         tokens_processed (padding excluded) and padded_tokens (the token slots the policy forwards ran:
         ``B x L`` summed over each micro-batch's row groups)."""
         cfg = self.cfg
-        trajs = [trainable_calls(t) for t in trajs]
         for t in trajs:
             if t.reward is None:
                 raise ValueError(f"trajectory {t.task_id!r} has no reward; roll out with memkit.rollout.run_rollouts "
                                  "(it sets Trajectory.reward) or set it yourself")
+        units = [TrainingUnit.of(t) for t in trajs]
         rewards = torch.tensor([float(t.reward) for t in trajs], dtype=torch.float32)
-        traj_adv = None
-        if cfg.algo == "grpo":
-            traj_adv = grpo_advantages(rewards, [t.task_id for t in trajs], norm_std=cfg.grpo_norm_std)
+        group_ids = [t.task_id for t in trajs]
         # mini-batches of local trajectories, each cut into the same number of micro-batches on every process.
         # Within a mini-batch, trajectories of similar length share a micro-batch: rows are padded to the
         # longest one and a 2D-masked row costs O(L^2) in attention, so this saves work (``padded_tokens``)
@@ -242,11 +229,10 @@ class Learner:
             n_micro = max(1, self._max(math.ceil((b - a) / cfg.micro_batch_size)))
             order = list(range(a, b))
             if self.sort_micro_batches:
-                order.sort(key=lambda i: trajectory_tokens(trajs[i]))
+                order.sort(key=lambda i: units[i].n_tokens)
             plan.append([order[j * cfg.micro_batch_size:(j + 1) * cfg.micro_batch_size] for j in range(n_micro)])
-        exps = [[self._experience([trajs[i] for i in c], None if traj_adv is None else traj_adv[c], rewards[c])
-                 for c in mini] for mini in plan]
-        if cfg.algo == "ppo" and cfg.whiten_advantages:
+        exps = [[self._experience([units[i] for i in c], c, rewards, group_ids) for c in mini] for mini in plan]
+        if self.credit.whiten and cfg.whiten_advantages:
             self._whiten([e for mini in exps for e in mini])
         acc = {k: 0.0 for k in ("pg_loss", "kl", "entropy", "clip_frac", "approx_kl", "ratio", "vf_loss",
                                 "vf_clip_frac", "tokens", "grad_norm", "critic_grad_norm", "n_opt")}
@@ -354,4 +340,4 @@ class Learner:
     # ------------------------------------------------------------------------- the loop
 
 
-__all__ = ["Learner", "make_accelerator", "trainable_calls", "trajectory_tokens"]
+__all__ = ["Learner", "make_accelerator"]

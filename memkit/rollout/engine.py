@@ -11,6 +11,8 @@ ends that trajectory with a recorded reason and the method's format penalty as r
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import random
 import re
 import time
@@ -19,7 +21,7 @@ from typing import Callable, Protocol, Sequence
 
 from memkit.agents.base import AgentState, CallSpec, Env, Method, OracleConfig, Segment
 from memkit.models.generation import Generation  # one output type for oracle and model policies
-from memkit.rollout.trajectory import Call, Trajectory
+from memkit.trajectory import Call, Trajectory
 
 _TAG_RE = re.compile(r"<(/?)([a-z_]+)>")
 
@@ -151,14 +153,12 @@ class RolloutConfig:
     sample_seeds: Sequence[int] | None = None
 
 
-def run_rollouts(method: Method, tasks, env: Env, policy: Policy, tokenizer, cfg: RolloutConfig | None = None,
-                 wrap=None, progress: bool = False) -> list[Trajectory]:
-    """Roll out ``cfg.n`` trajectories per task, all active ones batched together each round."""
+def start_states(method: Method, tasks, cfg: RolloutConfig | None = None) -> list[AgentState]:
+    """Fresh states, ``cfg.n`` per task (task-major), each with its own sampler when
+    ``cfg.sample_seeds`` is given."""
     cfg = cfg or RolloutConfig()
-    builder = ContextBuilder(tokenizer, wrap)
     states = [method.new_state(task, max_turns=cfg.max_turns or method.suggested_max_turns(task))
               for task in tasks for _ in range(cfg.n)]
-    group_index = [g for _ in tasks for g in range(cfg.n)]
     if cfg.sample_seeds is not None:
         if len(cfg.sample_seeds) != len(states):
             raise ValueError(f"sample_seeds has {len(cfg.sample_seeds)} seeds for {len(states)} trajectories "
@@ -167,13 +167,70 @@ def run_rollouts(method: Method, tasks, env: Env, policy: Policy, tokenizer, cfg
 
         for state, s in zip(states, cfg.sample_seeds):
             state.sampler = torch.Generator().manual_seed(int(s))
+    return states
+
+
+def fork(state: AgentState, n: int, seeds: Sequence[int] | None = None) -> list[AgentState]:
+    """``n`` copies of a state that continue independently from here (a tree's branching point).
+
+    The copies share the Call objects made so far (the common prefix: :func:`merge_tree` finds
+    it by identity) and get deep copies of everything a later call changes: method memory,
+    scripted-policy progress, answer and status. ``seeds`` gives each child its own sampler;
+    otherwise children sample from the policy's shared stream.
+    """
+    if n < 1:
+        raise ValueError(f"fork needs n >= 1 children, got {n}")
+    if seeds is not None and len(seeds) != n:
+        raise ValueError(f"fork got {len(seeds)} seeds for {n} children; give one per child")
+    children = []
+    for k in range(n):
+        child = copy.copy(state)
+        child.calls = list(state.calls)
+        child.memory = copy.deepcopy(state.memory)
+        child.oracle = copy.deepcopy(state.oracle)
+        child.sampler = None
+        if seeds is not None:
+            import torch
+
+            child.sampler = torch.Generator().manual_seed(int(seeds[k]))
+        children.append(child)
+    return children
+
+
+def run_rollouts(method: Method, tasks, env: Env, policy: Policy, tokenizer, cfg: RolloutConfig | None = None,
+                 wrap=None, progress: bool = False) -> list[Trajectory]:
+    """Roll out ``cfg.n`` trajectories per task, all active ones batched together each round."""
+    cfg = cfg or RolloutConfig()
+    states = start_states(method, tasks, cfg)
+    group_index = [g for _ in tasks for g in range(cfg.n)]
+    return continue_rollouts(method, states, env, policy, tokenizer, cfg, wrap, progress, group_index)
+
+
+def continue_rollouts(method: Method, states: list[AgentState], env: Env, policy: Policy, tokenizer,
+                      cfg: RolloutConfig | None = None, wrap=None, progress: bool = False,
+                      group_index: Sequence[int] | None = None) -> list[Trajectory]:
+    """Run ``states`` (fresh, or forked mid-rollout) until each is done; one trajectory per state."""
+    advance(method, states, env, policy, tokenizer, cfg, wrap, progress=progress)
+    groups = group_index if group_index is not None else [0] * len(states)
+    return [_to_trajectory(method, s, g) for s, g in zip(states, groups)]
+
+
+def advance(method: Method, states: list[AgentState], env: Env, policy: Policy, tokenizer,
+            cfg: RolloutConfig | None = None, wrap=None, until_calls: int | None = None,
+            progress: bool = False) -> list[AgentState]:
+    """Step ``states`` in place, all active ones batched each round, until each is done or (with
+    ``until_calls``) has made that many calls: the point to :func:`fork` a tree from.
+
+    ``cfg`` supplies ``max_context_tokens`` here (turn limits live in the states)."""
+    cfg = cfg or RolloutConfig()
+    builder = ContextBuilder(tokenizer, wrap)
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(states), desc=f"rollout {method.name}", leave=False)
     while True:
-        active = [s for s in states if not s.done]
+        active = [s for s in states if not s.done and (until_calls is None or len(s.calls) < until_calls)]
         if not active:
             break
         batches: dict[tuple, list] = {}
@@ -200,7 +257,40 @@ def run_rollouts(method: Method, tasks, env: Env, policy: Policy, tokenizer, cfg
             bar.refresh()
     if bar is not None:
         bar.close()
-    return [_to_trajectory(method, s, g) for s, g in zip(states, group_index)]
+    return states
+
+
+def merge_tree(trajs: list[Trajectory]) -> Trajectory:
+    """One tree trajectory from chains that :func:`fork` split from a common prefix.
+
+    Calls shared by several chains (the same Call objects) appear once; ``parent`` and the call
+    indices in ``context_refs`` are renumbered into the merged list, where every call comes after
+    its ancestors. Outcome fields (answer, reward, validity, info) stay on the chains: a tree has
+    one per leaf, so the merged trajectory keeps ``info["leaf_outcomes"]`` (per chain, in order,
+    with the index of its last call) and leaves the scalar fields empty.
+    """
+    if not trajs:
+        raise ValueError("merge_tree needs at least one trajectory")
+    if len({t.task_id for t in trajs}) != 1:
+        raise ValueError("merge_tree: chains of one tree must share a task")
+    index: dict[int, int] = {}
+    calls: list[Call] = []
+    leaves = []
+    for t in trajs:
+        local = []  # index in this chain -> index in the merged list
+        for c in t.calls:
+            if id(c) not in index:
+                index[id(c)] = len(calls)
+                calls.append(dataclasses.replace(
+                    c, parent=None if c.parent is None else local[c.parent],
+                    context_refs=[(s, e, local[j], kind) for s, e, j, kind in c.context_refs]))
+            local.append(index[id(c)])
+        leaves.append({"call": local[-1] if local else None, "answer": t.answer, "reward": t.reward,
+                       "valid": t.valid, "reason": t.reason, "group_index": t.group_index})
+    first = trajs[0]
+    return Trajectory(task_id=first.task_id, method=first.method, calls=calls, group_index=first.group_index,
+                      golds=first.golds, reward=None, valid=all(t.valid for t in trajs),
+                      info={"leaf_outcomes": leaves})
 
 
 def _finish_call(method, env, tokenizer, state, spec, ids, text, tspans, cspans, refs, gen, seconds):
@@ -223,6 +313,7 @@ def _finish_call(method, env, tokenizer, state, spec, ids, text, tspans, cspans,
         context_refs=refs, output_spans=out_tok, output_char_spans=out_char, observation_text=obs,
         observation_ids=tokenizer.encode(obs, add_special_tokens=False) if obs else [],
         valid=parsed.ok and state.valid, reason=state.reason if not state.valid else None, seconds=seconds,
+        parent=len(state.calls) - 1 if state.calls else None,
     ))
 
 
@@ -230,7 +321,8 @@ def _record_failure(state, reason, ids=(), text="", tspans=None, cspans=None, re
     state.fail(reason)
     state.calls.append(Call(turn=state.turn, role=role, context_ids=list(ids), output_ids=[], logprobs=[],
                             context_text=text, context_spans=tspans or {}, context_char_spans=cspans or {},
-                            context_refs=list(refs), valid=False, reason=reason))
+                            context_refs=list(refs), valid=False, reason=reason,
+                            parent=len(state.calls) - 1 if state.calls else None))
 
 
 def _to_trajectory(method: Method, state: AgentState, group_index: int) -> Trajectory:

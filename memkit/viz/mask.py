@@ -1,10 +1,13 @@
-"""Attention-mask figures and a viewer (MEM1's packed masks, DCPO segments, ...).
+"""Attention-mask figures and a viewer (MEM1's packed masks, DCPO pieces, ...).
 
     plot_mask(mask, tokens=toks, title="MEM1 mask").savefig("figures/mem1_mask.png")
-    plot_mask(mask, segments=[(0, 70, "q"), (70, 105, "S1A1"), ...])  # named blocks, long rows
+    plot_mask(mask, pieces=[(0, 70, "q"), (70, 105, "S1A1"), ...])  # named blocks, long rows
     MaskViewer(batch_mask)      # [B,1,L,L] or [B,L,L]: a "batch" slider picks the row
 
-Cell (q, k) is filled when query position q may attend to key position k.
+Cell (q, k) is filled when query position q may attend to key position k. A figure draws the
+mask it is given: for MEM1 that is what ``memkit.rl.packing`` builds, where an observation O_i
+attends to {q, S_i A_i, O_i} rather than to §3.2's literal {S_{i-1}, A_{i-1}, O_{i-1}, S_i, A_i,
+O_i} (why: docs/findings.md, 'Which 2D mask').
 """
 from __future__ import annotations
 
@@ -42,27 +45,27 @@ def as_batch(mask) -> np.ndarray:
     return arr
 
 
-def _segment_triples(segments) -> list[tuple[int, int, str]]:
+def _piece_triples(pieces) -> list[tuple[int, int, str]]:
     """``(start, end, label)`` from 3-tuples or objects with ``start``/``end``/``label``
-    (e.g. ``memkit.rl.packing.Segment``)."""
+    (e.g. ``memkit.rl.packing.RowPiece``)."""
     out = []
-    for seg in segments:
-        if hasattr(seg, "label"):
-            out.append((int(seg.start), int(seg.end), str(seg.label)))
+    for piece in pieces:
+        if hasattr(piece, "label"):
+            out.append((int(piece.start), int(piece.end), str(piece.label)))
         else:
-            a, b, lab = seg
+            a, b, lab = piece
             out.append((int(a), int(b), str(lab)))
     return out
 
 
 def plot_mask(mask, ax=None, tokens: Sequence[str] | None = None, title: str | None = None,
               row_labels: Sequence[str] | None = None, boundaries: Sequence[int] | None = None,
-              segments=None) -> Figure:
+              pieces=None) -> Figure:
     """Draw a 2-D [L, L] attention mask (rows = queries, columns = keys); return the figure.
 
     ``tokens`` label the axes when there are at most ``MAX_LABELS`` of them (``row_labels``
     overrides the row labels); ``boundaries`` are positions where a new call/segment starts,
-    drawn as lines. ``segments`` (``(start, end, label)`` runs, or ``Segment``s) name blocks of
+    drawn as lines. ``pieces`` (``(start, end, label)`` runs, or ``Segment``s) name blocks of
     a long row: a line at each start and the label at the block's middle on both axes (token
     labels are then not drawn). Without ``ax`` a new (pyplot-free) Figure is made, so it is
     safe in loops.
@@ -82,7 +85,7 @@ def plot_mask(mask, ax=None, tokens: Sequence[str] | None = None, title: str | N
     ax.set_ylabel("query position")
     cols = list(tokens) if tokens is not None else None
     rows = list(row_labels) if row_labels is not None else cols
-    segs = _segment_triples(segments) if segments is not None else []
+    segs = _piece_triples(pieces) if pieces is not None else []
     if segs:
         mids = [(a + b - 1) / 2 for a, b, _ in segs]
         names = [lab for _, _, lab in segs]
@@ -126,16 +129,16 @@ class MaskViewer(widgets.VBox):
 
     With a batch a ``batch`` IntSlider (``self.slider``) selects the row; ``self.figure``
     is the current matplotlib Figure, shown as a PNG in ``self.image`` (so it displays
-    whatever the notebook's matplotlib backend). ``segments``: one list of named runs for
-    all rows, or one list per row (``memkit.rl.packing.segments`` gives the latter).
+    whatever the notebook's matplotlib backend). ``pieces``: one list of named runs for
+    all rows, or one list per row (``memkit.rl.packing.row_pieces`` gives the latter).
     """
 
     def __init__(self, mask, tokens: Sequence[str] | Sequence[Sequence[str]] | None = None,
                  row_labels: Sequence[str] | None = None, boundaries: Sequence[int] | None = None,
-                 title: str | None = None, segments=None):
+                 title: str | None = None, pieces=None):
         self.masks = as_batch(mask)
         self.tokens, self.row_labels, self.boundaries, self.title = tokens, row_labels, boundaries, title
-        self.segments = segments
+        self.pieces = pieces
         self.figure: Figure | None = None
         self.image = widgets.Image(format="png")
         self.info = widgets.HTML()
@@ -152,8 +155,8 @@ class MaskViewer(widgets.VBox):
             return t[b]
         return t
 
-    def _segments_for(self, b: int):
-        s = self.segments
+    def _pieces_for(self, b: int):
+        s = self.pieces
         if s is not None and len(s) and isinstance(s[0], (list, tuple)) and (
                 not len(s[0]) or not isinstance(s[0][0], (int, str))):  # one list of runs per batch row
             return s[b]
@@ -164,7 +167,7 @@ class MaskViewer(widgets.VBox):
         arr = self.masks[b]
         self.figure = plot_mask(arr, tokens=self._tokens_for(b), title=self.title,
                                 row_labels=self.row_labels, boundaries=self.boundaries,
-                                segments=self._segments_for(b))
+                                pieces=self._pieces_for(b))
         self.info.value = f"batch {b}: {mask_summary(arr)}"
         self.image.value = figure_png(self.figure)
 

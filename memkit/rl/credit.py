@@ -1,0 +1,252 @@
+"""Credit assignment as a registry: each rule turns outcome rewards into per-token advantages.
+
+A rule is one pure function registered under a name (verl's ``register_adv_est`` pattern); the
+update looks it up by name and never branches on the algorithm. Each method declares its default
+rule (``Method.default_credit``); ``TrainConfig.credit`` / ``memkit train --credit`` override it.
+
+    grpo           A_i = (R_i - mean_g R) / std_g R on every trained token of trajectory i
+    multi_context  the same A_i copied to every call of trajectory i (MemSearcher eq. 6-8)
+    gae            GAE over each trajectory's trained tokens with critic values (MEM1 §3.2),
+                   then whitened over the whole rollout batch (verl)
+
+Every rule has the signature ``rule(cb: CreditBatch, cfg) -> (advantages [B, L], returns [B, L]
+or None)`` on one packed micro-batch, and a loop reference ``<rule>_loop(cb, cfg) -> [B][L]``
+compared in ``tests/test_credit.py`` on real rollouts. ``cfg`` is any object with the knobs a
+rule reads (``TrainConfig``: ``grpo_norm_std``, ``gamma``, ``lam``). Adding a paper's credit
+(MemPO, DCPO, MoT-GRPO) is one more registered function here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Hashable, Sequence
+
+import torch
+
+from memkit.rl.advantages import broadcast_to_calls, broadcast_to_calls_loop, gae, gae_loop, grpo_advantages, \
+    grpo_advantages_loop
+from memkit.rl.packing import PackedBatch
+from memkit.trajectory import TrainingUnit
+
+
+@dataclass
+class CreditBatch:
+    """What a credit rule sees: one packed micro-batch and the whole update's outcomes.
+
+    - ``batch``: the rows, ``[B, L]``; ``batch.traj_index[b]`` is row b's unit (index into ``units``)
+    - ``units``: the micro-batch's training units, ``U`` of them
+    - ``unit_traj``: ``[U]`` long, which of the update's ``N`` trajectories each unit comes from
+    - ``rewards``: ``[N]`` outcome reward of every trajectory of the update (this process)
+    - ``group_ids``: ``N`` hashables, same id = samples of the same task (the GRPO group)
+    - ``values``: ``[B, L]`` critic values read at each token's predicting position, or None
+    """
+
+    batch: PackedBatch
+    units: list[TrainingUnit]
+    unit_traj: torch.Tensor
+    rewards: torch.Tensor
+    group_ids: Sequence[Hashable]
+    values: torch.Tensor | None = None
+
+    @property
+    def row_traj(self) -> torch.Tensor:
+        """``[B]`` long: the trajectory (0..N-1) of every row."""
+        return self.unit_traj[self.batch.traj_index]
+
+
+CreditFn = Callable[[CreditBatch, object], "tuple[torch.Tensor, torch.Tensor | None]"]
+
+
+@dataclass(frozen=True)
+class CreditRule:
+    """A registered rule and what the update must provide for it."""
+
+    name: str
+    fn: CreditFn
+    loop: Callable
+    needs_values: bool = False  # the update trains a critic and passes its values
+    needs_groups: bool = True  # needs >= 2 samples per task (group statistics)
+    whiten: bool = False  # whiten over the whole rollout batch when TrainConfig.whiten_advantages
+    paper: str = ""
+
+
+CREDIT_RULES: dict[str, CreditRule] = {}
+
+
+def register_credit(name: str, loop: Callable, *, needs_values: bool = False, needs_groups: bool = True,
+                    whiten: bool = False, paper: str = ""):
+    """Decorator: register ``fn`` as credit rule ``name`` with its loop reference."""
+    def deco(fn: CreditFn) -> CreditFn:
+        if name in CREDIT_RULES:
+            raise ValueError(f"credit rule {name!r} is already registered")
+        CREDIT_RULES[name] = CreditRule(name, fn, loop, needs_values, needs_groups, whiten, paper)
+        return fn
+    return deco
+
+
+def get_credit(name: str) -> CreditRule:
+    if name not in CREDIT_RULES:
+        raise ValueError(f"unknown credit rule {name!r}; choose one of {sorted(CREDIT_RULES)}")
+    return CREDIT_RULES[name]
+
+
+# ----------------------------------------------------------------------------- grpo
+def _group_advantages(cb: CreditBatch, cfg) -> torch.Tensor:
+    """``[N]``: GRPO advantage of every trajectory of the update (eq. 5 of MemSearcher)."""
+    return grpo_advantages(cb.rewards, cb.group_ids, norm_std=getattr(cfg, "grpo_norm_std", True))
+
+
+def grpo_loop(cb: CreditBatch, cfg) -> list[list[float]]:
+    """Loop reference for :func:`grpo`: A_i on every trained token of every row of trajectory i."""
+    a = grpo_advantages_loop(cb.rewards.tolist(), list(cb.group_ids), norm_std=getattr(cfg, "grpo_norm_std", True))
+    m = cb.batch.loss_mask
+    return [[a[int(cb.row_traj[b])] * float(m[b, t]) for t in range(m.shape[1])] for b in range(m.shape[0])]
+
+
+@register_credit("grpo", grpo_loop, paper="Shao et al. 2024 (GRPO); verl compute_grpo_outcome_advantage")
+def grpo(cb: CreditBatch, cfg):
+    """Group-normalised outcome advantage on every trained token of the trajectory.
+
+    A_i = (R_i - mean_g R) / (std_g R + eps), g = the samples of i's task (``grpo_norm_std=False``:
+    R_i - mean_g R, Dr. GRPO). shape: rewards ``[N]`` -> advantages ``[B, L]`` (0 off ``loss_mask``).
+    """
+    a = _group_advantages(cb, cfg)
+    return a[cb.row_traj].unsqueeze(-1) * cb.batch.loss_mask.to(a.dtype), None
+
+
+# ----------------------------------------------------------------------------- multi_context
+def _call_positions(cb: CreditBatch) -> torch.Tensor:
+    """``[B, L]`` long: index into ``broadcast_to_calls``' output (units in order, each unit's
+    calls in order) of every trained token; -1 elsewhere."""
+    offsets, table = 0, {}
+    for u_idx, unit in enumerate(cb.units):
+        for k, call in enumerate(unit.calls):
+            table[(u_idx, call)] = offsets + k
+        offsets += len(unit.calls)
+    b = cb.batch
+    out = torch.full(b.call_ids.shape, -1, dtype=torch.long)
+    rows, cols = (b.loss_mask > 0).nonzero(as_tuple=True)
+    for r, c in zip(rows.tolist(), cols.tolist()):
+        out[r, c] = table[(int(b.traj_index[r]), int(b.call_ids[r, c]))]
+    return out
+
+
+def multi_context_loop(cb: CreditBatch, cfg) -> list[list[float]]:
+    """Loop reference for :func:`multi_context`: per call A_{i,j} = A_i, then each call's tokens."""
+    a = grpo_advantages_loop(cb.rewards.tolist(), list(cb.group_ids), norm_std=getattr(cfg, "grpo_norm_std", True))
+    per_call = {}
+    for u_idx, unit in enumerate(cb.units):
+        for call in unit.calls:
+            per_call[(u_idx, call)] = a[int(cb.unit_traj[u_idx])]
+    b = cb.batch
+    B, L = b.loss_mask.shape
+    return [[per_call[(int(b.traj_index[r]), int(b.call_ids[r, t]))] if b.loss_mask[r, t] > 0 else 0.0
+             for t in range(L)] for r in range(B)]
+
+
+@register_credit("multi_context", multi_context_loop, paper="MemSearcher eq. 6-8 (multi-context GRPO)")
+def multi_context(cb: CreditBatch, cfg):
+    """Multi-context GRPO: the trajectory's group-normalised advantage copied to each of its calls.
+
+    A_i (eq. 5) -> A_{i,j} = A_i for every call j of trajectory i (eq. 8,
+    :func:`memkit.rl.advantages.broadcast_to_calls`) -> each call's trained tokens.
+    shape: rewards ``[N]`` -> per call ``[sum_u |u|]`` -> advantages ``[B, L]``.
+    """
+    a = _group_advantages(cb, cfg)
+    per_call = broadcast_to_calls(a[cb.unit_traj], [len(u.calls) for u in cb.units])
+    pos = _call_positions(cb)
+    return torch.where(pos >= 0, per_call[pos.clamp(min=0)], torch.zeros((), dtype=per_call.dtype)), None
+
+
+# ----------------------------------------------------------------------------- gae
+def trajectory_gae(batch: PackedBatch, values: torch.Tensor, rewards: torch.Tensor, gamma: float = 1.0,
+                   lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE over each unit's trained tokens in generation order, for any packing.
+
+    values ``[B, L]`` (V(s_t) of each token, already read at its predicting position),
+    rewards ``[U]`` (outcome reward of each unit of the batch, placed on its last trained
+    token) -> ``(advantages, returns)`` ``[B, L]``, zero off ``loss_mask``.
+
+    The trained tokens of unit i are gathered, in call order, into one compressed row (for
+    ``mem1_*`` packing its packed row read left to right; for ``separate`` its call rows one
+    after another), so V(s_{t+1}) of a call's last token is the value of the *next call's* first
+    token, the temporal difference MEM1 §3.2 builds its masked trajectory for. Then
+    :func:`memkit.rl.advantages.gae` runs on ``[U, T]`` and the result is scattered back.
+    """
+    N = int(rewards.numel())
+    m = batch.loss_mask.to(values.device) > 0
+    b, i = m.nonzero(as_tuple=True)  # row-major: rows in (unit, call) order, tokens in order
+    tr = batch.traj_index.to(values.device)[b]
+    order = torch.argsort(tr, stable=True)
+    b, i, tr = b[order], i[order], tr[order]
+    counts = torch.bincount(tr, minlength=N)
+    pos = torch.arange(len(tr), device=values.device) - (counts.cumsum(0) - counts)[tr]
+    T = int(counts.max()) if len(tr) else 0
+    v = values.new_zeros(N, T)
+    mask = values.new_zeros(N, T)
+    r = values.new_zeros(N, T)
+    v[tr, pos] = values[b, i].float()
+    mask[tr, pos] = 1.0
+    has = (counts > 0).nonzero(as_tuple=True)[0]
+    r[has, counts[has] - 1] = rewards.to(values.device, torch.float32)[has]
+    adv_c, ret_c = gae(r, v, mask, gamma, lam)
+    adv, ret = torch.zeros_like(values, dtype=torch.float32), torch.zeros_like(values, dtype=torch.float32)
+    adv[b, i], ret[b, i] = adv_c[tr, pos], ret_c[tr, pos]
+    return adv, ret
+
+
+def gae_rule_loop(cb: CreditBatch, cfg):
+    """Loop reference for :func:`gae_credit`: walk each unit's trained tokens in row-major order
+    (python lists), run :func:`memkit.rl.advantages.gae_loop` on them, scatter back."""
+    b = cb.batch
+    B, L = b.loss_mask.shape
+    adv = [[0.0] * L for _ in range(B)]
+    ret = [[0.0] * L for _ in range(B)]
+    for u_idx in range(len(cb.units)):
+        where = [(r, t) for r in range(B) if int(b.traj_index[r]) == u_idx for t in range(L) if b.loss_mask[r, t] > 0]
+        if not where:
+            continue
+        vals = torch.tensor([[float(cb.values[r, t]) for r, t in where]])
+        rew = torch.zeros_like(vals)
+        rew[0, -1] = float(cb.rewards[int(cb.unit_traj[u_idx])])
+        a, g = gae_loop(rew, vals, torch.ones_like(vals), getattr(cfg, "gamma", 1.0), getattr(cfg, "lam", 1.0))
+        for k, (r, t) in enumerate(where):
+            adv[r][t], ret[r][t] = a[0][k], g[0][k]
+    return adv, ret
+
+
+@register_credit("gae", gae_rule_loop, needs_values=True, needs_groups=False, whiten=True,
+                 paper="MEM1 §3.2 (PPO with a critic); Schulman et al. 2016 (GAE)")
+def gae_credit(cb: CreditBatch, cfg):
+    """PPO credit: GAE over each unit's trained tokens, outcome reward on its last trained token.
+
+    delta_t = r_t + gamma V_{t'} - V_t,  A_t = delta_t + gamma lam A_{t'},  R_t = A_t + V_t
+    (t' = the unit's next trained token). Whitening over the whole rollout batch is the update's
+    job (it needs every micro-batch and process: ``CreditRule.whiten``).
+    shape: values ``[B, L]``, rewards ``[N]`` -> (advantages ``[B, L]``, returns ``[B, L]``).
+    """
+    if cb.values is None:
+        raise ValueError("credit rule 'gae' needs critic values (the update passes them when the rule says so)")
+    return trajectory_gae(cb.batch, cb.values, cb.rewards[cb.unit_traj], getattr(cfg, "gamma", 1.0),
+                          getattr(cfg, "lam", 1.0))
+
+
+def record_call_advantages(cb: CreditBatch, advantages: torch.Tensor) -> None:
+    """Write each trained call's mean token advantage into ``Call.advantage`` (for viewers and
+    notebooks: a per-call number even where a rule assigns per-token credit, as GAE does).
+    shape: advantages ``[B, L]`` as a rule returned them."""
+    b = cb.batch
+    keep = b.loss_mask > 0
+    rows = b.traj_index[:, None].expand_as(b.call_ids)[keep].tolist()
+    calls = b.call_ids[keep].tolist()
+    vals = advantages.detach().float().cpu()[keep.to(advantages.device).cpu()].tolist()
+    sums: dict[tuple[int, int], list[float]] = {}
+    for u, c, v in zip(rows, calls, vals):
+        acc = sums.setdefault((u, c), [0.0, 0.0])
+        acc[0] += v
+        acc[1] += 1
+    for (u, c), (total, n) in sums.items():
+        cb.units[u].traj.calls[c].advantage = total / n
+
+
+__all__ = ["CreditBatch", "CreditRule", "CREDIT_RULES", "register_credit", "get_credit", "grpo", "multi_context",
+           "gae_credit", "trajectory_gae", "record_call_advantages"]
