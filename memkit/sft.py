@@ -82,9 +82,8 @@ class SFTConfig:
     unbiased estimate of L_ctx). Half is as good as all of them and cheaper; a quarter is worse
     (measured: docs/findings.md, 'SFT recipe')."""
     bf16: bool | None = None
-    """bfloat16 autocast for the forward/backward (weights and AdamW stay float32). None = where it
-    is faster (:func:`sft_uses_bf16`): GPUs with bf16 and CPUs with bf16 matrix tiles; float32
-    elsewhere (measured: docs/findings.md, 'SFT recipe')."""
+    """bfloat16 autocast for the forward/backward (weights and AdamW stay float32). None = GPUs
+    with bf16, float32 on CPUs (:func:`sft_uses_bf16`; measured: docs/findings.md, 'SFT recipe')."""
     max_seconds: float | None = 600.0
     """Wall-clock budget (``training.train_sft_model``: data + training): the schedule runs on
     max(step/steps, elapsed/budget) and training stops when either ends (machine-dependent; None =
@@ -180,20 +179,14 @@ def sft_loss(model, ids, attn, output_mask, context_weight: float = 0.0, context
 def sft_uses_bf16(bf16: bool | None, device: torch.device) -> bool:
     """Does an SFT step autocast to bfloat16 (True) or run in plain float32 (False)?
 
-    ``bf16=None`` picks bfloat16 only where the hardware has bf16 matrix units: a CUDA device
-    that supports it, or a CPU whose capabilities report bf16 matrix tiles (untested: no such
-    CPU was at hand). bf16 vector instructions alone are not enough for the tiny model: its
-    matmuls are small (hidden 128), so the casts around them cost more than the bf16 arithmetic
-    saves (measured: docs/findings.md, 'SFT recipe'). Pass ``bf16=True/False`` to choose yourself.
+    ``bf16=None`` picks bfloat16 on a CUDA device that supports it and float32 elsewhere. On
+    CPUs without bf16 matrix units the tiny model's matmuls are too small (hidden 128) for bf16
+    to pay for the casts around them (measured: docs/findings.md, 'SFT recipe'); no CPU with
+    such units was at hand to measure, so they keep float32 unless asked: pass ``bf16=True``
+    (``memkit sft --bf16``) or ``False`` to choose yourself.
     """
     if bf16 is None:
-        if device.type == "cuda":
-            bf16 = torch.cuda.is_bf16_supported()
-        elif device.type == "cpu":
-            caps = getattr(torch.cpu, "get_capabilities", dict)()
-            bf16 = bool(caps.get("amx_bf16") or caps.get("amx_tile"))
-        else:
-            bf16 = False
+        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
     return bool(bf16)
 
 

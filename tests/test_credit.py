@@ -160,7 +160,7 @@ def test_a_unit_of_a_later_call_packs_the_untrained_earlier_output_as_context():
         b = pack([unit], mode)
         trained_calls = set(b.call_ids[b.loss_mask > 0].tolist())
         assert trained_calls == {1, 2}
-        assert int(b.loss_mask.sum()) == sum(len(t.calls[i].output_ids) for i in (1, 2)) - (mode == "separate") * 0
+        assert int(b.loss_mask.sum()) == sum(len(t.calls[i].output_ids) for i in (1, 2))
     assert [p.kind for p in row_pieces([unit], "mem1_mask")[0]][0] == "prompt"
     with pytest.raises(ValueError, match="ascending"):
         TrainingUnit(t, (2, 1))
@@ -211,7 +211,7 @@ def test_a_tree_packs_its_shared_ancestors_once_with_exact_logprobs():
     tb = pack([tree], "mem1_exact")
     chain_tokens = sum(pack([c], "mem1_exact").n_tokens for c in chains)
     assert tb.n_tokens < chain_tokens
-    assert int(tb.loss_mask.sum()) == sum(len(c.output_ids) for c in tree.calls) - 0
+    assert int(tb.loss_mask.sum()) == sum(len(c.output_ids) for c in tree.calls)  # every node trained once
     model = build_tiny(kit().tokenizer, seed=0)
     assert packing_gap(model, [tree], "mem1_exact")["max_abs"] < 1e-4
     for mode in ("separate", "mem1_exact"):  # a root-to-leaf path is a unit too
@@ -219,11 +219,9 @@ def test_a_tree_packs_its_shared_ancestors_once_with_exact_logprobs():
         assert packing_gap(model, [TrainingUnit(tree, tuple(tree.path(leaf)))], mode)["max_abs"] < 1e-4
 
 
-def test_fork_rejects_bad_arguments():
-    from memkit.rollout.engine import fork
-
-    chains, _ = _tree()
+def test_fork_rejects_bad_arguments_and_copies_what_children_change():
     from memkit.agents.base import AgentState
+    from memkit.rollout.engine import fork
 
     state = AgentState(task=oracle_tasks(2, 3, 11)[0], max_turns=3)
     with pytest.raises(ValueError, match="n >= 1"):
