@@ -143,14 +143,15 @@ class Trajectory:
         return cls(calls=calls, **d)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class TrainingUnit:
     """What one packed training row (or group of rows) is made of: a trajectory and the indices
     of the calls to train, ascending. A MEM1 row is every call of a trajectory; a DCPO segment
     a run of calls with a fixed prefix; a Mem-T node path the calls from a root to a leaf.
 
     Context refs still resolve through the whole ``traj.calls`` (indices are absolute), so a
-    unit's first call may read an earlier call's output that the unit does not train.
+    unit's first call may read an earlier call's output that the unit does not train. Units
+    compare and hash by identity.
     """
 
     traj: Trajectory

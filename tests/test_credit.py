@@ -38,7 +38,8 @@ def _trajs(method: str, seed: int) -> list[Trajectory]:
 
 def _credit_batch(trajs, mode, units=None, seed=0, with_values=False) -> CreditBatch:
     units = units if units is not None else [TrainingUnit.of(t) for t in trajs]
-    unit_traj = [trajs.index(u.traj) for u in units]
+    index = {id(t): i for i, t in enumerate(trajs)}
+    unit_traj = [index[id(u.traj)] for u in units]
     batch = pack(units, mode)
     values = None
     if with_values:
@@ -133,6 +134,10 @@ def test_each_method_declares_its_packing_and_credit():
     with pytest.raises(ValueError, match="n_samples"):
         TrainConfig(method="mem1", credit="grpo", n_samples=1).validate()
     TrainConfig(method="mem1", algo="ppo", n_samples=1).validate()  # gae needs no group
+    with pytest.raises(ValueError, match="critic"):
+        TrainConfig(method="mem1", algo="ppo", credit="grpo").validate()
+    with pytest.raises(ValueError, match="critic"):
+        TrainConfig(method="mem1", algo="grpo", credit="gae").validate()
 
 
 def test_rl_package_compares_no_method_names():
@@ -162,6 +167,12 @@ def test_a_unit_of_a_later_call_packs_the_untrained_earlier_output_as_context():
         assert trained_calls == {1, 2}
         assert int(b.loss_mask.sum()) == sum(len(t.calls[i].output_ids) for i in (1, 2))
     assert [p.kind for p in row_pieces([unit], "mem1_mask")[0]][0] == "prompt"
+    from memkit.models import build_tiny
+    from memkit.rl.packed_forward import packing_gap
+
+    model = build_tiny(kit().tokenizer, seed=2)
+    assert packing_gap(model, [unit], "mem1_exact")["max_abs"] < 1e-4
+    assert packing_gap(model, [unit], "separate")["max_abs"] < 1e-4
     with pytest.raises(ValueError, match="ascending"):
         TrainingUnit(t, (2, 1))
 
@@ -220,17 +231,28 @@ def test_a_tree_packs_its_shared_ancestors_once_with_exact_logprobs():
 
 
 def test_fork_rejects_bad_arguments_and_copies_what_children_change():
-    from memkit.agents.base import AgentState
-    from memkit.rollout.engine import fork
+    """Children of a MemAct state forked mid-rollout (after a Prune&Write) keep separate records:
+    what one child's later calls add never shows in its sibling or the parent."""
+    from memkit.agents import get_method
+    from memkit.rollout.engine import OraclePolicy, RolloutConfig, advance, continue_rollouts, fork, start_states
 
-    state = AgentState(task=oracle_tasks(2, 3, 11)[0], max_turns=3)
-    with pytest.raises(ValueError, match="n >= 1"):
-        fork(state, 0)
-    with pytest.raises(ValueError, match="seeds"):
-        fork(state, 2, seeds=[1])
+    k, m = kit(), get_method("memact")
+    task = oracle_tasks(4, 3, 11)[0]
+    policy = OraclePolicy(m, k.tokenizer, seed=0)
+    [state] = start_states(m, [task], RolloutConfig())
+    advance(m, [state], k.env, policy, k.tokenizer, until_calls=3)
+    before = (len(state.calls), repr(state.memory))
     a, b = fork(state, 2, seeds=[1, 2])
-    a.memory["x"] = 1
-    assert "x" not in b.memory and a.sampler is not None
+    assert a.sampler is not None and a.calls is not state.calls and a.memory is not state.memory
+    continue_rollouts(m, [a], k.env, policy, k.tokenizer)
+    assert a.done and len(a.calls) > before[0] and repr(a.memory) != before[1]
+    assert (len(b.calls), repr(b.memory)) == before == (len(state.calls), repr(state.memory))
+    with pytest.raises(ValueError, match="n >= 1"):
+        fork(b, 0)
+    with pytest.raises(ValueError, match="seeds"):
+        fork(b, 2, seeds=[1])
+    with pytest.raises(ValueError, match="finished"):
+        fork(a, 2)
 
 
 def test_update_records_each_calls_advantage():
@@ -260,3 +282,92 @@ def test_exact_packings_equal_per_call_recompute_on_real_rollouts(method):
     for mode in ("separate", "mem1_exact"):
         gap = packing_gap(model, trajs, mode)
         assert gap["n_tokens"] > 0 and gap["max_abs"] < 1e-4, (mode, gap["max_abs"])
+
+
+
+def test_gae_refuses_a_unit_that_is_not_a_chain():
+    _, tree = _tree()
+    tree.reward = 1.0
+    cb = _credit_batch([tree], "mem1_exact", with_values=True)
+    with pytest.raises(ValueError, match="chain"):
+        get_credit("gae").fn(cb, Knobs)
+    paths = [TrainingUnit(tree, tuple(tree.path(leaf))) for leaf in tree.leaves()]
+    adv, _ = get_credit("gae").fn(_credit_batch([tree], "mem1_exact", paths, with_values=True), Knobs)
+    assert adv.abs().sum() > 0
+
+
+def test_merge_tree_refuses_chains_that_share_nothing():
+    from memkit.rollout.engine import merge_tree
+
+    chains, _ = _tree()
+    copies = [Trajectory.from_dict(c.to_dict()) for c in chains]  # equal content, other objects
+    with pytest.raises(ValueError, match="share no call"):
+        merge_tree(copies)
+
+
+def test_traces_written_before_calls_had_parents_load_as_chains(tmp_path):
+    import json
+
+    from memkit.trajectory import load_jsonl
+
+    t = oracle_traces("mem1", 2, 3, 11)[0]
+    d = t.to_dict()
+    for c in d["calls"]:
+        del c["parent"], c["reward"], c["advantage"]
+    (tmp_path / "old.jsonl").write_text(json.dumps(d) + "\n")
+    (back,) = load_jsonl(tmp_path / "old.jsonl")
+    assert [c.parent for c in back.calls] == [c.parent for c in t.calls] == [None] + list(range(len(t.calls) - 1))
+    assert not back.is_tree and back.leaves() == [len(t.calls) - 1]
+
+
+def test_whitening_with_global_moments_is_the_formula_the_update_used_before():
+    """(x - mean) * m / sqrt(var + 1e-8) with mean/var from summed moments, bit for bit."""
+    import math
+
+    g = torch.Generator().manual_seed(0)
+    x, m = torch.randn(64, 50, generator=g), (torch.rand(64, 50, generator=g) > 0.3).float()
+    s1, s2, n = masked_moments(x, m)
+    mean = s1 / max(n, 1.0)
+    var = (s2 - n * mean ** 2) / max(n - 1.0, 1.0)
+    old = (x - mean) * m / math.sqrt(max(var, 0.0) + 1e-8)
+    assert torch.equal(masked_whiten(x, m, mean_var=moments_to_mean_var(s1, s2, n)), old)
+
+
+def _learner(credit, **over):
+    from accelerate import Accelerator
+
+    from memkit.models import build_tiny
+    from memkit.rl.config import TrainConfig
+    from memkit.rl.update import Learner
+
+    cfg = TrainConfig(method="memsearcher", init="tiny", credit=credit, packing="separate", lr=1e-3, kl_coef=0.0,
+                      micro_batch_size=64, out_dir="", **over)
+    return Learner(cfg, build_tiny(kit().tokenizer, seed=0), kit().tokenizer, accelerator=Accelerator(cpu=True))
+
+
+def test_the_learner_trains_segments_as_units_and_records_call_advantages():
+    """Learner.update with each trajectory cut into two segments (units) makes the same update as
+    with whole trajectories under multi_context + separate rows + token-mean, and writes every
+    trained call's advantage A_i into Call.advantage."""
+    from memkit.rl.advantages import grpo_advantages
+
+    trajs = _trajs("memsearcher", 3)
+    whole = _learner("multi_context")
+    whole.update(trajs)
+    a = grpo_advantages(torch.tensor([t.reward for t in trajs]), [t.task_id for t in trajs])
+    for i, t in enumerate(trajs):
+        for _, c in TrainingUnit.of(t):
+            assert c.advantage == pytest.approx(float(a[i]), abs=1e-6)
+    segs = []
+    for t in trajs:
+        idx = TrainingUnit.of(t).calls
+        segs += [TrainingUnit(t, idx[:2]), TrainingUnit(t, idx[2:])] if len(idx) > 2 else [TrainingUnit(t, idx)]
+    assert len(segs) > len(trajs)
+    split = _learner("multi_context")
+    split.update(trajs, units=segs)
+    for (name, p), q in zip(whole.policy.named_parameters(), split.policy.parameters()):
+        assert torch.allclose(p, q, atol=1e-6), name
+    moved = _learner("multi_context").policy
+    assert any(not torch.equal(p, q) for p, q in zip(whole.policy.parameters(), moved.parameters()))
+    with pytest.raises(ValueError, match="same object"):
+        _learner("multi_context").update(trajs, units=[TrainingUnit.of(Trajectory.from_dict(trajs[0].to_dict()))])

@@ -300,6 +300,11 @@ def test_resume_continues_exactly(kit, tmp_path):
     train(_loop_cfg(tmp_path / "b", 2), kit, progress=False)
     with pytest.raises(ValueError, match="config differs"):
         train(_loop_cfg(tmp_path / "b", 4, algo="grpo"), kit, progress=False, resume=True)
+    # a checkpoint written before TrainConfig had `credit` resumes as credit="auto" (here: gae)
+    meta_path = next((tmp_path / "b" / "checkpoints").glob("step-*")) / "memkit.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["config"]["credit"]
+    meta_path.write_text(json.dumps(meta))
     b = train(_loop_cfg(tmp_path / "b", 4), kit, progress=False, resume=True)
 
     sa, sb = a.model.state_dict(), b.model.state_dict()

@@ -5,6 +5,7 @@ Each vectorised kernel has a loop reference (``*_loop``) compared in the tests a
 """
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Hashable, Sequence
 
@@ -152,11 +153,10 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
         n = m.sum()
         mean = (values * m).sum() / n.clamp(min=1)
         var = (((values - mean) * m) ** 2).sum() / (n - 1).clamp(min=1)
-        inv = torch.rsqrt(var + eps)
+        out = (values - mean) * torch.rsqrt(var + eps)
     else:
         mean, var = mean_var
-        inv = (var + eps) ** -0.5
-    out = (values - mean) * inv
+        out = (values - mean) / math.sqrt(var + eps)
     if not shift_mean:
         out = out + mean
     return out * m

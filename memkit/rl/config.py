@@ -236,6 +236,10 @@ class TrainConfig:
         if self.credit != "auto" and self.credit not in CREDIT_RULES:
             bad("credit", f"choose auto or one of {sorted(CREDIT_RULES)}")
         rule = CREDIT_RULES[self.resolved_credit()]
+        if rule.needs_values != (ALGO_CREDIT[self.algo] == "gae"):
+            bad("credit", f"rule {rule.name!r} {'needs' if rule.needs_values else 'trains without'} a critic, "
+                          f"which algo={self.algo!r} {'does not train' if rule.needs_values else 'trains'}: pick a "
+                          "critic-free rule with grpo, gae with ppo, or credit='auto'")
         if self.prompt not in PROMPTS:
             bad("prompt", "choose auto, paper or compact")
         if self.agg not in AGG_MODES:
@@ -293,7 +297,8 @@ class TrainConfig:
         return cls(**d)
 
 
-#: fields that must match for ``--resume`` to continue a run (others may change, e.g. steps)
-RESUME_KEYS = ("algo", "credit", "method", "method_kwargs", "init", "packing", "lora", "lora_r", "lora_alpha", "seed", "world_seed")
+#: fields that must match for ``--resume`` to continue a run (others may change, e.g. steps); the
+#: resolved credit rule must match too (a checkpoint from before ``credit`` existed reads as ``auto``)
+RESUME_KEYS = ("algo", "method", "method_kwargs", "init", "packing", "lora", "lora_r", "lora_alpha", "seed", "world_seed")
 
 __all__ = ["TrainConfig", "ALGOS", "RESUME_KEYS"]

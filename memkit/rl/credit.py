@@ -109,25 +109,30 @@ def grpo(cb: CreditBatch, cfg):
     A_i = (R_i - mean_g R) / (std_g R + eps), g = the samples of i's task (``grpo_norm_std=False``:
     R_i - mean_g R, Dr. GRPO). shape: rewards ``[N]`` -> advantages ``[B, L]`` (0 off ``loss_mask``).
     """
-    a = _group_advantages(cb, cfg)
-    return a[cb.row_traj].unsqueeze(-1) * cb.batch.loss_mask.to(a.dtype), None
+    a = _group_advantages(cb, cfg).to(cb.batch.loss_mask.device)
+    return a[cb.row_traj.to(a.device)].unsqueeze(-1) * cb.batch.loss_mask.to(a.dtype), None
 
 
 # ----------------------------------------------------------------------------- multi_context
-def _call_positions(cb: CreditBatch) -> torch.Tensor:
-    """``[B, L]`` long: index into ``broadcast_to_calls``' output (units in order, each unit's
-    calls in order) of every trained token; -1 elsewhere."""
-    offsets, table = 0, {}
+def _rank_table(cb: CreditBatch) -> torch.Tensor:
+    """``[U, C]`` long: flat index (units in order, each unit's calls in order, as
+    ``broadcast_to_calls`` lays them out) of call c of unit u; -1 where u does not train c."""
+    width = 1 + max((max(u.calls) for u in cb.units if u.calls), default=0)
+    table = torch.full((len(cb.units), width), -1, dtype=torch.long)
+    offset = 0
     for u_idx, unit in enumerate(cb.units):
-        for k, call in enumerate(unit.calls):
-            table[(u_idx, call)] = offsets + k
-        offsets += len(unit.calls)
+        table[u_idx, list(unit.calls)] = torch.arange(offset, offset + len(unit.calls))
+        offset += len(unit.calls)
+    return table
+
+
+def _call_positions(cb: CreditBatch) -> torch.Tensor:
+    """``[B, L]`` long: the flat call index (:func:`_rank_table`) of every trained token; -1 elsewhere."""
     b = cb.batch
-    out = torch.full(b.call_ids.shape, -1, dtype=torch.long)
-    rows, cols = (b.loss_mask > 0).nonzero(as_tuple=True)
-    for r, c in zip(rows.tolist(), cols.tolist()):
-        out[r, c] = table[(int(b.traj_index[r]), int(b.call_ids[r, c]))]
-    return out
+    rows = b.traj_index[:, None].expand_as(b.call_ids)
+    trained = (b.loss_mask > 0) & (b.call_ids >= 0)
+    pos = _rank_table(cb)[rows.clamp(min=0), b.call_ids.clamp(min=0)]
+    return torch.where(trained, pos, torch.full_like(pos, -1))
 
 
 def multi_context_loop(cb: CreditBatch, cfg) -> list[list[float]]:
@@ -151,10 +156,11 @@ def multi_context(cb: CreditBatch, cfg):
     :func:`memkit.rl.advantages.broadcast_to_calls`) -> each call's trained tokens.
     shape: rewards ``[N]`` -> per call ``[sum_u |u|]`` -> advantages ``[B, L]``.
     """
-    a = _group_advantages(cb, cfg)
+    a = _group_advantages(cb, cfg).cpu()
     per_call = broadcast_to_calls(a[cb.unit_traj], [len(u.calls) for u in cb.units])
     pos = _call_positions(cb)
-    return torch.where(pos >= 0, per_call[pos.clamp(min=0)], torch.zeros((), dtype=per_call.dtype)), None
+    adv = torch.where(pos >= 0, per_call[pos.clamp(min=0)], torch.zeros((), dtype=per_call.dtype))
+    return adv.to(cb.batch.loss_mask.device), None
 
 
 # ----------------------------------------------------------------------------- gae
@@ -226,6 +232,12 @@ def gae_credit(cb: CreditBatch, cfg):
     """
     if cb.values is None:
         raise ValueError("credit rule 'gae' needs critic values (the update passes them when the rule says so)")
+    for unit in cb.units:  # the TD chain must follow generation: each call continues the previous one
+        calls = unit.traj.calls
+        if any(calls[j].parent != i for i, j in zip(unit.calls, unit.calls[1:])):
+            raise ValueError(f"credit rule 'gae' needs each unit to be a chain (every call's parent the unit's "
+                             f"previous call); unit {unit.calls} of {unit.traj.task_id!r} is not: train tree paths "
+                             "as separate units (Trajectory.path)")
     return trajectory_gae(cb.batch, cb.values, cb.rewards[cb.unit_traj], getattr(cfg, "gamma", 1.0),
                           getattr(cfg, "lam", 1.0))
 
@@ -233,19 +245,20 @@ def gae_credit(cb: CreditBatch, cfg):
 def record_call_advantages(cb: CreditBatch, advantages: torch.Tensor) -> None:
     """Write each trained call's mean token advantage into ``Call.advantage`` (for viewers and
     notebooks: a per-call number even where a rule assigns per-token credit, as GAE does).
-    shape: advantages ``[B, L]`` as a rule returned them."""
-    b = cb.batch
-    keep = b.loss_mask > 0
-    rows = b.traj_index[:, None].expand_as(b.call_ids)[keep].tolist()
-    calls = b.call_ids[keep].tolist()
-    vals = advantages.detach().float().cpu()[keep.to(advantages.device).cpu()].tolist()
-    sums: dict[tuple[int, int], list[float]] = {}
-    for u, c, v in zip(rows, calls, vals):
-        acc = sums.setdefault((u, c), [0.0, 0.0])
-        acc[0] += v
-        acc[1] += 1
-    for (u, c), (total, n) in sums.items():
-        cb.units[u].traj.calls[c].advantage = total / n
+    shape: advantages ``[B, L]``, what the update trains (after any whitening). Calls shared by
+    several units (a tree's common prefix) keep the last unit's value."""
+    table = _rank_table(cb)
+    pos = _call_positions(cb).flatten()
+    keep = pos >= 0
+    n = int(table.max()) + 1 if table.numel() else 0
+    vals = advantages.detach().float().cpu().flatten()
+    sums = torch.zeros(n).index_add_(0, pos[keep], vals[keep])
+    counts = torch.zeros(n).index_add_(0, pos[keep], torch.ones(int(keep.sum())))
+    for u_idx, unit in enumerate(cb.units):
+        for call in unit.calls:
+            k = int(table[u_idx, call])
+            if counts[k] > 0:
+                unit.traj.calls[call].advantage = float(sums[k] / counts[k])
 
 
 __all__ = ["CreditBatch", "CreditRule", "CREDIT_RULES", "register_credit", "get_credit", "grpo", "multi_context",

@@ -105,7 +105,9 @@ def packing_gap(model, units: list[TrainingUnit | Trajectory], mode: str, pad_id
     for i, unit in enumerate(units):
         row_max = []
         for t, c in unit:
-            ref = sequence_logprobs(model, c.context_ids, c.output_ids)
+            # a call without context: its first token is predicted by nothing (nor trained)
+            ref = (sequence_logprobs(model, c.context_ids, c.output_ids) if c.n_context
+                   else sequence_logprobs(model, c.output_ids[:1], c.output_ids[1:]))
             # separate: one row per call; the 2D modes: one row per trajectory
             b = int(((batch.traj_index == i) & (batch.call_index == t)).nonzero()[0]) if mode == "separate" else i
             sel = (batch.call_ids[b] == t) & (batch.loss_mask[b] > 0)

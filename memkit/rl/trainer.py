@@ -196,8 +196,11 @@ class Trainer(Learner):
         if self.files is None:
             raise ValueError("resume needs TrainConfig.out_dir (the run directory to continue)")
         path, meta = self.files.meta(path)
-        diff = {k: (meta["config"].get(k), getattr(self.cfg, k)) for k in RESUME_KEYS
-                if _norm(meta["config"].get(k)) != _norm(getattr(self.cfg, k))}
+        saved = TrainConfig.from_dict({**TrainConfig(method=self.cfg.method).to_dict(), **meta["config"]})
+        diff = {k: (getattr(saved, k), getattr(self.cfg, k)) for k in RESUME_KEYS
+                if _norm(getattr(saved, k)) != _norm(getattr(self.cfg, k))}
+        if saved.resolved_credit() != self.cfg.resolved_credit():
+            diff["credit"] = (saved.resolved_credit(), self.cfg.resolved_credit())
         if diff:
             raise ValueError(f"cannot resume {path}: config differs in {diff} (checkpoint, now); use the "
                              "checkpoint's values or a new out_dir")

@@ -188,7 +188,7 @@ class Learner:
         cb = CreditBatch(batch=batch, units=units, unit_traj=torch.tensor(unit_traj, dtype=torch.long),
                          rewards=rewards, group_ids=group_ids, values=values)
         adv, returns = self.credit.fn(cb, self.cfg)
-        record_call_advantages(cb, adv)
+        exp["credit"] = cb
         exp["adv"] = adv.to(dev) * m
         if returns is not None:
             exp["returns"] = returns.to(dev)
@@ -204,26 +204,32 @@ class Learner:
             e["adv"] = masked_whiten(e["adv"], e["m"], mean_var=mean_var)
 
     # ------------------------------------------------------------------------- the update
-    def update(self, trajs: list[Trajectory]) -> dict:
+    def update(self, trajs: list[Trajectory], units: list[TrainingUnit] | None = None) -> dict:
         """PPO/GRPO update on this process's trajectories (all samples of a task must be on
-        the same process). Returns global stats: pg_loss, kl, entropy, clip_frac, approx_kl,
-        ratio, grad_norm, lr (+ vf_loss, value_mean for ppo), old_logprob_gap, trained_tokens,
-        tokens_processed (padding excluded) and padded_tokens (the token slots the policy forwards ran:
-        ``B x L`` summed over each micro-batch's row groups)."""
+        the same process). ``units``: what to train, each a trajectory of ``trajs`` (the same object)
+        and a subset of its calls (DCPO segments, tree paths); default one unit per trajectory with
+        every call that generated tokens. Returns global stats: pg_loss, kl, entropy, clip_frac,
+        approx_kl, ratio, grad_norm, lr (+ vf_loss, value_mean for ppo), old_logprob_gap,
+        trained_tokens, tokens_processed (padding excluded) and padded_tokens (the token slots the
+        policy forwards ran: ``B x L`` summed over each micro-batch's row groups)."""
         cfg = self.cfg
         for t in trajs:
             if t.reward is None:
                 raise ValueError(f"trajectory {t.task_id!r} has no reward; roll out with memkit.rollout.run_rollouts "
                                  "(it sets Trajectory.reward) or set it yourself")
-        units = [TrainingUnit.of(t) for t in trajs]
+        units = [TrainingUnit.of(t) for t in trajs] if units is None else list(units)
+        index = {id(t): i for i, t in enumerate(trajs)}
+        if any(id(u.traj) not in index for u in units):
+            raise ValueError("every TrainingUnit must hold one of the trajectories passed to update (the same object)")
+        unit_traj = [index[id(u.traj)] for u in units]
         rewards = torch.tensor([float(t.reward) for t in trajs], dtype=torch.float32)
         group_ids = [t.task_id for t in trajs]
-        # mini-batches of local trajectories, each cut into the same number of micro-batches on every process.
-        # Within a mini-batch, trajectories of similar length share a micro-batch: rows are padded to the
+        # mini-batches of local units, each cut into the same number of micro-batches on every process.
+        # Within a mini-batch, units of similar length share a micro-batch: rows are padded to the
         # longest one and a 2D-masked row costs O(L^2) in attention, so this saves work (``padded_tokens``)
         # without changing the update: its loss weights are normalised over the whole mini-batch however
         # it is cut (tests/test_trainer.py).
-        bounds = [round(i * len(trajs) / cfg.mini_batches) for i in range(cfg.mini_batches + 1)]
+        bounds = [round(i * len(units) / cfg.mini_batches) for i in range(cfg.mini_batches + 1)]
         plan = []
         for a, b in zip(bounds[:-1], bounds[1:]):
             n_micro = max(1, self._max(math.ceil((b - a) / cfg.micro_batch_size)))
@@ -231,9 +237,12 @@ class Learner:
             if self.sort_micro_batches:
                 order.sort(key=lambda i: units[i].n_tokens)
             plan.append([order[j * cfg.micro_batch_size:(j + 1) * cfg.micro_batch_size] for j in range(n_micro)])
-        exps = [[self._experience([units[i] for i in c], c, rewards, group_ids) for c in mini] for mini in plan]
+        exps = [[self._experience([units[i] for i in c], [unit_traj[i] for i in c], rewards, group_ids) for c in mini]
+                for mini in plan]
         if self.credit.whiten and cfg.whiten_advantages:
             self._whiten([e for mini in exps for e in mini])
+        for e in (e for mini in exps for e in mini if e is not None):
+            record_call_advantages(e["credit"], e["adv"])  # what is trained, after any whitening
         acc = {k: 0.0 for k in ("pg_loss", "kl", "entropy", "clip_frac", "approx_kl", "ratio", "vf_loss",
                                 "vf_clip_frac", "tokens", "grad_norm", "critic_grad_norm", "n_opt")}
         for _ in range(cfg.ppo_epochs):

@@ -176,10 +176,14 @@ def fork(state: AgentState, n: int, seeds: Sequence[int] | None = None) -> list[
     The copies share the Call objects made so far (the common prefix: :func:`merge_tree` finds
     it by identity) and get deep copies of everything a later call changes: method memory,
     scripted-policy progress, answer and status. ``seeds`` gives each child its own sampler;
-    otherwise children sample from the policy's shared stream.
+    otherwise children sample from the policy's shared stream (a copy of the parent's own stream
+    would make every child draw the same tokens).
     """
     if n < 1:
         raise ValueError(f"fork needs n >= 1 children, got {n}")
+    if state.done:
+        raise ValueError(f"cannot fork a finished state ({state.reason or 'answered'}); fork before its last call "
+                         "(advance(..., until_calls=k))")
     if seeds is not None and len(seeds) != n:
         raise ValueError(f"fork got {len(seeds)} seeds for {n} children; give one per child")
     children = []
@@ -263,7 +267,7 @@ def advance(method: Method, states: list[AgentState], env: Env, policy: Policy, 
 def merge_tree(trajs: list[Trajectory]) -> Trajectory:
     """One tree trajectory from chains that :func:`fork` split from a common prefix.
 
-    Calls shared by several chains (the same Call objects) appear once; ``parent`` and the call
+    Calls shared by several chains (the same Call objects, as :func:`fork` leaves them) appear once; ``parent`` and the call
     indices in ``context_refs`` are renumbered into the merged list, where every call comes after
     its ancestors. Outcome fields (answer, reward, validity, info) stay on the chains: a tree has
     one per leaf, so the merged trajectory keeps ``info["leaf_outcomes"]`` (per chain, in order,
@@ -273,6 +277,10 @@ def merge_tree(trajs: list[Trajectory]) -> Trajectory:
         raise ValueError("merge_tree needs at least one trajectory")
     if len({t.task_id for t in trajs}) != 1:
         raise ValueError("merge_tree: chains of one tree must share a task")
+    shared = {id(c) for c in trajs[0].calls}
+    if len(trajs) > 1 and any(not shared & {id(c) for c in t.calls} for t in trajs[1:]):
+        raise ValueError("merge_tree: some chains share no call with the first; chains of one tree come from fork() "
+                         "in this process (calls are matched by identity, so copies or reloaded traces do not merge)")
     index: dict[int, int] = {}
     calls: list[Call] = []
     leaves = []
