@@ -233,8 +233,8 @@ def gae_credit(cb: CreditBatch, cfg):
     if cb.values is None:
         raise ValueError("credit rule 'gae' needs critic values (the update passes them when the rule says so)")
     for unit in cb.units:  # the TD chain must follow generation: each call continues the previous one
-        calls = unit.traj.calls
-        if any(calls[j].parent != i for i, j in zip(unit.calls, unit.calls[1:])):
+        calls = unit.traj.calls  # (a call built by hand without a parent is taken in list order)
+        if any(calls[j].parent not in (None, i) for i, j in zip(unit.calls, unit.calls[1:])):
             raise ValueError(f"credit rule 'gae' needs each unit to be a chain (every call's parent the unit's "
                              f"previous call); unit {unit.calls} of {unit.traj.task_id!r} is not: train tree paths "
                              "as separate units (Trajectory.path)")
