@@ -37,7 +37,7 @@ from memkit.evaluation import rollout
 from memkit.kit import load_kit
 from memkit.models import load_policy
 from memkit.policies import fresh_tiny
-from memkit.sft import sft_checkpoint_path
+from memkit.policies import sft_checkpoint_path
 from memkit.world import make_tasks
 
 

@@ -1,4 +1,5 @@
-"""Policy specs -> loaded policies, and the prompt each policy is rolled out with.
+"""Policy specs -> loaded policies, where ``memkit sft`` caches its models, and the prompt each
+policy is rolled out with.
 
 A spec is "oracle", "tiny" (a fresh random tiny Llama), "tiny-sft[:<tag>]" (``memkit sft``'s
 cached model), "smollm2-135m", a checkpoint or run directory, or a hub id. The CLI, the
@@ -6,13 +7,63 @@ evaluation and the training runs resolve specs here, so they all load the same m
 """
 from __future__ import annotations
 
+import hashlib
+import json
+from dataclasses import asdict, replace
+from pathlib import Path
+
 from memkit.agents.base import PROMPTS, OracleConfig, compact_prompt_wrap
+from memkit.io import cache_dir
 from memkit.models import LoadedModel, LoraSpec, apply_lora, build_tiny, identity_wrap, load_policy
+from memkit.models.tokenizer import TOKENIZER_SCHEME
 from memkit.rollout.engine import ModelPolicy, OraclePolicy
-from memkit.sft import sft_spec_path
+from memkit.sft import SFTConfig
+from memkit.world.splits import SPLIT_SCHEME
 
 POLICY_SPECS = ("oracle", "tiny", "tiny-sft", "tiny-sft:<tag>", "smollm2-135m", "<local checkpoint dir or memkit train run dir>", "<HF model id>")
 
+
+# ---- where `memkit sft` caches its models -------------------------------------------------------
+def config_hash(obj) -> str:
+    """10 hex digits naming a dataclass's (or a JSON value's) contents."""
+    blob = json.dumps(asdict(obj) if hasattr(obj, "__dataclass_fields__") else obj, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+def sft_checkpoint_path(method: str, world_seed: int = 0, tag: str = "default") -> Path:
+    """Where ``memkit sft`` caches a method's tiny model (``tag`` tells variants apart; the
+    tokenizer scheme and the question split are in the name so a model trained on an older
+    tokenizer, or on questions that are now RL's or test ones, is never reused)."""
+    return cache_dir() / f"tiny-sft-{method}-w{world_seed}-{TOKENIZER_SCHEME}-{SPLIT_SCHEME}-{tag}"
+
+
+def sft_tag(cfg: SFTConfig) -> str:
+    """The cache tag ``memkit sft`` saves ``cfg`` under: ``default`` for the default recipe
+    (objectives, tasks and seed; the step count or time budget only says how long it trained),
+    else one naming the recipe, e.g. ``k1-2-3-n4000-s0``, ``k1-2-n4000-s0-cmp`` for the oracle's
+    ``show_comparison`` data (load it as ``tiny-sft:<tag>``).
+    So a variant never overwrites the default model the notebooks and ``memkit train`` start from."""
+    d = SFTConfig()
+    same_tasks = (tuple(cfg.objectives), cfg.n_tasks, cfg.seed) == (tuple(d.objectives), d.n_tasks, d.seed)
+    if same_tasks and cfg.oracle == d.oracle:
+        return "default"
+    tag = f"k{'-'.join(map(str, cfg.objectives))}-n{cfg.n_tasks}-s{cfg.seed}"
+    if cfg.oracle == replace(d.oracle, show_comparison=True):
+        tag += "-cmp"  # memkit sft --show-comparison
+    elif cfg.oracle != d.oracle:  # other imperfection knobs: name them by hash
+        tag += f"-o{config_hash(cfg.oracle)[:6]}"
+    return tag
+
+
+def sft_spec_path(spec: str, method: str, world_seed: int = 0) -> Path:
+    """The checkpoint of policy spec ``tiny-sft`` (the default SFT model) or ``tiny-sft:<tag>``;
+    a missing one is a :class:`FileNotFoundError` naming the command that makes it."""
+    tag = spec.split(":", 1)[1] if ":" in spec else "default"
+    path = sft_checkpoint_path(method, world_seed, tag)
+    if not path.exists():
+        how = f"`memkit sft --method {method}`" + ("" if tag == "default" else f" with the flags that give tag {tag!r}")
+        raise FileNotFoundError(f"no SFT'd tiny model for method {method!r} at {path}; train it first with {how}")
+    return path
 
 def load_spec(spec, method_name: str, kit, seed: int = 0):
     """A policy spec as a loaded :class:`memkit.models.LoadedModel`, to load a model once for many

@@ -16,11 +16,11 @@ from memkit.cpu import all_cores
 from memkit.evaluation import rollout
 from memkit.kit import Kit, load_kit
 from memkit.models import K_DOCS_ATTR
-from memkit.policies import fresh_tiny, init_spec, load_init, prompt_wrap
+from memkit.policies import config_hash, fresh_tiny, init_spec, load_init, prompt_wrap, sft_checkpoint_path
 from memkit.rl.config import TrainConfig
 from memkit.rl.trainer import Trainer
 from memkit.rl.update import make_accelerator
-from memkit.sft import SFTConfig, collect_examples, config_hash, save_checkpoint, sft_checkpoint_path, train_sft
+from memkit.sft import SFTConfig, collect_examples, save_checkpoint, train_sft
 from memkit.world.task_sets import training_tasks
 
 

@@ -329,7 +329,7 @@ def test_sft_variants_get_their_own_cache_tag_and_never_replace_the_default(caps
     from memkit.cli import main
     from memkit.policies import init_spec
     from memkit.rl.config import TrainConfig
-    from memkit.sft import sft_checkpoint_path, sft_tag
+    from memkit.policies import sft_checkpoint_path, sft_tag
 
     assert sft_tag(SFTConfig(method="memsearcher", steps=10, max_seconds=None)) == "default"
     assert sft_tag(SFTConfig(objectives=(1, 2, 3))) == "k1-2-3-n4000-s0"

@@ -29,7 +29,8 @@ def run(args) -> int:
     from memkit.cpu import busy_cpu_note
     from memkit.evaluation import evaluate
     from memkit.kit import load_kit
-    from memkit.sft import SFTConfig, budget_note, sft_checkpoint_path, sft_tag
+    from memkit.policies import sft_checkpoint_path, sft_tag
+    from memkit.sft import SFTConfig, budget_note
     from memkit.training import train_sft_model
 
     cfg = config_from_args(SFTConfig, args)

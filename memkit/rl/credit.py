@@ -95,9 +95,14 @@ def _group_advantages(cb: CreditBatch, cfg) -> torch.Tensor:
     return grpo_advantages(cb.rewards, cb.group_ids, norm_std=getattr(cfg, "grpo_norm_std", True))
 
 
+def _group_advantages_loop(cb: CreditBatch, cfg) -> list[float]:
+    """Loop reference for :func:`_group_advantages` (python floats, ``N`` of them)."""
+    return grpo_advantages_loop(cb.rewards.tolist(), list(cb.group_ids), norm_std=getattr(cfg, "grpo_norm_std", True))
+
+
 def grpo_loop(cb: CreditBatch, cfg) -> list[list[float]]:
     """Loop reference for :func:`grpo`: A_i on every trained token of every row of trajectory i."""
-    a = grpo_advantages_loop(cb.rewards.tolist(), list(cb.group_ids), norm_std=getattr(cfg, "grpo_norm_std", True))
+    a = _group_advantages_loop(cb, cfg)
     m = cb.batch.loss_mask
     return [[a[int(cb.row_traj[b])] * float(m[b, t]) for t in range(m.shape[1])] for b in range(m.shape[0])]
 
@@ -126,18 +131,19 @@ def _rank_table(cb: CreditBatch) -> torch.Tensor:
     return table
 
 
-def _call_positions(cb: CreditBatch) -> torch.Tensor:
-    """``[B, L]`` long: the flat call index (:func:`_rank_table`) of every trained token; -1 elsewhere."""
+def _call_positions(cb: CreditBatch, table: torch.Tensor) -> torch.Tensor:
+    """``[B, L]`` long: the flat call index (``table``, :func:`_rank_table`) of every trained token;
+    -1 elsewhere."""
     b = cb.batch
     rows = b.traj_index[:, None].expand_as(b.call_ids)
     trained = (b.loss_mask > 0) & (b.call_ids >= 0)
-    pos = _rank_table(cb)[rows.clamp(min=0), b.call_ids.clamp(min=0)]
+    pos = table[rows.clamp(min=0), b.call_ids.clamp(min=0)]
     return torch.where(trained, pos, torch.full_like(pos, -1))
 
 
 def multi_context_loop(cb: CreditBatch, cfg) -> list[list[float]]:
     """Loop reference for :func:`multi_context`: per call A_{i,j} = A_i, then each call's tokens."""
-    a = grpo_advantages_loop(cb.rewards.tolist(), list(cb.group_ids), norm_std=getattr(cfg, "grpo_norm_std", True))
+    a = _group_advantages_loop(cb, cfg)
     per_call = {}
     for u_idx, unit in enumerate(cb.units):
         for call in unit.calls:
@@ -158,7 +164,7 @@ def multi_context(cb: CreditBatch, cfg):
     """
     a = _group_advantages(cb, cfg).cpu()
     per_call = broadcast_to_calls(a[cb.unit_traj], [len(u.calls) for u in cb.units])
-    pos = _call_positions(cb)
+    pos = _call_positions(cb, _rank_table(cb))
     adv = torch.where(pos >= 0, per_call[pos.clamp(min=0)], torch.zeros((), dtype=per_call.dtype))
     return adv.to(cb.batch.loss_mask.device), None
 
@@ -248,7 +254,7 @@ def record_call_advantages(cb: CreditBatch, advantages: torch.Tensor) -> None:
     shape: advantages ``[B, L]``, what the update trains (after any whitening). Calls shared by
     several units (a tree's common prefix) keep the last unit's value."""
     table = _rank_table(cb)
-    pos = _call_positions(cb).flatten()
+    pos = _call_positions(cb, table).flatten()
     keep = pos >= 0
     n = int(table.max()) + 1 if table.numel() else 0
     vals = advantages.detach().float().cpu().flatten()

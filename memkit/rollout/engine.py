@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
+import torch
+
 from memkit.agents.base import AgentState, CallSpec, Env, Method, OracleConfig, Segment
 from memkit.models.generation import Generation  # one output type for oracle and model policies
 from memkit.trajectory import Call, Trajectory
@@ -163,8 +165,6 @@ def start_states(method: Method, tasks, cfg: RolloutConfig | None = None) -> lis
         if len(cfg.sample_seeds) != len(states):
             raise ValueError(f"sample_seeds has {len(cfg.sample_seeds)} seeds for {len(states)} trajectories "
                              f"({len(tasks)} tasks x n={cfg.n}); give one per trajectory, task-major")
-        import torch
-
         for state, s in zip(states, cfg.sample_seeds):
             state.sampler = torch.Generator().manual_seed(int(s))
     return states
@@ -192,11 +192,7 @@ def fork(state: AgentState, n: int, seeds: Sequence[int] | None = None) -> list[
         child.calls = list(state.calls)
         child.memory = copy.deepcopy(state.memory)
         child.oracle = copy.deepcopy(state.oracle)
-        child.sampler = None
-        if seeds is not None:
-            import torch
-
-            child.sampler = torch.Generator().manual_seed(int(seeds[k]))
+        child.sampler = None if seeds is None else torch.Generator().manual_seed(int(seeds[k]))
         children.append(child)
     return children
 
