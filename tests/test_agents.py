@@ -341,6 +341,50 @@ def test_show_comparison_writes_both_values_once_then_the_winner(world, env):
             assert all(f"Q{qi + 1}: {q.answers[0]}." in t for t in later) and not any(derivation in t for t in plain)
 
 
+
+# ------------------------------------------------------------------------------ memory flaws
+def memory_text(method: str, call) -> str:
+    """What a format's memory call wrote (MEM1 <think>, MemPO <mem>, MemSearcher <memory>, MemAct <note>)."""
+    tag = {"mem1": "think", "mempo": "mem", "memsearcher": "memory", "memact": "note"}[method]
+    return extract(call.output_text, tag) or ""
+
+
+@pytest.mark.parametrize("method", ["mem1", "mempo", "memsearcher", "memact"])
+def test_forget_earlier_drops_the_answered_question_from_memory(world, env, method):
+    """flaw="forget_earlier" at rate 1: once Q2 is answered, Q1's answer is in no later memory and
+    its slot reads "unknown"; at rate 0 the teacher is the perfect one, call for call."""
+    tasks = make_tasks(world, 12, k=2, seed=41)
+    perfect = rollout(method, tasks, env)
+    never = rollout(method, tasks, env, OracleConfig(flaw="forget_earlier", flaw_rate=0.0))
+    assert [[c.output_text for c in t.calls] for t in never] == [[c.output_text for c in t.calls] for t in perfect]
+    flawed = rollout(method, tasks, env, OracleConfig(flaw="forget_earlier", flaw_rate=1.0))
+    for traj, ref, task in zip(flawed, perfect, tasks):
+        q1, q2 = (q.answers[0] for q in task.questions)
+        assert traj.valid and traj.answer == f"unknown; {q2}", (traj.answer, ref.answer)
+        # the memory written after Q2's answer arrived no longer holds Q1's answer (MemAct writes its
+        # note at a prune, which may come before Q2 is answered: its slot is the check there)
+        last_mem = [memory_text(method, c) for c in traj.calls if memory_text(method, c)][-1]
+        assert method == "memact" or q1 not in last_mem or q1 in q2, last_mem
+        assert len(traj.calls) <= len(ref.calls)  # forgetting never costs extra searches
+
+
+def test_flaws_are_habits_at_their_rate(world, env):
+    """Each flaw acts on ~flaw_rate of its decisions (drawn once per task and question), lowers the
+    teacher's EM by what it breaks, and stop_early answers a bridge with its first hop."""
+    tasks = make_tasks(world, 60, k=2, seed=43)
+    em = lambda cfg: sum(map(slot_em, rollout("mem1", tasks, env, cfg, seed=5))) / len(tasks)  # noqa: E731
+    perfect = em(OracleConfig())
+    assert perfect == 1.0
+    forget = em(OracleConfig(flaw="forget_earlier", flaw_rate=0.65))
+    assert 1 - 0.5 * 0.8 < forget < 1 - 0.5 * 0.5, forget  # ~65% of the Q1 slots lost
+    assert em(OracleConfig(flaw="overwrite_slot", flaw_rate=0.65)) < forget  # two slots wrong, not one
+    bridges = [t for t in make_tasks(world, 40, k=1, seed=45) if t.questions[0].kind == "bridge"]
+    early = rollout("mem1", bridges, env, OracleConfig(flaw="stop_early", flaw_rate=1.0))
+    for traj, task in zip(early, bridges):
+        assert traj.answer == task.questions[0].decomposition[0].answer
+        assert len(traj.calls) == 2  # one search, then the answer
+
+
 # ---------------------------------------------------------------------- invalid turns
 @dataclass
 class Case:

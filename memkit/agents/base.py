@@ -57,6 +57,16 @@ class OracleConfig:
     """Chance of a search with an uninformative query before the right one."""
     p_wrong_answer: float = 0.0
     """Chance an answer slot is replaced by a distractor."""
+    flaw: str = field(default="none", metadata={"choices": ("none", "forget_earlier", "overwrite_slot", "stop_early")})
+    """A memory flaw the teacher shows as a *habit* (``memkit.agents.oracle.FLAWS``): "forget_earlier"
+    (an answered question's answer leaves memory once a later one is answered; MemAct: the next
+    prune deletes its record and the note leaves it out), "overwrite_slot" (the later answer is
+    written into the earlier question's slot), "stop_early" (a bridge question is answered with its
+    first hop), or "none" (the perfect teacher)."""
+    flaw_rate: float = 0.65
+    """Share of the flaw's decisions at which the teacher shows it, drawn once per task and question.
+    Above 0.5 so the flaw is what greedy decoding of a clone does; below 0.8 so sampling still finds
+    the right behaviour (measure it with notebook 02's exploration headroom)."""
     show_comparison: bool = False
     """Write a comparison's two values before its winner, in the turn the second one arrives
     ("A founded: 1989; B founded: 1975, so B"), instead of the winner alone. It did not help the

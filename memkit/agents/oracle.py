@@ -20,6 +20,12 @@ Imperfection knobs (:class:`~memkit.agents.base.OracleConfig`), so SFT data leav
 * ``p_wasted_search``: an uninformative query before the right one.
 * ``p_wrong_answer``: an answer slot replaced by a distractor from the same task.
 
+Memory flaws (``OracleConfig.flaw`` at ``flaw_rate``, :data:`FLAWS`): the teacher's *habit* at one
+decision, drawn once per task and question, so a clone's greedy decoding inherits it when the rate
+is above one half, while sampling still finds the right behaviour (the imperfect GPT-4o / GPT-4.1
+demonstrations the papers clone, which outcome-reward RL then improves on). Random mistakes below
+one half (the ``p_*`` knobs) are washed out by greedy decoding and leave RL nothing to find.
+
 ``show_comparison`` (off by default; ``memkit sft --show-comparison``) is not a mistake but a
 different trace: in the turn a comparison's second value arrives the state reads "A founded: 1989;
 B founded: 1975, so B." instead of "B." alone. It targets the tiny model's weakest questions
@@ -50,6 +56,17 @@ class Decision:
     qi: int = -1  # question index the search serves
 
 
+#: flaw -> what the teacher does at the decision (OracleConfig.flaw)
+FLAWS = {
+    "none": "the perfect teacher",
+    "forget_earlier": "once a later question is answered, an earlier question's answer leaves memory "
+                      "(its slot is answered 'unknown'); MemAct: the note of the next prune leaves it out",
+    "overwrite_slot": "once a later question is answered, its answer is written into the earlier "
+                      "question's slot and the later slot is left empty",
+    "stop_early": "a bridge question is answered with its first hop's answer (the bridge entity)",
+}
+
+
 def _key(qi: int, hi: int) -> str:
     return f"{qi}.{hi}"
 
@@ -57,8 +74,29 @@ def _key(qi: int, hi: int) -> str:
 def _o(state: AgentState) -> dict:
     o = state.oracle
     if "known" not in o:
-        o.update(known={}, attempts={}, pending=None, gave_up=[], seen=0)
+        o.update(known={}, attempts={}, pending=None, gave_up=[], seen=0, habit={}, believed={})
     return o
+
+
+def shows_flaw(state: AgentState, rng: random.Random, cfg: OracleConfig, qi: int) -> bool:
+    """Whether the teacher shows its flaw on question ``qi`` (drawn once per question)."""
+    habit = _o(state)["habit"]
+    if qi not in habit:
+        habit[qi] = rng.random() < cfg.flaw_rate
+    return habit[qi]
+
+
+def _apply_memory_flaw(state: AgentState, rng: random.Random, cfg: OracleConfig, qi: int) -> None:
+    """Question ``qi`` was just answered: forget_earlier / overwrite_slot act on an earlier one."""
+    o = _o(state)
+    for qe in range(qi):
+        if qe in o["believed"] or question_answer(state, qe) is None or not shows_flaw(state, rng, cfg, qe):
+            continue
+        if cfg.flaw == "forget_earlier":
+            o["believed"][qe] = None
+        else:  # overwrite_slot
+            o["believed"][qe], o["believed"][qi] = question_answer(state, qi), None
+        return
 
 
 def observe(state: AgentState, rng: random.Random, cfg: OracleConfig, forgetful: bool = True) -> None:
@@ -78,6 +116,8 @@ def observe(state: AgentState, rng: random.Random, cfg: OracleConfig, forgetful:
         if forgetful and cfg.p_drop_fact > 0 and rng.random() < cfg.p_drop_fact:
             return  # found but not written down: the memory will lack it
         o["known"][pending] = answer
+        if cfg.flaw in ("forget_earlier", "overwrite_slot") and question_answer(state, qi) is not None:
+            _apply_memory_flaw(state, rng, cfg, qi)
         q = state.task.questions[qi]
         if cfg.show_comparison and q.kind == "comparison" and question_answer(state, qi) is not None:
             o["derived"] = qi
@@ -87,7 +127,7 @@ def next_hop(state: AgentState) -> tuple[int, int] | None:
     """First (question, hop) whose answer is not yet a fact."""
     o = _o(state)
     for qi, q in enumerate(state.task.questions):
-        if qi in o["gave_up"]:
+        if qi in o["gave_up"] or qi in o["believed"]:
             continue
         for hi in range(len(q.decomposition)):
             if _key(qi, hi) not in o["known"]:
@@ -96,10 +136,10 @@ def next_hop(state: AgentState) -> tuple[int, int] | None:
 
 
 def hops_left(state: AgentState) -> int:
-    """Hops still to find (questions given up on excluded)."""
+    """Hops still to find (questions given up on, or settled by a flaw, excluded)."""
     o = _o(state)
-    return sum(_key(qi, hi) not in o["known"] for qi, q in enumerate(state.task.questions) if qi not in o["gave_up"]
-               for hi in range(len(q.decomposition)))
+    return sum(_key(qi, hi) not in o["known"] for qi, q in enumerate(state.task.questions)
+               if qi not in o["gave_up"] and qi not in o["believed"] for hi in range(len(q.decomposition)))
 
 
 def decide(state: AgentState, rng: random.Random, cfg: OracleConfig, turns_needed_to_answer: int = 1) -> Decision:
@@ -112,6 +152,10 @@ def decide(state: AgentState, rng: random.Random, cfg: OracleConfig, turns_neede
             done = hop is None
             return Decision("answer", plan="All questions are answered." if done else "Out of turns; answer now.")
         qi, hi = hop
+        q = state.task.questions[qi]
+        if cfg.flaw == "stop_early" and q.kind == "bridge" and hi >= 1 and shows_flaw(state, rng, cfg, qi):
+            o["believed"][qi] = q.decomposition[0].answer  # the bridge entity taken for the answer
+            continue
         key = _key(qi, hi)
         if o["attempts"].get(key, 0) >= MAX_ATTEMPTS:
             o["gave_up"].append(qi)
@@ -136,12 +180,19 @@ def question_answer(state: AgentState, qi: int) -> str | None:
     return None
 
 
+def believed_answer(state: AgentState, qi: int) -> str | None:
+    """What the teacher's memory holds as question ``qi``'s answer: its flaw's version where one
+    acted (None = forgotten / overwritten away), else :func:`question_answer`."""
+    believed = _o(state)["believed"]
+    return believed[qi] if qi in believed else question_answer(state, qi)
+
+
 def answer_text(state: AgentState, rng: random.Random, cfg: OracleConfig) -> str:
     """The final answer: one slot per question, in order, joined by "; " (MEM1 Prompt 1)."""
     slots = []
     distractors = [s.answer for q in state.task.questions for s in q.decomposition]
     for qi, q in enumerate(state.task.questions):
-        a = question_answer(state, qi) or UNKNOWN
+        a = believed_answer(state, qi) or UNKNOWN
         if cfg.p_wrong_answer > 0 and rng.random() < cfg.p_wrong_answer:
             wrong = [d for d in distractors if d.lower() not in {g.lower() for g in q.answers}]
             a = rng.choice(wrong) if wrong else UNKNOWN
@@ -157,6 +208,10 @@ def facts_text(state: AgentState) -> str:
     o = _o(state)
     parts = []
     for qi, q in enumerate(state.task.questions):
+        if qi in o["believed"]:  # a flaw acted: the memory holds the teacher's belief, or nothing
+            if o["believed"][qi] is not None:
+                parts.append(f"Q{qi + 1}: {o['believed'][qi]}.")
+            continue
         final = question_answer(state, qi)
         hops = [f"{s.query}: {o['known'][_key(qi, hi)]}" for hi, s in enumerate(q.decomposition)
                 if _key(qi, hi) in o["known"]]
