@@ -3,7 +3,9 @@ policy is rolled out with.
 
 A spec is "oracle", "tiny" (a fresh random tiny Llama), "tiny-sft[:<tag>]" (``memkit sft``'s
 cached model), "smollm2-135m", a checkpoint or run directory, or a hub id. The CLI, the
-evaluation and the training runs resolve specs here, so they all load the same model.
+evaluation and the training runs resolve specs here, so they all load the same model. The
+pretrained tiny base (``memkit pretrain``) is cached here too, and SFT's starting model
+(``SFTConfig.init``) is resolved by :func:`sft_init`.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from memkit.agents.base import PROMPTS, OracleConfig, compact_prompt_wrap
 from memkit.io import cache_dir
 from memkit.models import LoadedModel, LoraSpec, apply_lora, build_tiny, identity_wrap, load_policy
 from memkit.models.tokenizer import TOKENIZER_SCHEME
+from memkit.pretrain import PretrainConfig, cache_key, train_base
 from memkit.rollout.engine import ModelPolicy, OraclePolicy
 from memkit.sft import SFTConfig
 from memkit.world.splits import SPLIT_SCHEME
@@ -42,17 +45,76 @@ def sft_tag(cfg: SFTConfig) -> str:
     (objectives, tasks and seed; the step count or time budget only says how long it trained),
     else one naming the recipe, e.g. ``k1-2-3-n4000-s0``, ``k1-2-n4000-s0-cmp`` for the oracle's
     ``show_comparison`` data (load it as ``tiny-sft:<tag>``).
-    So a variant never overwrites the default model the notebooks and ``memkit train`` start from."""
+    So a variant never overwrites the default model the notebooks and ``memkit train`` start from.
+    An SFT that does not start from scratch gets a suffix (:func:`init_tag`): ``default-base``,
+    ``k1-2-3-n4000-s0-base``, ``default-cont1a2b3c``."""
     d = SFTConfig()
     same_tasks = (tuple(cfg.objectives), cfg.n_tasks, cfg.seed) == (tuple(d.objectives), d.n_tasks, d.seed)
     if same_tasks and cfg.oracle == d.oracle:
-        return "default"
-    tag = f"k{'-'.join(map(str, cfg.objectives))}-n{cfg.n_tasks}-s{cfg.seed}"
-    if cfg.oracle == replace(d.oracle, show_comparison=True):
-        tag += "-cmp"  # memkit sft --show-comparison
-    elif cfg.oracle != d.oracle:  # other imperfection knobs: name them by hash
-        tag += f"-o{config_hash(cfg.oracle)[:6]}"
-    return tag
+        tag = "default"
+    else:
+        tag = f"k{'-'.join(map(str, cfg.objectives))}-n{cfg.n_tasks}-s{cfg.seed}"
+        if cfg.oracle == replace(d.oracle, show_comparison=True):
+            tag += "-cmp"  # memkit sft --show-comparison
+        elif cfg.oracle != d.oracle:  # other imperfection knobs: name them by hash
+            tag += f"-o{config_hash(cfg.oracle)[:6]}"
+    return tag if cfg.init == "scratch" else f"{tag}-{init_tag(cfg.init)}"
+
+
+def init_tag(init: str) -> str:
+    """The tag suffix of an SFT that does not start from scratch: ``base``, or ``cont<hash>`` naming
+    the checkpoint it continues (a directory by its absolute path)."""
+    if init == "base":
+        return "base"
+    return "cont" + config_hash(str(Path(init).resolve()) if Path(init).is_dir() else init)[:6]
+
+
+def sft_cache_key(cfg: SFTConfig) -> str:
+    """``config_hash`` of ``cfg``, with ``init`` left out when it is "scratch" (so the SFT caches made
+    before ``init`` existed keep their names)."""
+    key = asdict(cfg)
+    if key["init"] == "scratch":
+        del key["init"]
+    return config_hash(key)
+
+
+# ---- the pretrained tiny base (`memkit pretrain`) --------------------------------------------------
+def base_checkpoint_path(cfg: PretrainConfig | None = None) -> Path:
+    """Where ``memkit pretrain`` caches the tiny base of ``cfg`` (default: the default config):
+    world, tokenizer scheme and a hash of the fields that shape the base are in the name. An
+    unfinished run keeps its resumable state beside it (``memkit.pretrain.partial_path``)."""
+    cfg = cfg or PretrainConfig()
+    return cache_dir() / f"tiny-base-w{cfg.world_seed}-{TOKENIZER_SCHEME}-{config_hash(cache_key(cfg))}"
+
+
+def ensure_base(kit, cfg: PretrainConfig | None = None, progress: bool = True, log=None):
+    """The pretrained base of ``cfg`` (default: the default config on the kit's world) as a
+    :class:`memkit.pretrain.BaseRun`: reused when finished, else trained now (continuing an
+    interrupted run)."""
+    cfg = cfg or PretrainConfig(world_seed=kit.world_seed)
+    return train_base(kit, cfg, base_checkpoint_path(cfg), progress=progress, log=log)
+
+
+def sft_init(cfg: SFTConfig, kit, progress: bool = True) -> LoadedModel:
+    """The model an SFT of ``cfg`` starts from (``cfg.init``): a fresh tiny model ("scratch"), the
+    pretrained base ("base", trained first if missing), or the checkpoint a spec names (continued).
+    A model whose tokenizer is not the kit's is refused: SFT's data is tokenised with the kit's."""
+    if cfg.init == "scratch":
+        return fresh_tiny(kit, cfg.seed)
+    if cfg.init == "base":
+        spec = str(ensure_base(kit, progress=progress).path)
+    elif cfg.init == "tiny-sft" or cfg.init.startswith("tiny-sft:"):
+        spec = str(sft_spec_path(cfg.init, cfg.method, kit.world_seed))
+    elif cfg.init in ("tiny", "oracle"):
+        raise ValueError(f"SFTConfig.init={cfg.init!r}: use 'scratch' for a fresh tiny model, 'base' for the "
+                         "pretrained base, or a checkpoint to continue")
+    else:
+        spec = cfg.init
+    loaded = load_policy(spec)
+    if loaded.tokenizer.get_vocab() != kit.tokenizer.get_vocab():
+        raise ValueError(f"SFTConfig.init={cfg.init!r} ({spec}) uses another tokenizer than world "
+                         f"{kit.world_seed}'s; SFT from 'scratch' or 'base', or from a checkpoint trained on this kit")
+    return LoadedModel(model=loaded.model, tokenizer=kit.tokenizer, spec=spec, wrap=identity_wrap)
 
 
 def sft_spec_path(spec: str, method: str, world_seed: int = 0) -> Path:

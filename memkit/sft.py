@@ -90,8 +90,13 @@ class SFTConfig:
     """Passages per search in the cloned trajectories (and the model's later rollouts): the papers
     retrieve 3; one keeps the tiny model's contexts ~1.6x shorter at unchanged oracle EM (the
     oracle re-searches when the top passage misses)."""
+    init: str = "scratch"
+    """Where SFT starts: "scratch" (a fresh random tiny model seeded by seed), "base" (the pretrained
+    tiny base of `memkit pretrain` with its default flags, trained first if missing: SFT then only
+    learns the format), or a policy spec / checkpoint directory to continue from, e.g. tiny-sft:TAG
+    (the same minutes of more SFT, RL's baseline). It must use the kit's tokenizer."""
     seed: int = 0
-    """Seeds the training tasks, the oracle's imperfections and the model's init."""
+    """Seeds the training tasks, the oracle's imperfections and the model's init ("scratch")."""
     world_seed: int = 0
     """Synthetic world the tasks come from."""
     oracle: OracleConfig = field(default_factory=lambda: OracleConfig(p_wasted_search=0.05, p_drop_fact=0.05))

@@ -16,7 +16,7 @@ from memkit.cpu import all_cores
 from memkit.evaluation import rollout
 from memkit.kit import Kit, load_kit
 from memkit.models import K_DOCS_ATTR
-from memkit.policies import config_hash, fresh_tiny, init_spec, load_init, prompt_wrap, sft_checkpoint_path
+from memkit.policies import init_spec, load_init, prompt_wrap, sft_cache_key, sft_checkpoint_path, sft_init
 from memkit.rl.config import TrainConfig
 from memkit.rl.trainer import Trainer
 from memkit.rl.update import make_accelerator
@@ -27,17 +27,20 @@ from memkit.world.task_sets import training_tasks
 # ---- SFT -------------------------------------------------------------------------------------------
 def train_sft_model(method_name: str, kit: Kit, cfg: SFTConfig | None = None, progress: bool = True, log=None,
                     path: Path | None = None):
-    """Clone the method's (imperfect) oracle into a fresh tiny model; save and return it.
+    """Clone the method's (imperfect) oracle into the tiny model ``cfg.init`` names (a fresh one,
+    the pretrained base, or a checkpoint to continue: :func:`~memkit.policies.sft_init`); save and
+    return it.
 
-    Returns ``(path, history, n_examples)``.
+    Returns ``(path, history, n_examples)``. ``cfg.max_seconds`` budgets the oracle data and the
+    training, not a base that ``init="base"`` has to pretrain first.
     """
-    t0 = time.perf_counter()
     cfg = cfg or SFTConfig(method=method_name)
+    policy = sft_init(cfg, kit, progress=progress)
+    t0 = time.perf_counter()
     tasks = training_tasks(kit.world, cfg.objectives, cfg.n_tasks, cfg.seed)
     trajs = rollout(method_name, tasks, kit, policy="oracle", oracle_cfg=cfg.oracle, seed=cfg.seed, prompt="compact",
                     k_docs=cfg.k_docs)
     examples, dropped = collect_examples([t for t in trajs if t.valid], cfg.max_len)
-    policy = fresh_tiny(kit, cfg.seed)
     setattr(policy.model.config, K_DOCS_ATTR, cfg.k_docs)  # its rollouts will search the same way
     opt_cfg = cfg  # max_seconds budgets the whole call: the optimisation gets what the data left
     if cfg.max_seconds:
@@ -55,7 +58,7 @@ def ensure_sft(method_name: str, kit: Kit, cfg: SFTConfig | None = None, progres
     """The SFT'd tiny model for ``cfg``: the default one from ``memkit sft`` when ``cfg`` is None
     (trained now if missing), else one cached under a hash of ``cfg`` (e.g. a short smoke run)."""
     path = sft_checkpoint_path(method_name, kit.world_seed,
-                               "default" if cfg is None else "cfg" + config_hash(cfg))
+                               "default" if cfg is None else "cfg" + sft_cache_key(cfg))
     if not path.exists():
         train_sft_model(method_name, kit, cfg or SFTConfig(method=method_name), progress=progress, path=path)
     return path

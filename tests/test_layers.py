@@ -7,7 +7,7 @@ Layers, bottom to top (a module may import its own layer and the ones below):
     1  world, retrieval, metrics               tasks, search backends, scores
     2  models                                  policies, generation
     3  agents, envs, rollout                   memory formats, the search env, the engine
-    4  rl, sft                                 training algorithms (take a kit-like object; no assembly)
+    4  rl, sft, pretrain                       training algorithms (take a kit-like object; no assembly)
     5  kit, policies, evaluation, training     assembly: a kit, policy specs, rollouts/eval, SFT/RL runs
     6  nb, reproduce, viz                      notebook helpers
     7  cli                                     the ``memkit`` command
@@ -24,7 +24,7 @@ LAYERS = (
     ("world", "retrieval", "metrics"),
     ("models",),
     ("agents", "envs", "rollout"),
-    ("rl", "sft"),
+    ("rl", "sft", "pretrain"),
     ("kit", "policies", "evaluation", "training"),
     ("nb", "reproduce", "viz"),
     ("cli",),

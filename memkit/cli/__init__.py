@@ -1,4 +1,4 @@
-"""``memkit`` command line: world, rollout, eval, sft, train, reproduce (one module each).
+"""``memkit`` command line: world, rollout, eval, pretrain, sft, train, reproduce (one module each).
 
 Every bad input (unknown method, model, missing file) ends with one line naming the fix and
 exit status 2, never a traceback.
@@ -8,9 +8,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from memkit.cli import evaluate, reproduce, rollout, sft, train, world
+from memkit.cli import evaluate, pretrain, reproduce, rollout, sft, train, world
 
-SUBCOMMANDS = (world, rollout, evaluate, sft, reproduce, train)
+SUBCOMMANDS = (world, rollout, evaluate, pretrain, sft, reproduce, train)
 
 
 def build_parser() -> argparse.ArgumentParser:
