@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
+import torch
+
 from memkit.agents import METHODS
 from memkit.agents.base import PROMPTS
+from memkit.rl.block_attention import ATTENTION_PATHS
 from memkit.rl.losses import AGG_MODES, KL_KINDS
 from memkit.rl.packing import MODES as PACKING_MODES
 from memkit.world.splits import TRAINING_SPLITS
@@ -115,6 +118,14 @@ class TrainConfig:
     micro_batch_size: int = 8
     """Trajectories per forward pass per process (gradient accumulation inside a mini-batch;
     the update is the same for any value, up to float rounding)."""
+    attention: str = field(default="auto", metadata={"choices": ATTENTION_PATHS})
+    """Attention of the update's forwards over 2D-masked rows (``mem1_mask``, ``mem1_exact``):
+    ``dense`` (sdpa over the whole [L, L] mask: every masked cell computed, which made packing
+    slower than ``separate`` rows), ``blocks`` (only the keys each 64-query block may see, no
+    compile) or ``flex`` (``flex_attention`` with a BlockMask; compiled, CUDA only). ``auto`` =
+    ``blocks`` on CPU, ``dense`` on a GPU, where the tiny model is launch-bound
+    (``packed_forward.resolve_attention``, measured by ``benchmarks/grpo_step.py``). The same
+    log-probs to ~1e-6 either way; ``separate`` rows are plain causal and ignore it."""
     row_groups: int = 4
     """A micro-batch's rows run as up to this many forward passes of similar-length rows, each
     padded only to its own longest row (``packing.length_groups``); 1 = one forward padded to the
@@ -277,6 +288,10 @@ class TrainConfig:
             bad("question_split", "choose rl (questions SFT never saw), sft or train (both); test is evaluation's")
         if self.device not in DEVICES:
             bad("device", "choose auto, cpu or cuda")
+        if self.attention not in ATTENTION_PATHS:
+            bad("attention", f"choose one of {ATTENTION_PATHS}")
+        if self.attention == "flex" and (self.device == "cpu" or not torch.cuda.is_available()):
+            bad("attention", "flex_attention has no backward on CPU; use auto or blocks")
         if self.mixed_precision not in PRECISIONS:
             bad("mixed_precision", "choose no, bf16 or fp16")
         return self

@@ -8,12 +8,18 @@ a 4D mask is returned as-is, untouched. The ``sdpa`` backend then hands it to
 becomes +1/+0 and masks nothing. A 0/1 float mask masks nothing on either backend (the MEM1
 reference code's bug). :func:`model_attention_mask` therefore passes bool to ``sdpa`` and an
 additive 0/-inf float mask to ``eager``; tests pin all four behaviours.
+
+A 2D mask's dense attention computes every masked cell; :func:`packed_attention` picks the path
+that skips them (``TrainConfig.attention``, :mod:`memkit.rl.block_attention`).
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
 from memkit.models.generation import sequence_logprobs
+from memkit.rl.block_attention import ATTENTION_PATHS, flex_available, flex_block_mask, register_blocks
 from memkit.rl.losses import token_logprobs
 from memkit.rl.packing import PackedBatch, pack
 from memkit.trajectory import TrainingUnit, Trajectory, as_unit
@@ -81,13 +87,72 @@ def model_attention_mask(mask: torch.Tensor, model) -> torch.Tensor:
     raise NotImplementedError(f"2D packed masks need attn_implementation 'sdpa' or 'eager', not {impl!r}")
 
 
-def packed_token_logprobs(model, batch: PackedBatch, with_entropy: bool = False):
+def resolve_attention(path: str, device) -> str:
+    """The attention path a 2D-masked forward on ``device`` takes: ``dense`` | ``blocks`` | ``flex``.
+
+    ``auto`` = ``blocks`` on CPU, where attention is most of a packed row's work and the gathered
+    blocks skip ~90% of its cells at k = 8 (``flex`` has no CPU backward and compiles for ~20 s
+    per row length); ``dense`` elsewhere: on a GPU the tiny model's forward is bound by kernel
+    launches, not FLOPs, and the dense kernel was the fastest of the three
+    (``benchmarks/grpo_step.py``; figures: docs/findings.md, 'Benchmarks')."""
+    if path not in ATTENTION_PATHS:
+        raise ValueError(f"unknown attention path {path!r}; choose one of {ATTENTION_PATHS}")
+    if path == "flex" and not flex_available():
+        raise ValueError("attention='flex' needs torch.nn.attention.flex_attention (torch >= 2.5); use 'blocks'")
+    if path == "auto":
+        return "blocks" if torch.device(device).type == "cpu" else "dense"
+    return path
+
+
+def _configs(model) -> list:
+    """Every distinct transformers config inside ``model`` (a critic's backbone holds a copy)."""
+    seen = {}
+    for mod in model.modules():
+        cfg = getattr(mod, "config", None)
+        if cfg is not None and hasattr(cfg, "_attn_implementation"):
+            seen[id(cfg)] = cfg
+    return list(seen.values())
+
+
+@contextlib.contextmanager
+def packed_attention(model, mask: torch.Tensor, path: str = "auto"):
+    """Run ``model`` on a packed batch's mask along attention ``path`` (``TrainConfig.attention``):
+    yields the mask to pass as ``attention_mask``, with the model's attention implementation
+    switched for the duration of the block (restored after; a backward needs no switch).
+
+    ``[B, L]`` padding masks (``separate`` rows) and ``dense`` pass through
+    :func:`model_attention_mask`. A bool ``[B, 1, L, L]`` mask under ``blocks`` stays as is and
+    runs on :func:`memkit.rl.block_attention.block_attention`; under ``flex`` it becomes a
+    ``BlockMask`` for transformers' ``flex_attention`` backend (no CPU backward)."""
+    path = resolve_attention(path, mask.device)
+    if mask.dim() != 4 or path == "dense":
+        yield model_attention_mask(mask, model)
+        return
+    if mask.dtype != torch.bool:
+        raise ValueError("packed_attention takes memkit's bool mask (True = attend); it converts it itself")
+    if path == "flex" and mask.device.type == "cpu" and torch.is_grad_enabled():
+        raise ValueError("attention='flex' has no backward on CPU (torch flex_attention); use 'blocks' or 'auto'")
+    impl, arg = (register_blocks(), mask) if path == "blocks" else ("flex_attention", flex_block_mask(mask))
+    configs = _configs(model)
+    before = [c._attn_implementation for c in configs]
+    for c in configs:
+        c._attn_implementation = impl
+    try:
+        yield arg
+    finally:
+        for c, b in zip(configs, before):
+            c._attn_implementation = b
+
+
+def packed_token_logprobs(model, batch: PackedBatch, with_entropy: bool = False, attention: str = "auto"):
     """Token-aligned log-probs ``[B, L]`` of ``batch.input_ids`` under ``model`` (same layout as
     ``batch.old_logprobs``); compare / train only where ``batch.loss_mask`` is 1. With
-    ``with_entropy`` also returns the entropy ``[B, L]`` of each predicting distribution."""
+    ``with_entropy`` also returns the entropy ``[B, L]`` of each predicting distribution.
+    ``attention``: the path of a 2D mask (:func:`packed_attention`)."""
     dev = next(model.parameters()).device
-    return token_logprobs(model, batch.input_ids.to(dev), model_attention_mask(batch.attention_mask.to(dev), model),
-                          batch.position_ids.to(dev), batch.pred_index.to(dev), with_entropy=with_entropy)
+    with packed_attention(model, batch.attention_mask.to(dev), attention) as mask:
+        return token_logprobs(model, batch.input_ids.to(dev), mask, batch.position_ids.to(dev),
+                              batch.pred_index.to(dev), with_entropy=with_entropy)
 
 
 @torch.no_grad()

@@ -31,7 +31,7 @@ from memkit.rl.config import TrainConfig
 from memkit.rl.credit import CreditBatch, get_credit, record_call_advantages
 from memkit.rl.critic import ValueModel, loss_weights, weighted_sum
 from memkit.rl.losses import kl_penalty, ppo_clip_loss, token_logprobs, value_loss
-from memkit.rl.packed_forward import model_attention_mask
+from memkit.rl.packed_forward import packed_attention
 from memkit.rl.packing import PackedBatch, length_groups, pack
 from memkit.trajectory import TrainingUnit, Trajectory
 
@@ -129,15 +129,15 @@ class Learner:
 
     # ------------------------------------------------------------------------- forward passes
     def _inputs(self, batch: PackedBatch):
-        dev = self.acc.device
-        mask = model_attention_mask(batch.attention_mask.to(dev), self.policy)
-        return batch.input_ids.to(dev), mask, batch.position_ids.to(dev), batch.pred_index.to(dev)
+        dev = self.acc.device  # the bool mask: each forward's packed_attention puts it in its path's form
+        return (batch.input_ids.to(dev), batch.attention_mask.to(dev), batch.position_ids.to(dev),
+                batch.pred_index.to(dev))
 
     def _logprobs(self, model, inputs, with_entropy=False, loss_mask=None, groups=None):
         """Token log-probs (and entropy) ``[B, L]`` of the packed rows; with several ``groups``
         (``(row indices, width)``, ``packing.length_groups``) one forward per group, cut to its width."""
         def score(ids, mask, pos, pred, loss_mask):
-            with self.acc.autocast():
+            with self.acc.autocast(), packed_attention(model, mask, self.cfg.attention) as mask:
                 return token_logprobs(model, ids, mask, pos, pred, with_entropy=with_entropy, loss_mask=loss_mask,
                                       temperature=self.cfg.temperature)  # the policy trained is the one sampled
 
@@ -154,7 +154,7 @@ class Learner:
 
     def _values(self, critic, batch, inputs) -> torch.Tensor:
         ids, mask, pos, _ = inputs
-        with self.acc.autocast():
+        with self.acc.autocast(), packed_attention(critic, mask, self.cfg.attention) as mask:
             return batch.at_pred(critic(ids, mask, pos))
 
     @torch.no_grad()
