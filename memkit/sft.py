@@ -202,9 +202,10 @@ def budget_note(history: list[dict], cfg: SFTConfig, total_seconds: float, metho
     """A note naming the fix when the time budget stopped training before :data:`SKILL_STEPS`.
 
     ``total_seconds``: the whole SFT (oracle data + optimisation); the minutes suggested are the
-    data time plus ``SKILL_STEPS`` steps at this run's measured pace, rounded up.
+    data time plus ``SKILL_STEPS`` steps at this run's measured pace, rounded up. Only for SFT from
+    scratch: ``SKILL_STEPS`` was measured there, not from a base or a continued model.
     """
-    if not history or not cfg.max_seconds:
+    if not history or not cfg.max_seconds or cfg.init != "scratch":
         return None
     steps = history[-1]["step"] + 1
     if steps >= min(cfg.steps, SKILL_STEPS):

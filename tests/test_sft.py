@@ -215,6 +215,7 @@ def test_budget_note_names_the_minutes_a_slow_machine_needs():
     assert budget_note([{"step": 2038, "seconds": 575.0}], cfg, 600.0, "mem1") is None  # 2,039 steps: enough
     assert budget_note([{"step": 99, "seconds": 5.0}], SFTConfig(steps=100), 6.0, "mem1") is None  # all its steps
     assert budget_note(slow, SFTConfig(max_seconds=None), 609.0, "mem1") is None  # no budget: nothing stopped it
+    assert budget_note(slow, SFTConfig(init="base"), 609.0, "mem1") is None  # SKILL_STEPS is a from-scratch figure
 
 
 def test_lr_schedules_hold_then_decay_and_reject_unknown_names(tok):
