@@ -348,11 +348,7 @@ def train_base(kit, cfg: PretrainConfig, path: Path, progress: bool = True, log=
         with all_cores() as threads, _first_ctrl_c_finishes_the_step() as interrupted:
             while not done:
                 ids = batch_ids(world, tok, cfg, step, pools, passages).to(device)
-                kernel = probe.kernel_for(step - start) if probe else None
-                if kernel:
-                    model.set_attn_implementation(kernel)
-                elif probe and probe.done(step - start):
-                    model.set_attn_implementation(probe.faster())
+                kernel = probe.before_step(model, step - start) if probe else None
                 elapsed = time.perf_counter() - t0
                 frac = min(1.0, max(step / cfg.steps, elapsed / cfg.max_seconds if cfg.max_seconds else 0.0))
                 for group in opt.param_groups:

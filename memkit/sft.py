@@ -251,6 +251,16 @@ class AttentionProbe:
             return "eager"
         return "sdpa" if med["sdpa"] < med["eager"] else "eager"
 
+    def before_step(self, model, step: int) -> str | None:
+        """Set ``model``'s kernel for ``step`` (a probe kernel, then the faster one once the window
+        closes); returns the kernel being timed (pass it to :meth:`record`), else None."""
+        kernel = self.kernel_for(step)
+        if kernel:
+            model.set_attn_implementation(kernel)
+        elif self.done(step):
+            model.set_attn_implementation(self.faster())
+        return kernel
+
 
 def lr_shape(cfg: SFTConfig):
     """The learning-rate factor after warmup as a function of run progress ``f`` in [0, 1].
@@ -317,11 +327,7 @@ def train_sft(model, tokenizer, examples, cfg: SFTConfig, log=None, progress: bo
                 rng.shuffle(queue)
             ids, attn, output_mask = make_batch([examples[i] for i in queue.pop()], pad_id)
             ids, attn, output_mask = ids.to(device), attn.to(device), output_mask.to(device)
-            kernel = probe.kernel_for(step) if probe else None
-            if kernel:
-                model.set_attn_implementation(kernel)
-            elif probe and probe.done(step):
-                model.set_attn_implementation(probe.faster())
+            kernel = probe.before_step(model, step) if probe else None
             t_step = time.perf_counter()
             keep = None
             if cfg.context_weight and cfg.context_fraction < 1.0:
