@@ -385,6 +385,38 @@ def test_flaws_are_habits_at_their_rate(world, env):
         assert len(traj.calls) == 2  # one search, then the answer
 
 
+@pytest.mark.parametrize("method", ["mem1", "mempo", "memsearcher"])
+def test_ledger_memory_has_one_entry_per_question_from_the_first_turn(world, env, method):
+    """memory="ledger": every memory lists every question by its first search, in order, "open" until
+    something is found; the answer slots are the settled entries' values, in order, at any k; the
+    flaw's forgotten answer reads "=> unknown"."""
+    for k, seed in ((1, 51), (3, 52), (8, 53)):
+        tasks = make_tasks(world, 6, k=k, seed=seed)
+        for flaw in ("none", "forget_earlier"):
+            for traj, task in zip(rollout(method, tasks, env, OracleConfig(memory="ledger", flaw=flaw)), tasks):
+                keys = [q.decomposition[0].query for q in task.questions]
+                mems = [memory_text(method, c) for c in traj.calls if memory_text(method, c)]
+                assert mems and all(m.count(" => ") + m.count(": ") >= len(keys) for m in mems), mems[0]
+                for m in mems:  # the keys in the prompt's order (two questions may share a first search)
+                    at = 0
+                    for key in keys:
+                        at = m.find(key, at)
+                        assert at >= 0, (keys, m)
+                        at += len(key)
+                assert all(f"{key}: open." in mems[0] for key in keys[1:])  # the first turn lists them all
+                last, at, values = mems[-1], 0, []
+                for key in keys:
+                    at = last.find(key, at) + len(key)
+                    values.append(last[at:].split(" => ", 1)[1].split(".", 1)[0])
+                assert traj.valid and traj.answer == "; ".join(values), (traj.answer, last)
+                if flaw == "none":
+                    assert slot_em(traj) == 1.0
+    # at rate 1 every answer but the last is forgotten; its entry says so
+    tasks = make_tasks(world, 6, k=3, seed=54)
+    for traj in rollout("mem1", tasks, env, OracleConfig(memory="ledger", flaw="forget_earlier", flaw_rate=1.0)):
+        assert traj.answer.split("; ")[:2] == ["unknown", "unknown"]
+
+
 # ---------------------------------------------------------------------- invalid turns
 @dataclass
 class Case:

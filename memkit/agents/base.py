@@ -67,6 +67,12 @@ class OracleConfig:
     """Share of the flaw's decisions at which the teacher shows it, drawn once per task and question.
     Above 0.5 so the flaw is what greedy decoding of a clone does; below 0.8 so sampling still finds
     the right behaviour (measure it with notebook 02's exploration headroom)."""
+    memory: str = field(default="found", metadata={"choices": ("found", "ledger")})
+    """How the teacher's memory lists the questions (``memkit.agents.oracle.facts_text``): "found" =
+    a clause per question with something found ("Q2: 1982."), "ledger" = one entry per question from
+    the first turn on, keyed by its first search ("Zazen Harbor produced: open." ... "=> 1982."), so
+    that the number of answers could be copied rather than counted. A tiny clone trained on k <= 3
+    still wrote at most three entries at k = 4 (measured: docs/findings.md, 'Negative results')."""
     show_comparison: bool = False
     """Write a comparison's two values before its winner, in the turn the second one arrives
     ("A founded: 1989; B founded: 1975, so B"), instead of the winner alone. It did not help the

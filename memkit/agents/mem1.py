@@ -113,7 +113,7 @@ class MEM1(Method):
     def oracle(self, state: AgentState, rng: random.Random, cfg: OracleConfig) -> str:
         script.observe(state, rng, cfg)
         d = script.decide(state, rng, cfg)
-        state_text = f"{script.facts_text(state)} {script.plan_text(d)}"
+        state_text = f"{script.facts_text(state, cfg)} {script.plan_text(d)}"
         if d.kind == "answer":
             return f"<think>{state_text}</think><answer>{script.answer_text(state, rng, cfg)}</answer>"
         return f"<think>{state_text}</think><search>{d.query}</search>"

@@ -172,7 +172,7 @@ class MemAct(Method):
             sub = state.task.questions[hop[0]].decomposition[hop[1]]
             k = state.task.k
             note = (f"[OBJECTIVE] Answer {k} question{'s' if k > 1 else ''}. [CONCLUSIONS/FACTS] "
-                    f"{script.facts_text(state)} [STATUS] Next: Q{hop[0] + 1}: {sub.text}")
+                    f"{script.facts_text(state, cfg)} [STATUS] Next: Q{hop[0] + 1}: {sub.text}")
             ids = ", ".join(r["id"] for r in m["records"])
             return f"<think>Let me prune the context and keep the facts.</think><prune>{ids}</prune><note>{note}</note>"
         d = script.decide(state, rng, cfg)

@@ -82,7 +82,7 @@ class MemPO(Method):
     def oracle(self, state: AgentState, rng: random.Random, cfg: OracleConfig) -> str:
         script.observe(state, rng, cfg)
         d = script.decide(state, rng, cfg)
-        head = f"<mem>\n{script.facts_text(state)}\n</mem>\n<think>\n{script.plan_text(d)}\n</think>\n"
+        head = f"<mem>\n{script.facts_text(state, cfg)}\n</mem>\n<think>\n{script.plan_text(d)}\n</think>\n"
         if d.kind == "answer":
             return f"{head}<answer>\n{script.answer_text(state, rng, cfg)}\n</answer>"
         return f"{head}<search>\n{d.query}\n</search>"

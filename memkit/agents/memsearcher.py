@@ -134,7 +134,7 @@ class MemSearcher(Method):
         script.observe(state, rng, cfg)
         last = state.calls[-1] if state.calls else None
         if last is not None and last.role == "act" and last.observation_text:
-            return f"<memory>{script.facts_text(state)}</memory>"
+            return f"<memory>{script.facts_text(state, cfg)}</memory>"
         d = script.decide(state, rng, cfg)
         if d.kind == "answer":
             return f"<think>{d.plan}</think>\n<answer>{script.answer_text(state, rng, cfg)}</answer>"

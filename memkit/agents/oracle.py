@@ -26,6 +26,13 @@ is above one half, while sampling still finds the right behaviour (the imperfect
 demonstrations the papers clone, which outcome-reward RL then improves on). Random mistakes below
 one half (the ``p_*`` knobs) are washed out by greedy decoding and leave RL nothing to find.
 
+Memory layout (``OracleConfig.memory``): "found" lists what was found per question ("Q1: 1982.");
+"ledger" writes one entry per question from the first turn on, keyed by the question's first search
+(its subject and relation, words the model already writes), "open" until something is found, ":" while
+hops are found and "=>" once settled: which question comes next and how many answers to write become
+copies from the memory rather than counts. (A tiny clone trained on k <= 3 learnt the list's length,
+not the copy: docs/findings.md, 'Negative results'.)
+
 ``show_comparison`` (off by default; ``memkit sft --show-comparison``) is not a mistake but a
 different trace: in the turn a comparison's second value arrives the state reads "A founded: 1989;
 B founded: 1975, so B." instead of "B." alone. It targets the tiny model's weakest questions
@@ -164,11 +171,16 @@ def decide(state: AgentState, rng: random.Random, cfg: OracleConfig, turns_neede
     sub = state.task.questions[qi].decomposition[hi]
     o["pending"] = key
     if cfg.p_wasted_search > 0 and rng.random() < cfg.p_wasted_search:
-        return Decision("search", rng.choice(VAGUE_QUERIES), f"Q{qi + 1}: {sub.text}", qi)
+        return Decision("search", rng.choice(VAGUE_QUERIES), _plan(cfg, qi, sub.text), qi)
     attempt = o["attempts"].get(key, 0)
     o["attempts"][key] = attempt + 1
     query = sub.text if attempt == 1 else sub.query  # second try rephrases as the question
-    return Decision("search", query, f"Q{qi + 1}: {sub.text}", qi)
+    return Decision("search", query, _plan(cfg, qi, sub.text), qi)
+
+
+def _plan(cfg: OracleConfig, qi: int, hop_text: str) -> str:
+    """The question a search serves: by label, or (ledger) by the hop's own words."""
+    return f"the answer to: {hop_text}" if cfg.memory == "ledger" else f"Q{qi + 1}: {hop_text}"
 
 
 def question_answer(state: AgentState, qi: int) -> str | None:
@@ -200,11 +212,14 @@ def answer_text(state: AgentState, rng: random.Random, cfg: OracleConfig) -> str
     return "; ".join(slots)
 
 
-def facts_text(state: AgentState) -> str:
+def facts_text(state: AgentState, cfg: OracleConfig | None = None) -> str:
     """Compact memory: one short clause per question (answer, partial hops, or not found).
 
     This is what keeps the memory formats' context small: facts, never raw passages.
+    ``cfg.memory == "ledger"``: :func:`ledger_text` instead.
     """
+    if cfg is not None and cfg.memory == "ledger":
+        return ledger_text(state)
     o = _o(state)
     parts = []
     for qi, q in enumerate(state.task.questions):
@@ -224,6 +239,28 @@ def facts_text(state: AgentState) -> str:
         elif qi in o["gave_up"]:
             parts.append(f"Q{qi + 1}: not found.")
     return " ".join(parts) if parts else "Nothing found yet."
+
+
+def ledger_text(state: AgentState) -> str:
+    """One entry per question, in the prompt's order, keyed by its first search::
+
+        The Makthes singer: Tomlo Lilkrutho. Kamith river: open. The Vampams music => reggae.
+
+    "open" = nothing found, ":" = hops found so far, "=>" = settled (the answer slot copies what
+    follows; "unknown" where a flaw dropped it or the search gave up)."""
+    o = _o(state)
+    parts = []
+    for qi, q in enumerate(state.task.questions):
+        key = q.decomposition[0].query if q.decomposition else q.text
+        settled = qi in o["believed"] or qi in o["gave_up"] or question_answer(state, qi) is not None
+        found = [o["known"][_key(qi, hi)] for hi in range(len(q.decomposition)) if _key(qi, hi) in o["known"]]
+        if settled:
+            parts.append(f"{key} => {believed_answer(state, qi) or UNKNOWN}.")
+        elif found:
+            parts.append(f"{key}: {'; '.join(found)}.")
+        else:
+            parts.append(f"{key}: open.")
+    return " ".join(parts)
 
 
 def plan_text(d: Decision) -> str:
