@@ -5,7 +5,7 @@ MEMKIT  := $(VENV)/bin/memkit
 STAMP   := $(VENV)/.memkit-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-fast reproduce reproduce-full browser-deps clean
+.PHONY: setup test test-fast reproduce reproduce-smoke browser-deps clean
 
 setup: $(STAMP)
 
@@ -37,12 +37,15 @@ test: setup browser-deps
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow and not browser" $(PYTEST_ARGS)
 
-# The kit's main job: every notebook in SMOKE mode on the tiny model + synthetic world.
+# The kit's main job: every notebook in the lab mode (SMOKE=False, memkit.lab) on the tiny model
+# and the synthetic world, real learned numbers in about an hour on 2 cores -> runs/<time>/REPORT.md.
+# A killed run goes on with `memkit reproduce --resume runs/<time>`.
 reproduce: setup
-	$(MEMKIT) reproduce --smoke
-
-reproduce-full: setup
 	$(MEMKIT) reproduce
+
+# The same in SMOKE mode: every notebook runs end to end in minutes; its learned numbers mean nothing.
+reproduce-smoke: setup
+	$(MEMKIT) reproduce --smoke
 
 clean:
 	rm -rf runs .pytest_cache test-artifacts

@@ -1,5 +1,7 @@
 """Run the notebooks end to end with papermill and write a report: ``memkit reproduce``.
 
+Two modes: SMOKE (``--smoke``: small sizes, what ``make test`` runs, minutes) and the lab
+(``SMOKE = False``: the RL lab of :mod:`memkit.lab`, real learned numbers in about an hour on 2 cores).
 Each notebook runs in a fresh kernel of *this* Python environment with its ``parameters``
 cell overridden (only the parameters it declares: ``SMOKE``, ``MODEL``, ``SEED``,
 ``OUT_DIR``). Its executed copy, its record sidecar and its OUT_DIR go into
@@ -277,13 +279,46 @@ def render_report(runs: list[NotebookRun], meta: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _write_summary(run_dir: Path, runs: list[NotebookRun], meta: dict[str, Any]) -> None:
+    """REPORT.md and summary.json as they stand (after every notebook: a killed run can resume)."""
+    atomic_write_text(run_dir / "REPORT.md", render_report(runs, meta))
+    summary = {"meta": meta, "notebooks": [
+        {"name": r.name, "ok": r.ok, "seconds": round(r.seconds, 3), "error": r.error,
+         "records": r.records} for r in runs]}
+    atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+
+
+def _finished_in(run_dir: Path, smoke: bool, model: str, seed: int) -> dict[str, NotebookRun]:
+    """Notebooks that ran ok in ``run_dir`` with the same parameters (what ``resume`` skips)."""
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        return {}
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:
+        return {}
+    meta = summary.get("meta", {})
+    if (meta.get("smoke"), meta.get("model"), meta.get("seed")) != (smoke, model, seed):
+        raise ValueError(f"{run_dir} ran smoke={meta.get('smoke')}, model={meta.get('model')}, "
+                         f"seed={meta.get('seed')}; resume it with the same --smoke/--model/--seed "
+                         "or start a new run without --resume")
+    return {n["name"]: NotebookRun(n["name"], True, n["seconds"], run_dir / f"{n['name']}.ipynb",
+                                   run_dir / f"{n['name']}.record.json", n.get("records", {}))
+            for n in summary.get("notebooks", []) if n.get("ok")}
+
+
 def reproduce(smoke: bool = True, model: str = "tiny", notebooks: Sequence[str] | None = None,
               out_root: str | Path = "runs", kernel: str | None = None, *, seed: int = 0,
               notebooks_dir: str | Path | None = None, timeout: float | None = None,
-              stream=None) -> Path:
+              resume: str | Path | None = None, stream=None) -> Path:
     """Run the notebooks in order into ``out_root/<timestamp>/`` and write ``REPORT.md`` there.
 
-    Returns the run directory. Per notebook one progress line goes to ``stream``
+    ``smoke``: SMOKE=True (small sizes, minutes) or the lab mode (SMOKE=False: learned numbers,
+    about an hour on 2 cores from an empty cache; the SFT checkpoints are cached across notebooks
+    and runs). ``resume``: an earlier run directory; its notebooks that finished ok are kept and
+    the others run again (the report and summary are rewritten after every notebook).
+
+    Returns the run directory. Per notebook a start and a result line go to ``stream``
     (default stdout). Failures are reported in the line and in the report; see
     ``failed_notebooks(run_dir)`` / the CLI exit status.
     """
@@ -291,15 +326,28 @@ def reproduce(smoke: bool = True, model: str = "tiny", notebooks: Sequence[str] 
     nb_dir = Path(notebooks_dir) if notebooks_dir else default_notebooks_dir()
     paths = select_notebooks(notebooks, nb_dir)
     kernel_name = resolve_kernel(kernel)
-    run_dir = _new_run_dir(Path(out_root))
+    if resume is not None:
+        run_dir = Path(resume)
+        if not run_dir.is_dir():
+            raise FileNotFoundError(f"--resume {run_dir}: no such run directory (see {out_root}/)")
+        done = _finished_in(run_dir, smoke, model, seed)
+    else:
+        run_dir, done = _new_run_dir(Path(out_root)), {}
     meta = {"smoke": smoke, "model": model, "seed": seed, "kernel": kernel_name,
             "python": sys.executable, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
             "notebooks_dir": str(nb_dir)}
-    print(f"memkit reproduce: {len(paths)} notebook(s), smoke={smoke}, model={model}, "
+    mode = "smoke" if smoke else "lab"
+    print(f"memkit reproduce: {len(paths)} notebook(s), {mode} mode, model={model}, "
           f"seed={seed} -> {run_dir}", file=stream, flush=True)
     runs: list[NotebookRun] = []
     width = max(len(p.stem) for p in paths)
+    t_all = time.perf_counter()
     for i, p in enumerate(paths, 1):
+        if p.stem in done:
+            runs.append(done[p.stem])
+            print(f"[{i}/{len(paths)}] {p.stem:<{width}}  ok (kept from the resumed run)", file=stream, flush=True)
+            continue
+        print(f"[{i}/{len(paths)}] {p.stem:<{width}}  running ({time.strftime('%H:%M:%S')})", file=stream, flush=True)
         params = {"SMOKE": smoke, "MODEL": model, "SEED": seed,
                   "OUT_DIR": str((run_dir / p.stem).resolve())}
         try:
@@ -311,14 +359,12 @@ def reproduce(smoke: bool = True, model: str = "tiny", notebooks: Sequence[str] 
         runs.append(r)
         line = f"[{i}/{len(paths)}] {r.name:<{width}}  {r.status:<6} {r.seconds:7.1f} s"
         print(line + (f"  {r.error}" if r.error else ""), file=stream, flush=True)
+        _write_summary(run_dir, runs, meta)
     meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
-    atomic_write_text(run_dir / "REPORT.md", render_report(runs, meta))
-    summary = {"meta": meta, "notebooks": [
-        {"name": r.name, "ok": r.ok, "seconds": round(r.seconds, 3), "error": r.error,
-         "records": r.records} for r in runs]}
-    atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+    meta["wall_seconds"] = round(time.perf_counter() - t_all, 1)
+    _write_summary(run_dir, runs, meta)
     n_bad = sum(not r.ok for r in runs)
-    print(f"{len(runs) - n_bad}/{len(runs)} ok; report: {run_dir / 'REPORT.md'}",
+    print(f"{len(runs) - n_bad}/{len(runs)} ok in {meta['wall_seconds']:.0f} s; report: {run_dir / 'REPORT.md'}",
           file=stream, flush=True)
     return run_dir
 

@@ -8,7 +8,8 @@ Layers, bottom to top (a module may import its own layer and the ones below):
     2  models                                  policies, generation
     3  agents, envs, rollout                   memory formats, the search env, the engine
     4  rl, sft, pretrain                       training algorithms (take a kit-like object; no assembly)
-    5  kit, policies, evaluation, training     assembly: a kit, policy specs, rollouts/eval, SFT/RL runs
+    5  kit, policies, evaluation, training,    assembly: a kit, policy specs, rollouts/eval, SFT/RL runs,
+       lab                                     the RL lab's recipes
     6  nb, reproduce, viz                      notebook helpers
     7  cli                                     the ``memkit`` command
 """
@@ -25,7 +26,7 @@ LAYERS = (
     ("models",),
     ("agents", "envs", "rollout"),
     ("rl", "sft", "pretrain"),
-    ("kit", "policies", "evaluation", "training"),
+    ("kit", "policies", "evaluation", "training", "lab"),
     ("nb", "reproduce", "viz"),
     ("cli",),
 )

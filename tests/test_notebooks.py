@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import io
 import json
+import re
 import sys
 import time
 
@@ -266,7 +267,7 @@ def test_reproduce_reports_failure_and_continues(tmp_path, out_dir):
     out = io.StringIO()
     run = reproduce(smoke=True, model="m1", out_root=tmp_path / "runs", seed=3,
                     notebooks_dir=nbs, stream=out)
-    lines = out.getvalue().splitlines()
+    lines = [ln for ln in out.getvalue().splitlines() if " running (" not in ln]
     assert [ln.split()[1:3] for ln in lines[1:4]] == [["00_ok", "ok"], ["01_fails", "FAILED"],
                                                       ["02_minimal", "ok"]]
     assert "ZeroDivisionError: no luck" in lines[2]
@@ -281,3 +282,13 @@ def test_reproduce_reports_failure_and_continues(tmp_path, out_dir):
     rc = main(["reproduce", "--only", "01_fails", "--out", str(tmp_path / "runs2"), "--notebooks-dir", str(nbs)])
     assert rc == 1
     assert main(["reproduce", "--only", "zz", "--notebooks-dir", str(nbs)]) == 2
+    # resume: the failed notebook (now fixed) runs again, the others are kept with their numbers
+    make_notebook(nbs / "01_fails.ipynb", ["import memkit.nb as nb; nb.record('before', 2.5)"])
+    with pytest.raises(ValueError, match="same --smoke"):
+        reproduce(smoke=False, model="m1", seed=3, notebooks_dir=nbs, resume=run, stream=io.StringIO())
+    out = io.StringIO()
+    assert reproduce(smoke=True, model="m1", seed=3, notebooks_dir=nbs, resume=run, stream=out) == run
+    text = out.getvalue()
+    assert text.count("kept from the resumed run") == 2 and re.search(r"01_fails\s+running", text)
+    report = (run / "REPORT.md").read_text()
+    assert "3/3 notebooks ok" in report and "before = 2.5" in report and "seed = 3" in report

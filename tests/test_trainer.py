@@ -508,9 +508,17 @@ def test_readme_train_commands_parse_to_the_notebooks_settings():
     nb_path = Path(__file__).resolve().parents[1] / "notebooks" / "02_mem1_masked_trajectories.ipynb"
     nb02 = "".join("".join(c["source"]) for c in json.loads(nb_path.read_text())["cells"] if c["cell_type"] == "code")
     assert mem1.algo == ast.literal_eval(declared_parameters(nb_path)["RL_ALGO"]) == "grpo"
-    assert f"mini_batches={mem1.mini_batches}, eval_every=20" in nb02
+    assert f"n_samples={mem1.n_samples}, mini_batches={mem1.mini_batches}," in nb02
     assert (mem1.packing, mem1.tasks_per_step, mem1.n_samples, mem1.mini_batches) == ("mem1_exact", 8, 4, 1)
-    assert (mem1.lr, mem1.temperature, mem1.eval_objectives) == (3e-4, 0.5, (1, 2, 4, 8))
+    assert (mem1.lr, mem1.temperature, mem1.eval_objectives) == (3e-4, 0.5, (1, 2, 4, 8, 16))
+    assert "EVAL_KS = (1, 2, 4, 8, 16)" in nb02 and mem1.eval_every >= mem1.steps  # evaluated at the start and end
     assert (ms.algo, ms.packing, ms.agg, ms.tasks_per_step, ms.n_samples) == ("grpo", "separate", "seq-mean-token-mean", 8, 5)
-    assert (ms.lr, ms.temperature, ms.eval_seed, ms.eval_every) == (3e-4, 0.5, 3000, 5)
-    assert mem1.steps == ms.steps == 300 and mem1.max_seconds == ms.max_seconds == 23 * 60
+    assert (ms.lr, ms.temperature, ms.eval_seed, ms.eval_every) == (3e-4, 0.5, 3000, 10)
+    # the lab's 10 minutes of RL from the lab's SFT recipe (memkit.lab), which tiny-sft:flaw-fe names
+    from memkit.lab import LAB_RL_MINUTES, lab_sft_config
+
+    assert mem1.steps == ms.steps == 300 and mem1.max_seconds == ms.max_seconds == LAB_RL_MINUTES * 60
+    assert mem1.init == ms.init == "tiny-sft:flaw-fe"
+    for method in ("mem1", "memsearcher"):
+        lab = lab_sft_config(method)
+        assert (lab.oracle.flaw, lab.steps, lab.objectives, lab.max_seconds) == ("forget_earlier", 3000, (1, 2), None)

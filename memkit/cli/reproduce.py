@@ -9,13 +9,16 @@ def add_parser(sub) -> None:
 
     p = sub.add_parser("reproduce", help="run every notebook with papermill and write a report",
                        description=doc.split("\n\n")[0])
-    p.add_argument("--smoke", action="store_true", help="small, fast settings (SMOKE=True)")
+    p.add_argument("--smoke", action="store_true",
+                   help="SMOKE=True: small sizes, minutes (default: the lab mode, SMOKE=False, about an hour on 2 cores)")
     p.add_argument("--model", default="tiny", help="MODEL parameter: tiny, smollm2-135m, HF id/path")
     p.add_argument("--seed", type=int, default=0, help="SEED parameter (default 0)")
     p.add_argument("--only", nargs="+", metavar="NAME", help="notebook stems or unique prefixes")
     p.add_argument("--out", default="runs", help="root of the run directories (default runs/)")
     p.add_argument("--notebooks-dir", default=None, help="default: the repository's notebooks/")
     p.add_argument("--kernel", default=None, help="Jupyter kernel name (default: this Python)")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR",
+                   help="an earlier run directory: keep its notebooks that finished ok, run the rest")
     p.add_argument("--timeout", type=float, default=None, help="per-cell timeout in seconds")
     p.set_defaults(func=run)
 
@@ -27,7 +30,8 @@ def run(args) -> int:
     try:
         run_dir = reproduce(smoke=args.smoke, model=args.model, notebooks=args.only,
                             out_root=args.out, kernel=args.kernel, seed=args.seed,
-                            notebooks_dir=args.notebooks_dir, timeout=args.timeout)
+                            notebooks_dir=args.notebooks_dir, timeout=args.timeout,
+                            resume=args.resume)
     except (ValueError, FileNotFoundError) as e:
         print(f"memkit reproduce: error: {e}", file=sys.stderr)
         return 2

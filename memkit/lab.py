@@ -1,0 +1,39 @@
+"""The RL lab: the recipe notebooks 00-03 run with ``SMOKE = False`` and ``memkit reproduce`` runs.
+
+A perfect teacher leaves RL nothing that more SFT cannot reach. The lab's teacher has a memory
+flaw as a habit (``forget_earlier`` at 0.65, :data:`memkit.agents.oracle.FLAWS`): once it answers a
+later question it drops an earlier answer from memory and answers that slot "unknown". The clone
+inherits the habit under greedy decoding; outcome-reward RL has to learn to keep what the answer
+needs (MEM1 Tab. 5: RL vs. SFT, both trained on few objectives).
+
+Both formats clone 1- and 2-question tasks for 3,000 steps (the measured recipe: docs/findings.md,
+'The RL lab'). The SFT checkpoints are cached by config, so notebooks 00, 01 and 02 share one MEM1
+model and 01 and 03 one MemSearcher model.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from memkit.agents.base import OracleConfig
+from memkit.sft import SFTConfig
+from memkit.training import ensure_sft
+
+#: the flawed teacher every lab format clones (plus the default small random mistakes)
+LAB_ORACLE = OracleConfig(p_wasted_search=0.05, p_drop_fact=0.05, flaw="forget_earlier", flaw_rate=0.65)
+
+#: per format: what differs from SFTConfig's defaults (steps, not minutes: the same model on any machine)
+LAB_SFT = {"mem1": dict(objectives=(1, 2), steps=3000), "memsearcher": dict(objectives=(1, 2), steps=3000)}
+
+#: minutes of RL each lab notebook trains for (the measured gains: docs/findings.md, 'The RL lab')
+LAB_RL_MINUTES = 10
+
+
+def lab_sft_config(method: str) -> SFTConfig:
+    """The lab's SFT recipe for ``method`` (a format outside :data:`LAB_SFT` gets the flawed teacher
+    with SFTConfig's other defaults)."""
+    return SFTConfig(method=method, max_seconds=None, **{"oracle": LAB_ORACLE, **LAB_SFT.get(method, {})})
+
+
+def ensure_lab_sft(method: str, kit, progress: bool = True) -> Path:
+    """The lab's SFT checkpoint of ``method``: cached, trained now when missing."""
+    return ensure_sft(method, kit, lab_sft_config(method), progress=progress)
