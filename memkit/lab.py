@@ -21,17 +21,20 @@ from memkit.training import ensure_sft
 #: the flawed teacher every lab format clones (plus the default small random mistakes)
 LAB_ORACLE = OracleConfig(p_wasted_search=0.05, p_drop_fact=0.05, flaw="forget_earlier", flaw_rate=0.65)
 
-#: per format: what differs from SFTConfig's defaults (steps, not minutes: the same model on any machine)
-LAB_SFT = {"mem1": dict(objectives=(1, 2), steps=3000), "memsearcher": dict(objectives=(1, 2), steps=3000)}
+#: the formats the lab trains (notebooks 02 and 03)
+LAB_FORMATS = ("mem1", "memsearcher")
+
+#: what the lab's SFT changes from SFTConfig's defaults (steps, not minutes: the same model on any machine)
+LAB_SFT = dict(objectives=(1, 2), steps=3000)
 
 #: minutes of RL each lab notebook trains for (the measured gains: docs/findings.md, 'The RL lab')
 LAB_RL_MINUTES = 10
 
 
 def lab_sft_config(method: str) -> SFTConfig:
-    """The lab's SFT recipe for ``method`` (a format outside :data:`LAB_SFT` gets the flawed teacher
+    """The lab's SFT recipe for ``method`` (a format outside :data:`LAB_FORMATS` gets the flawed teacher
     with SFTConfig's other defaults)."""
-    return SFTConfig(method=method, max_seconds=None, **{"oracle": LAB_ORACLE, **LAB_SFT.get(method, {})})
+    return SFTConfig(method=method, max_seconds=None, oracle=LAB_ORACLE, **(LAB_SFT if method in LAB_FORMATS else {}))
 
 
 def ensure_lab_sft(method: str, kit, progress: bool = True) -> Path:
