@@ -21,8 +21,8 @@ from memkit.training import ensure_sft
 #: the flawed teacher every lab format clones (plus the default small random mistakes)
 LAB_ORACLE = OracleConfig(p_wasted_search=0.05, p_drop_fact=0.05, flaw="forget_earlier", flaw_rate=0.65)
 
-#: the formats the lab trains (notebooks 02 and 03)
-LAB_FORMATS = ("mem1", "memsearcher")
+#: the formats the lab trains (notebooks 02, 03 and 04)
+LAB_FORMATS = ("mem1", "memsearcher", "mempo")
 
 #: what the lab's SFT changes from SFTConfig's defaults (steps, not minutes: the same model on any machine)
 LAB_SFT = dict(objectives=(1, 2), steps=3000)

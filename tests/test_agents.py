@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from memkit.agents import METHODS, get_method
 from memkit.agents.base import OracleConfig, Parsed
 from memkit.agents.memact import parse_ids
-from memkit.agents.mempo import mem_probe
 from memkit.agents.tags import extract, tool_call_query
 from memkit.envs import SearchEnv, make_retriever
 from memkit.metrics import exact_match, split_answers
@@ -273,16 +272,6 @@ def test_memact_prunes_and_records_ids(oracle_runs):
             assert rid in made[:i]
 
 
-def test_mempo_probe(oracle_runs):
-    traj, task = oracle_runs["mempo", 2][0], oracle_runs["tasks", 2][0]
-    call = traj.calls[2]
-    with_mem, before, gold = mem_probe(task, call)
-    mem = extract(call.output_text, "mem")
-    assert with_mem.endswith(f"<mem>\n{mem}\n</mem>\n<answer>\n") and task.prompt in with_mem
-    assert before == call.context_text + "<answer>\n"
-    assert gold == "; ".join(q.answers[0] for q in task.questions)
-
-
 class NoResults:
     def search(self, query):
         return "<information>No results.</information>"
@@ -485,7 +474,10 @@ def test_rewards_follow_the_papers(world, env):
     assert r("mem1", f"<think>s</think><answer>{gold[0]}; {gold[1]}</answer>") == 2.0  # 1 point per answer
     assert r("mem1", f"<think>s</think><answer>{half}</answer>") == 1.0
     assert r("react", f"<answer>{half}</answer>") == 1.0
-    assert r("mempo", f"<mem>m</mem><think>t</think><answer>{half}</answer>") == 0.5
+    assert r("mempo", f"<mem>m</mem><think>t</think><answer>{half}</answer>") == 0.0  # §4.1: 1 iff correct
+    assert r("mempo", f"<mem>m</mem><think>t</think><answer>{gold[0]}; {gold[1]}</answer>") == 1.0
+    assert run_scripted(get_method("mempo", reward="fraction"), task, env,
+                        [f"<mem>m</mem><think>t</think><answer>{half}</answer>"]).reward == 0.5
     assert r("memact", f"<answer>{half}</answer>") == 0.5
     assert r("memact", "<answer>x; y</answer>") == 0.0
     assert r("memsearcher", "<think>t</think><answer>x; y</answer>") == 0.1  # eq. 9: format ok, F1 = 0

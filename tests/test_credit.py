@@ -47,7 +47,7 @@ def _credit_batch(trajs, mode, units=None, seed=0, with_values=False) -> CreditB
         values = torch.randn(batch.input_ids.shape, generator=g) * batch.loss_mask
     return CreditBatch(batch=batch, units=units, unit_traj=torch.tensor(unit_traj),
                        rewards=torch.tensor([t.reward for t in trajs]), group_ids=[t.task_id for t in trajs],
-                       values=values)
+                       values=values, trajectories=trajs)
 
 
 @pytest.mark.parametrize("method", ["mem1", "memsearcher"])

@@ -6,12 +6,12 @@ the previous step, ``π_θ(s_t | q, s_{t-1}^{mem} ...)``; Fig. 1 "only uses the 
 interaction for next step input". So the context builder is MEM1's (last output + last
 observation, verbatim refs); the difference is that memory and reasoning are separate tags,
 which lets MemPO give ``<mem>`` tokens their own advantage (eq. 4-9, in ``memkit.rl``).
-:func:`mem_probe` builds the two contexts of eq. 4: ``P[ans | q, mem_t]`` and the bias
-``ε = P[ans | q, prefix before t]``.
+The memory reward of eq. 4-5 (probe contexts, batched P[ans | ·]) is :mod:`memkit.rl.memory_reward`.
 
 Prompt: Table 6 verbatim (``<search>`` action, newline-separated tags).
 Reward (§4.1): 1 iff the answer is correct and the format proper, else 0; with k questions
-memkit uses the fraction of correct slots (equal to the paper's reward at k = 1).
+"correct" means every slot (``reward="all"``, the default); ``reward="fraction"`` gives the
+fraction of correct slots instead (memkit's reward for MemAct; equal at k = 1).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from memkit.agents import oracle as script
 from memkit.agents.base import AgentState, CallSpec, Env, Method, OracleConfig, Parsed, exact_match, slot_scores
 from memkit.agents.mem1 import last_step_segments
 from memkit.agents.react import question_segments
-from memkit.agents.tags import extract, parse_action
+from memkit.agents.tags import parse_action
 
 PROMPT = (
     "You will answer multiple complex questions using iterative reasoning, summarization, and web search. At "
@@ -46,21 +46,18 @@ PROMPT = (
 )
 
 
-def mem_probe(task, call) -> tuple[str, str, str]:
-    """Eq. 4-5 inputs for one call: (context with q + mem_t, context before t, gold answer).
-
-    ``P[ans | ·]`` is the geometric mean of the answer tokens' probabilities after each
-    context; both contexts end with ``<answer>\\n`` so the answer is the next thing to write.
-    """
-    mem = extract(call.output_text or "", "mem") or ""
-    head = PROMPT + task.prompt + "\n"
-    gold = "; ".join(q.answers[0] for q in task.questions if q.answers)
-    return f"{head}<mem>\n{mem}\n</mem>\n<answer>\n", f"{call.context_text}<answer>\n", gold
+REWARDS = ("all", "fraction")
 
 
 class MemPO(Method):
     name = "mempo"
     format_penalty = 0.0
+    default_credit = "mempo"  # A_T everywhere + the memory advantage on <mem> tokens (eq. 9)
+
+    def __init__(self, reward: str = "all"):
+        if reward not in REWARDS:
+            raise ValueError(f"reward must be one of {', '.join(REWARDS)}, got {reward!r}")
+        self.reward_kind = reward
 
     def next_call(self, state: AgentState) -> CallSpec:
         prefix = "" if state.task.k > 1 else "Question: "  # k > 1: task.prompt is MEM1's composite
@@ -77,7 +74,9 @@ class MemPO(Method):
         if not state.valid or state.answer is None:
             return self.format_penalty
         em = slot_scores(state, exact_match)
-        return sum(em) / len(em) if em else 0.0
+        if not em:
+            return 0.0
+        return float(all(em)) if self.reward_kind == "all" else sum(em) / len(em)
 
     def oracle(self, state: AgentState, rng: random.Random, cfg: OracleConfig) -> str:
         script.observe(state, rng, cfg)

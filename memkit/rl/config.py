@@ -15,6 +15,8 @@ from memkit.agents import METHODS
 from memkit.agents.base import PROMPTS
 from memkit.rl.block_attention import ATTENTION_PATHS
 from memkit.rl.losses import AGG_MODES, KL_KINDS
+from memkit.rl.memory_reward import BIASES as MEM_BIASES, CONTEXTS as MEM_CONTEXTS, NORMS as MEM_NORMS, \
+    PROBE_PACKINGS
 from memkit.rl.packing import MODES as PACKING_MODES
 from memkit.world.splits import TRAINING_SPLITS
 from memkit.world.task_sets import EVAL_SEEDS
@@ -168,6 +170,20 @@ class TrainConfig:
     """PPO: whiten GAE advantages over the whole rollout batch, all processes (verl)."""
     vf_clip: float | None = 0.5
     """PPO value clipping range around the old values (None = off)."""
+    mem_reward_context: str = field(default="question", metadata={"choices": MEM_CONTEXTS})
+    """MemPO (credit ``mempo``) eq. 5: what conditions P[ans | ., mem_t]: ``question`` (the question
+    context + mem_t, as eq. 5 writes it) or ``call`` (call t's whole context + mem_t)."""
+    mem_reward_bias: str = field(default="call", metadata={"choices": MEM_BIASES})
+    """MemPO eq. 4's bias epsilon = P[ans | prefix before t]: ``call`` = the context call t saw (the
+    question and the previous step, MemPO's inference context); ``none`` drops it (Fig. 3 ablation)."""
+    mem_reward_norm: str = field(default="pooled", metadata={"choices": MEM_NORMS})
+    """MemPO eq. 6-8: normalise R_M over every memory of a task's N samples (``pooled``) or only
+    over those written at the same turn (``per_step``; the 'without pooling' ablation)."""
+    mem_reward_answer_tags: bool = False
+    """MemPO eq. 5: also score the closing ``</answer>`` after the gold answer tokens."""
+    mem_reward_packing: str = field(default="separate", metadata={"choices": PROBE_PACKINGS})
+    """Layout of the probe rows: ``separate`` (one row per probe) or ``mem1_exact`` (one prefix-trie
+    row per trajectory, the question once); the same P either way (``benchmarks/mempo_cost.py``)."""
 
     # ---- evaluation, logging, checkpoints --------------------------------------------------
     eval_every: int = 10
@@ -292,6 +308,10 @@ class TrainConfig:
             bad("attention", f"choose one of {ATTENTION_PATHS}")
         if self.attention == "flex" and (self.device == "cpu" or not torch.cuda.is_available()):
             bad("attention", "flex_attention has no backward on CPU; use auto or blocks")
+        for name, choices in (("mem_reward_context", MEM_CONTEXTS), ("mem_reward_bias", MEM_BIASES),
+                              ("mem_reward_norm", MEM_NORMS), ("mem_reward_packing", PROBE_PACKINGS)):
+            if getattr(self, name) not in choices:
+                bad(name, f"choose one of {choices}")
         if self.mixed_precision not in PRECISIONS:
             bad("mixed_precision", "choose no, bf16 or fp16")
         return self

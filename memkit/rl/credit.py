@@ -8,12 +8,14 @@ rule (``Method.default_credit``); ``TrainConfig.credit`` / ``memkit train --cred
     multi_context  the same A_i copied to every call of trajectory i (MemSearcher eq. 6-8)
     gae            GAE over each trajectory's trained tokens with critic values (MEM1 §3.2),
                    then whitened over the whole rollout batch (verl)
+    mempo          A_T on every trained token, + A_M (the group-normalised memory reward R_M of
+                   :mod:`memkit.rl.memory_reward`) on each call's ``<mem>`` tokens (MemPO eq. 6-9)
 
 Every rule has the signature ``rule(cb: CreditBatch, cfg) -> (advantages [B, L], returns [B, L]
 or None)`` on one packed micro-batch, and a loop reference ``<rule>_loop(cb, cfg) -> [B][L]``
 compared in ``tests/test_credit.py`` on real rollouts. ``cfg`` is any object with the knobs a
-rule reads (``TrainConfig``: ``grpo_norm_std``, ``gamma``, ``lam``). Adding a paper's credit
-(MemPO, DCPO, MoT-GRPO) is one more registered function here.
+rule reads (``TrainConfig``: ``grpo_norm_std``, ``gamma``, ``lam``, ``mem_reward_norm``). Adding a
+paper's credit (DCPO, MoT-GRPO) is one more registered function here.
 """
 from __future__ import annotations
 
@@ -24,8 +26,9 @@ import torch
 
 from memkit.rl.advantages import broadcast_to_calls, broadcast_to_calls_loop, gae, gae_loop, grpo_advantages, \
     grpo_advantages_loop
+from memkit.rl.memory_reward import memory_span
 from memkit.rl.packing import PackedBatch
-from memkit.trajectory import TrainingUnit
+from memkit.trajectory import Trajectory, TrainingUnit
 
 
 @dataclass
@@ -38,6 +41,8 @@ class CreditBatch:
     - ``rewards``: ``[N]`` outcome reward of every trajectory of the update (this process)
     - ``group_ids``: ``N`` hashables, same id = samples of the same task (the GRPO group)
     - ``values``: ``[B, L]`` critic values read at each token's predicting position, or None
+    - ``trajectories``: the update's ``N`` trajectories (rules with per-call rewards read them:
+      MemPO's R_M in ``Call.reward``, pooled over all memories of a group)
     """
 
     batch: PackedBatch
@@ -46,6 +51,7 @@ class CreditBatch:
     rewards: torch.Tensor
     group_ids: Sequence[Hashable]
     values: torch.Tensor | None = None
+    trajectories: Sequence[Trajectory] = ()
 
     @property
     def row_traj(self) -> torch.Tensor:
@@ -67,18 +73,19 @@ class CreditRule:
     needs_groups: bool = True  # needs >= 2 samples per task (group statistics)
     whiten: bool = False  # whiten over the whole rollout batch when TrainConfig.whiten_advantages
     paper: str = ""
+    needs_memory_reward: bool = False  # the update scores every <mem> first (memory_reward.score_memories)
 
 
 CREDIT_RULES: dict[str, CreditRule] = {}
 
 
 def register_credit(name: str, loop: Callable, *, needs_values: bool = False, needs_groups: bool = True,
-                    whiten: bool = False, paper: str = ""):
+                    whiten: bool = False, paper: str = "", needs_memory_reward: bool = False):
     """Decorator: register ``fn`` as credit rule ``name`` with its loop reference."""
     def deco(fn: CreditFn) -> CreditFn:
         if name in CREDIT_RULES:
             raise ValueError(f"credit rule {name!r} is already registered")
-        CREDIT_RULES[name] = CreditRule(name, fn, loop, needs_values, needs_groups, whiten, paper)
+        CREDIT_RULES[name] = CreditRule(name, fn, loop, needs_values, needs_groups, whiten, paper, needs_memory_reward)
         return fn
     return deco
 
@@ -248,6 +255,87 @@ def gae_credit(cb: CreditBatch, cfg):
                           getattr(cfg, "lam", 1.0))
 
 
+# ----------------------------------------------------------------------------- mempo
+def _memories(cb: CreditBatch, cfg) -> tuple[list[tuple[int, int]], list[float], list]:
+    """Every scored memory of the update: (trajectory, call), its R_M, and its normalisation group:
+    the task (``pooled``, eq. 6-8: all (i, t) of the N samples) or (task, turn) (``per_step``)."""
+    per_step = getattr(cfg, "mem_reward_norm", "pooled") == "per_step"
+    if not cb.trajectories:
+        raise ValueError("credit rule 'mempo' needs CreditBatch.trajectories (the update's trajectories)")
+    where, r, keys = [], [], []
+    for i, traj in enumerate(cb.trajectories):
+        for c, call in enumerate(traj.calls):
+            if memory_span(call) is None:
+                continue
+            if call.reward is None:
+                raise ValueError(f"call {c} of {traj.task_id!r} wrote <mem> but has no memory reward; score it with "
+                                 "memkit.rl.memory_reward.score_memories (the update does when the rule says so)")
+            where.append((i, c))
+            r.append(float(call.reward))
+            keys.append((cb.group_ids[i], call.turn) if per_step else cb.group_ids[i])
+    return where, r, keys
+
+
+def mempo_loop(cb: CreditBatch, cfg) -> list[list[float]]:
+    """Loop reference for :func:`mempo`: A_M per memory by python group statistics, then each row
+    walked token by token, counting each call's output position."""
+    a_t = _group_advantages_loop(cb, cfg)
+    where, r, keys = _memories(cb, cfg)
+    a_m = dict(zip(where, grpo_advantages_loop(r, keys, norm_std=getattr(cfg, "grpo_norm_std", True))))
+    b = cb.batch
+    B, L = b.loss_mask.shape
+    out = [[0.0] * L for _ in range(B)]
+    for row in range(B):
+        u = int(b.traj_index[row])
+        i, unit = int(cb.unit_traj[u]), cb.units[u]
+        seen: dict[int, int] = {}
+        for t in range(L):
+            c = int(b.call_ids[row, t])
+            if c < 0:
+                continue
+            o = seen[c] = seen.get(c, -1) + 1  # the o-th output token of call c
+            if b.loss_mask[row, t] > 0:
+                span = memory_span(unit.traj.calls[c])
+                extra = a_m[(i, c)] if span is not None and span[0] <= o < span[1] else 0.0
+                out[row][t] = a_t[i] + extra
+    return out
+
+
+@register_credit("mempo", mempo_loop, needs_memory_reward=True, paper="MemPO eq. 3, 6-9")
+def mempo(cb: CreditBatch, cfg):
+    """MemPO: the trajectory advantage everywhere, plus the memory advantage on ``<mem>`` tokens.
+
+    A^T_i = (R_i - mean_g R) / std_g R                                   (eq. 3)
+    A^M_{i,t} = (R_M(i,t) - mean_G R_M) / std_G R_M, G = all (i', t') of i's task   (eq. 6-8)
+    A_{i,k} = A^T_i + A^M_{i,t} if token k lies in mem_t (tags included), else A^T_i   (eq. 9)
+    ``mem_reward_norm='per_step'``: G = the memories of i's task at the same turn t.
+    shape: rewards ``[N]``, R_M per memory -> advantages ``[B, L]`` (0 off ``loss_mask``).
+    """
+    b = cb.batch
+    a_t = _group_advantages(cb, cfg).cpu()
+    where, r, keys = _memories(cb, cfg)
+    a_m = grpo_advantages(torch.tensor(r), keys, norm_std=getattr(cfg, "grpo_norm_std", True)) if r else None
+    a_m_of = dict(zip(where, a_m.tolist() if a_m is not None else []))
+    # table[u, c, o]: A^M on output token o of call c of unit u when it lies in <mem>, else 0
+    n_out = max((len(u.traj.calls[c].output_ids) for u in cb.units for c in u.calls), default=0)
+    n_call = 1 + max((max(u.calls) for u in cb.units if u.calls), default=0)
+    table = torch.zeros(len(cb.units), n_call, max(n_out, 1))
+    for u_idx, unit in enumerate(cb.units):
+        i = int(cb.unit_traj[u_idx])
+        for c in unit.calls:
+            span = memory_span(unit.traj.calls[c])
+            if span is not None:
+                table[u_idx, c, span[0]:span[1]] = a_m_of[(i, c)]
+    # output position of every token: its rank among its row's tokens of the same call
+    cid = b.call_ids.clamp(min=0)
+    onehot = torch.nn.functional.one_hot(cid, n_call) * (b.call_ids >= 0).unsqueeze(-1)
+    pos = (onehot.cumsum(1).gather(-1, cid.unsqueeze(-1)).squeeze(-1) - 1).clamp(min=0, max=table.shape[2] - 1)
+    extra = table[b.traj_index.unsqueeze(-1).expand_as(cid), cid, pos]
+    mask = b.loss_mask.float()
+    adv = (a_t[cb.row_traj].unsqueeze(-1) + extra) * mask
+    return adv.to(b.loss_mask.device), None
+
+
 def record_call_advantages(cb: CreditBatch, advantages: torch.Tensor) -> None:
     """Write each trained call's mean token advantage into ``Call.advantage`` (for viewers and
     notebooks: a per-call number even where a rule assigns per-token credit, as GAE does).
@@ -268,4 +356,5 @@ def record_call_advantages(cb: CreditBatch, advantages: torch.Tensor) -> None:
 
 
 __all__ = ["CreditBatch", "CreditRule", "CREDIT_RULES", "register_credit", "get_credit", "grpo", "multi_context",
-           "gae_credit", "trajectory_gae", "record_call_advantages"]
+           "gae_credit", "mempo", "trajectory_gae",
+           "record_call_advantages"]

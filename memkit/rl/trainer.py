@@ -177,12 +177,23 @@ class Trainer(Learner):
                 s = summarize(trajs)
                 rows.append({"step": self.step, "k": k, "reward_mean": sum(t.reward for t in trajs) / len(trajs),
                              **{key: s[key] for key in ("em", "f1", "peak_tokens", "invalid_rate", "tool_calls")},
-                             **em_by_kind(trajs, tasks)})  # which questions RL improved: comparisons?
+                             **em_by_kind(trajs, tasks), **self._memory_probability(trajs)})
             self.eval_history += rows
             if self.files:
                 self.files.log_eval(rows)
         self.acc.wait_for_everyone()
         return rows
+
+    def _memory_probability(self, trajs) -> dict:
+        """``mem_p``: mean P[ans | q, mem_t] over the ``<mem>`` of greedy held-out trajectories (MemPO
+        Fig. 4's quantity, for any credit rule); {} when the format writes none."""
+        from memkit.rl.memory_reward import score_memories
+
+        with self.acc.autocast():
+            rows = score_memories(self.policy, self.tokenizer, trajs, self.cfg.mem_reward_context, "none",
+                                  self.cfg.mem_reward_answer_tags, "separate", 8 * self.cfg.micro_batch_size,
+                                  self.cfg.attention)
+        return {"mem_p": sum(r["p_mem"] for r in rows) / len(rows)} if rows else {}
 
     def save(self) -> Path:
         meta = {"step": self.step, "history": self.history, "eval_history": self.eval_history,

@@ -5,7 +5,8 @@ loop around it (rollouts, logs, eval, checkpoints) is :mod:`memkit.rl.trainer`.
 
     units  = TrainingUnit.of(traj)         the calls that generated tokens
     batch  = pack(units, packing)          input_ids [B, L], attention [B, L] or [B, 1, L, L]
-    A      = credit rule by name           memkit.rl.credit (grpo, multi_context, gae, ...)
+    R_M    = P[ans|q,mem_t] - P[ans|ctx_t]  memkit.rl.memory_reward, when the rule needs it (mempo)
+    A      = credit rule by name           memkit.rl.credit (grpo, multi_context, gae, mempo, ...)
     old    = log pi_old(x_t)  [B, L]       recomputed with the packed forward (verl) or the rollout's
     ref    = log pi_ref(x_t)  [B, L]       frozen initial policy (LoRA: adapters disabled)
     loss   = sum_{b,t} w_bt [ PPO-clip_bt(logp, old, A) + kl_coef * KL_bt - entropy_coef * H_bt ]
@@ -158,7 +159,8 @@ class Learner:
             return batch.at_pred(critic(ids, mask, pos))
 
     @torch.no_grad()
-    def _experience(self, units: list[TrainingUnit], unit_traj: list[int], rewards: torch.Tensor, group_ids):
+    def _experience(self, units: list[TrainingUnit], unit_traj: list[int], rewards: torch.Tensor, group_ids,
+                    trajs=()):
         """Pack one micro-batch and compute everything the update holds fixed: old and reference
         log-probs, critic values, advantages and returns (all ``[B, L]``, token aligned).
         ``unit_traj``: which of the update's trajectories (``rewards [N]``, ``group_ids``) each unit is."""
@@ -186,7 +188,7 @@ class Learner:
             values = self._values(self.acc.unwrap_model(self.critic), batch, inputs)
             exp["values"] = values * m
         cb = CreditBatch(batch=batch, units=units, unit_traj=torch.tensor(unit_traj, dtype=torch.long),
-                         rewards=rewards, group_ids=group_ids, values=values)
+                         rewards=rewards, group_ids=group_ids, values=values, trajectories=trajs)
         adv, returns = self.credit.fn(cb, self.cfg)
         exp["credit"] = cb
         exp["adv"] = adv.to(dev) * m
@@ -237,8 +239,9 @@ class Learner:
             if self.sort_micro_batches:
                 order.sort(key=lambda i: units[i].n_tokens)
             plan.append([order[j * cfg.micro_batch_size:(j + 1) * cfg.micro_batch_size] for j in range(n_micro)])
-        exps = [[self._experience([units[i] for i in c], [unit_traj[i] for i in c], rewards, group_ids) for c in mini]
-                for mini in plan]
+        memory = self._score_memories(trajs) if self.credit.needs_memory_reward else {}
+        exps = [[self._experience([units[i] for i in c], [unit_traj[i] for i in c], rewards, group_ids, trajs)
+                 for c in mini] for mini in plan]
         if self.credit.whiten and cfg.whiten_advantages:
             self._whiten([e for mini in exps for e in mini])
         for e in (e for mini in exps for e in mini if e is not None):
@@ -261,10 +264,31 @@ class Learner:
                  "ratio": tot["ratio"] / n_tok, "grad_norm": acc["grad_norm"] / n_opt,
                  "lr": self.sched.get_last_lr()[0], "old_logprob_gap": first[0] / max(first[1], 1.0),
                  "trained_tokens": first[1], "tokens_processed": first[2], "padded_tokens": first[4]}
+        stats.update(memory)
         if self.critic is not None:
             stats.update(vf_loss=tot["vf_loss"] / n_opt, vf_clip_frac=tot["vf_clip_frac"] / n_tok,
                          value_mean=first[3] / max(first[1], 1.0), critic_grad_norm=acc["critic_grad_norm"] / n_opt)
         return stats
+
+    @torch.no_grad()
+    def _score_memories(self, trajs: list[Trajectory]) -> dict:
+        """MemPO's R_M on every ``<mem>`` of ``trajs`` under the current policy (sets ``Call.reward``);
+        returns global stats: mem_p (mean P[ans | q, mem_t]), mem_bias_p, mem_r, memories, and
+        mem_reward_seconds (the probes' forward time, this process)."""
+        import time
+
+        from memkit.rl.memory_reward import score_memories
+
+        cfg, t0 = self.cfg, time.perf_counter()
+        with self.acc.autocast():
+            rows = score_memories(self.policy, self.tokenizer, trajs, cfg.mem_reward_context, cfg.mem_reward_bias,
+                                  cfg.mem_reward_answer_tags, cfg.mem_reward_packing, 8 * cfg.micro_batch_size,
+                                  cfg.attention)
+        seconds = time.perf_counter() - t0
+        n, p, b, r = self._sum([len(rows), sum(x["p_mem"] for x in rows), sum(x["p_bias"] for x in rows),
+                                sum(x["r_m"] for x in rows)])
+        d = max(n, 1.0)
+        return {"mem_p": p / d, "mem_bias_p": b / d, "mem_r": r / d, "memories": n, "mem_reward_seconds": seconds}
 
     def _minibatch(self, mini: list, acc: dict) -> None:
         """One optimizer step over one mini-batch (a list of micro-batch experiences)."""

@@ -1,0 +1,187 @@
+"""MemPO's memory reward: how much more likely the gold answer became once ``<mem>`` was written.
+
+    P[ans | c]   = ( prod_l pi(a_l | c, a_<l) )^(1/L)                      (eq. 5, geometric mean)
+    R_M(i, t)    = P[ans | q, mem_t] - P[ans | prefix before t]             (eq. 4, the bias term)
+
+``q`` is the question context as the policy saw it (call 0's context, the prompt wrap included);
+``mem_t`` the exact ``<mem>...</mem>`` tokens call t wrote; the "prefix before t" is call t's own
+context (question + the previous step: what the policy had when it wrote ``mem_t``). Both probe
+contexts end with ``<answer>\\n`` and the gold answer (every slot, ``"; "``-joined) is scored after
+it by teacher forcing. Knobs (``TrainConfig.mem_reward_*``, the notebook's deviations list):
+
+- ``context``: ``question`` (q + mem_t, eq. 5) | ``call`` (call t's context + mem_t)
+- ``bias``: ``call`` (eq. 4's epsilon, as above) | ``none`` (R_M = P[ans | q, mem_t]; Fig. 3 ablation)
+- ``answer_tags``: also score the closing ``\\n</answer>`` after the answer
+
+Every probe of a batch of trajectories is one row ``probe context + answer``; the rows are packed
+(:func:`memkit.rl.packing.pack`, ``separate`` rows or ``mem1_exact``'s prefix trie, where probes of
+one trajectory share the question once) and scored in a few batched forwards, not one per memory.
+:func:`answer_probability_loop` is the one-forward-per-probe reference the tests compare with.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from memkit.rl.losses import token_logprobs
+from memkit.rl.packed_forward import packed_attention
+from memkit.rl.packing import length_groups, pack
+from memkit.trajectory import Call, Trajectory, TrainingUnit
+
+CONTEXTS = ("question", "call")
+BIASES = ("call", "none")
+NORMS = ("pooled", "per_step")  # how the credit rule normalises R_M (memkit.rl.credit.mempo)
+PROBE_PACKINGS = ("separate", "mem1_exact")  # exact layouts only: the same P either way
+MEM_TAG = "mem"
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One P[ans | context] to compute: call ``call`` of trajectory ``traj`` (indices into the
+    scored list), ``kind`` "mem" (with mem_t) or "bias" (the prefix before t)."""
+
+    traj: int
+    call: int
+    kind: str
+    context_ids: list[int]
+    answer_ids: list[int]
+
+
+def gold_text(traj: Trajectory) -> str:
+    """The gold answer as the format writes it: every slot's first gold, ``"; "``-joined."""
+    return "; ".join(g[0] for g in traj.golds if g)
+
+
+def memory_span(call: Call) -> tuple[int, int] | None:
+    """``[start, end)`` output-token span of the call's first ``<mem>...</mem>`` (tags included)."""
+    spans = call.output_spans.get(MEM_TAG) or []
+    return tuple(spans[0]) if spans else None
+
+
+def _root(traj: Trajectory, t: int) -> Call:
+    calls = traj.calls
+    while calls[t].parent is not None:
+        t = calls[t].parent
+    return calls[t]
+
+
+def memory_probes(trajs: list[Trajectory], tokenizer, context: str = "question", bias: str = "call",
+                  answer_tags: bool = False) -> list[Probe]:
+    """The probes of eq. 4 for every call that wrote a ``<mem>`` span (a trajectory without gold
+    answers, e.g. an unlabelled rollout, gets none). Order: trajectory, call, "mem" before "bias"."""
+    if context not in CONTEXTS or bias not in BIASES:
+        raise ValueError(f"mem_reward context must be one of {CONTEXTS} and bias one of {BIASES}; "
+                         f"got {context!r}, {bias!r}")
+    enc = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
+    opener, after_mem = enc("<answer>\n"), enc("\n<answer>\n")
+    probes = []
+    for i, traj in enumerate(trajs):
+        gold = gold_text(traj)
+        if not gold:
+            continue
+        answer = enc(gold + ("\n</answer>" if answer_tags else ""))
+        for t, call in enumerate(traj.calls):
+            span = memory_span(call)
+            if span is None:
+                continue
+            head = _root(traj, t).context_ids if context == "question" else call.context_ids
+            mem = list(call.output_ids[span[0]:span[1]])
+            probes.append(Probe(i, t, "mem", list(head) + mem + after_mem, answer))
+            if bias == "call":
+                probes.append(Probe(i, t, "bias", list(call.context_ids) + opener, answer))
+    return probes
+
+
+def _probe_units(probes: list[Probe]) -> tuple[list[TrainingUnit], list[tuple[int, int]]]:
+    """One pseudo-trajectory per scored trajectory whose calls are its probes (context = probe
+    context, output = answer): ``pack`` then lays them out like training calls. Returns the units
+    and, per probe, (unit, call) in them."""
+    by_traj: dict[int, list[int]] = {}
+    for k, p in enumerate(probes):
+        by_traj.setdefault(p.traj, []).append(k)
+    units, where = [], [None] * len(probes)
+    for u, ks in enumerate(by_traj.values()):
+        calls = [Call(turn=0, role="probe", context_ids=probes[k].context_ids, output_ids=probes[k].answer_ids,
+                      logprobs=[0.0] * len(probes[k].answer_ids)) for k in ks]
+        units.append(TrainingUnit(Trajectory(task_id=f"probe-{u}", method="probe", calls=calls),
+                                  tuple(range(len(ks)))))
+        for c, k in enumerate(ks):
+            where[k] = (u, c)
+    return units, where
+
+
+@torch.no_grad()
+def answer_probability(model, probes: list[Probe], packing: str = "separate", rows_per_forward: int = 64,
+                       pad_id: int = 0, attention: str = "auto") -> torch.Tensor:
+    """P[ans | context] of every probe (eq. 5) in batched forwards. shape: ``[len(probes)]`` float32.
+
+    The probes are packed (``packing``: ``separate`` = one row each, ``mem1_exact`` = one prefix-trie
+    row per trajectory) and the rows scored ``rows_per_forward`` at a time, length-sorted so each
+    forward pads only to its own longest row; log P = mean over the answer tokens of their log-probs.
+    """
+    if not probes:
+        return torch.zeros(0)
+    units, where = _probe_units(probes)
+    batch = pack(units, packing, pad_id)
+    device = next(model.parameters()).device
+    logp = torch.zeros(batch.input_ids.shape)
+    lengths = batch.lengths.tolist()
+    order = [r for g in length_groups(lengths, 1) for r in g]
+    for s in range(0, len(order), rows_per_forward):
+        rows = torch.tensor(order[s:s + rows_per_forward])
+        width = max(lengths[r] for r in rows.tolist())
+        cut = lambda x: x[rows][..., :width] if x.dim() == 2 else x[rows][..., :width, :width]  # noqa: E731
+        m = cut(batch.loss_mask).to(device)
+        with packed_attention(model, cut(batch.attention_mask).to(device), attention) as mask:
+            lp = token_logprobs(model, cut(batch.input_ids).to(device), mask, cut(batch.position_ids).to(device),
+                                cut(batch.pred_index).to(device), loss_mask=m)
+        logp[rows, :width] = lp.float().cpu() * m.cpu()
+    # each answer token's probe: table[unit, call] -> probe index; then one index_add per batch
+    table = torch.full((len(units), max(len(u.calls) for u in units)), -1, dtype=torch.long)
+    for k, (u, c) in enumerate(where):
+        table[u, c] = k
+    sel = batch.loss_mask > 0
+    k = table[batch.traj_index[:, None].expand_as(batch.call_ids)[sel], batch.call_ids[sel]]
+    n_answer = torch.tensor([len(p.answer_ids) for p in probes], dtype=torch.float32)
+    out = torch.zeros(len(probes)).index_add_(0, k, logp[sel]) / n_answer
+    return out.exp()
+
+
+@torch.no_grad()
+def answer_probability_loop(model, probes: list[Probe]) -> list[float]:
+    """Loop reference for :func:`answer_probability`: one unbatched forward per probe."""
+    device = next(model.parameters()).device
+    out = []
+    for p in probes:
+        ids = torch.tensor([p.context_ids + p.answer_ids], device=device)
+        logits = model(input_ids=ids, use_cache=False).logits[0].float()
+        n = len(p.context_ids)
+        lp = [torch.log_softmax(logits[n - 1 + l], -1)[a].item() for l, a in enumerate(p.answer_ids)]
+        out.append(float(torch.tensor(sum(lp) / len(lp)).exp()))
+    return out
+
+
+def score_memories(model, tokenizer, trajs: list[Trajectory], context: str = "question", bias: str = "call",
+                   answer_tags: bool = False, packing: str = "separate", rows_per_forward: int = 64,
+                   attention: str = "auto") -> list[dict]:
+    """Eq. 4 for every memory of ``trajs``: sets ``Call.reward = R_M`` on each call that wrote a
+    ``<mem>`` span and returns one row per memory: ``traj``, ``call``, ``turn``, ``p_mem``
+    (P[ans | q, mem_t]), ``p_bias`` (P[ans | prefix before t]; 0 when ``bias='none'``), ``r_m``."""
+    probes = memory_probes(trajs, tokenizer, context, bias, answer_tags)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    p = answer_probability(model, probes, packing, rows_per_forward, pad, attention).tolist()
+    rows: dict[tuple[int, int], dict] = {}
+    for probe, value in zip(probes, p):
+        row = rows.setdefault((probe.traj, probe.call), {"traj": probe.traj, "call": probe.call,
+                                                          "turn": trajs[probe.traj].calls[probe.call].turn,
+                                                          "p_mem": 0.0, "p_bias": 0.0})
+        row["p_" + probe.kind] = value
+    for row in rows.values():
+        row["r_m"] = row["p_mem"] - row["p_bias"]
+        trajs[row["traj"]].calls[row["call"]].reward = row["r_m"]
+    return list(rows.values())
+
+
+__all__ = ["Probe", "CONTEXTS", "BIASES", "NORMS", "PROBE_PACKINGS", "gold_text", "memory_span", "memory_probes", "answer_probability",
+           "answer_probability_loop", "score_memories"]

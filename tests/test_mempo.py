@@ -1,0 +1,212 @@
+"""MemPO's memory reward and credit (eq. 4-9) on real rollouts.
+
+Trajectories are the scripted oracle's through the rollout engine (``tests/fixtures/traces.py``),
+so the ``<mem>`` spans, contexts and golds are what a training run holds; the model scoring them is
+the tiny Llama on the kit's tokenizer. Batched P equals one forward per probe; the credit rule
+equals its loop reference; pooling and the bias term are checked on hand-computed numbers.
+"""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from memkit.rl.credit import CreditBatch, get_credit
+from memkit.rl.memory_reward import (BIASES, CONTEXTS, answer_probability, answer_probability_loop, memory_probes,
+                                     memory_span, score_memories)
+from memkit.rl.packing import MODES, pack
+from memkit.trajectory import Trajectory, TrainingUnit
+from tests.fixtures.traces import kit, oracle_traces
+
+
+class Knobs:
+    grpo_norm_std, mem_reward_norm = True, "pooled"
+
+
+@pytest.fixture(scope="module")
+def model():
+    from memkit.policies import fresh_tiny
+
+    return fresh_tiny(kit(), seed=3).model.eval()
+
+
+def _copies(n_copies: int = 2, seed: int = 0) -> list[Trajectory]:
+    """Real MemPO trajectories, 3 tasks x ``n_copies`` (a group per task), seeded rewards and R_M."""
+    rng = random.Random(seed)
+    out = []
+    for copy_ in range(n_copies):
+        for t in oracle_traces("mempo", 2, 3, 11):
+            t = Trajectory.from_dict(t.to_dict())
+            t.reward, t.group_index = rng.choice([0.0, 1.0]), copy_
+            for c in t.calls:
+                c.reward = rng.uniform(-0.5, 0.5) if memory_span(c) else None
+            out.append(t)
+    return out
+
+
+def _cb(trajs, mode="separate") -> CreditBatch:
+    units = [TrainingUnit.of(t) for t in trajs]
+    return CreditBatch(batch=pack(units, mode), units=units, unit_traj=torch.arange(len(trajs)),
+                       rewards=torch.tensor([t.reward for t in trajs]), group_ids=[t.task_id for t in trajs],
+                       trajectories=trajs)
+
+
+# ------------------------------------------------------------------------------ P[ans | .] (eq. 5)
+@pytest.mark.parametrize("context", CONTEXTS)
+@pytest.mark.parametrize("bias", BIASES)
+@pytest.mark.parametrize("packing", ["separate", "mem1_exact"])
+def test_batched_answer_probability_equals_one_forward_per_probe(model, context, bias, packing):
+    trajs = list(oracle_traces("mempo", 2, 3, 11))
+    probes = memory_probes(trajs, kit().tokenizer, context, bias, answer_tags=packing == "separate")
+    assert len(probes) == sum(memory_span(c) is not None for t in trajs for c in t.calls) * (2 if bias == "call" else 1)
+    got = answer_probability(model, probes, packing, rows_per_forward=5)
+    ref = torch.tensor(answer_probability_loop(model, probes))
+    assert float((got - ref).abs().max()) <= 1e-5
+    assert float((got.log() - ref.log()).abs().max()) <= 1e-4  # P is ~1e-4 for a random model: compare logs too
+    assert len(set(got.tolist())) > 1  # the probes differ
+
+
+def test_probe_contexts_are_the_policys_own_tokens():
+    tok = kit().tokenizer
+    traj = oracle_traces("mempo", 2, 3, 11)[0]
+    probes = memory_probes([traj], tok, "question", "call")
+    gold = "; ".join(g[0] for g in traj.golds)
+    for p in probes:
+        call = traj.calls[p.call]
+        assert tok.decode(p.answer_ids) == gold
+        if p.kind == "mem":  # the question context, then exactly the <mem> tokens the call wrote
+            s, e = memory_span(call)
+            n = traj.calls[0].n_context
+            assert p.context_ids[:n] == traj.calls[0].context_ids
+            assert p.context_ids[n:n + e - s] == call.output_ids[s:e]
+            assert tok.decode(p.context_ids[n:n + e - s]).startswith("<mem>")
+            assert tok.decode(p.context_ids[n + e - s:]) == "\n<answer>\n"
+        else:  # the bias: the context the call saw, then the answer opener
+            assert p.context_ids[:call.n_context] == call.context_ids
+            assert tok.decode(p.context_ids[call.n_context:]) == "<answer>\n"
+    with_tags = memory_probes([traj], tok, answer_tags=True)[0]
+    assert tok.decode(with_tags.answer_ids) == gold + "\n</answer>"
+    unlabelled = Trajectory.from_dict({**traj.to_dict(), "golds": []})
+    assert memory_probes([unlabelled], tok) == []
+    with pytest.raises(ValueError, match="bias one of"):
+        memory_probes([traj], tok, bias="history")
+
+
+def test_score_memories_sets_r_m_as_the_bias_corrected_probability(model):
+    trajs = [Trajectory.from_dict(t.to_dict()) for t in oracle_traces("mempo", 2, 3, 11)]
+    rows = score_memories(model, kit().tokenizer, trajs)
+    probes = memory_probes(trajs, kit().tokenizer)
+    ref = answer_probability_loop(model, probes)
+    by = {(p.traj, p.call, p.kind): v for p, v in zip(probes, ref)}
+    assert len(rows) == len(probes) // 2
+    for r in rows:
+        assert r["p_mem"] == pytest.approx(by[r["traj"], r["call"], "mem"], abs=1e-6)
+        assert r["p_bias"] == pytest.approx(by[r["traj"], r["call"], "bias"], abs=1e-6)
+        assert trajs[r["traj"]].calls[r["call"]].reward == pytest.approx(r["p_mem"] - r["p_bias"])
+    no_bias = score_memories(model, kit().tokenizer, trajs, bias="none")
+    assert all(r["p_bias"] == 0.0 and r["r_m"] == r["p_mem"] for r in no_bias)
+
+
+# ------------------------------------------------------------------------------ credit (eq. 6-9)
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("norm", ["pooled", "per_step"])
+def test_mempo_credit_matches_its_loop_reference(mode, norm):
+    class K(Knobs):
+        mem_reward_norm = norm
+
+    rule = get_credit("mempo")
+    for seed in range(3):
+        cb = _cb(_copies(2, seed), mode)
+        adv, _ = rule.fn(cb, K)
+        assert torch.allclose(adv, torch.tensor(rule.loop(cb, K)), atol=1e-5)
+        grpo, _ = get_credit("grpo").fn(cb, K)
+        assert float((adv - grpo).abs().max()) > 0.1  # the memory advantage is there
+
+
+def _hand_case():
+    """Two samples of one task, two memories each, R_M set by hand: (0.1, 0.5) and (0.3, 0.7)."""
+    base = oracle_traces("mempo", 2, 3, 11)[0]
+    trajs = []
+    for r_t, r_m in ((1.0, (0.1, 0.5)), (0.0, (0.3, 0.7))):
+        t = Trajectory.from_dict(base.to_dict())
+        t.reward = r_t
+        mems = [c for c in t.calls if memory_span(c)]
+        for c in mems:
+            c.reward = None
+        t.calls = t.calls[:2]  # two calls, each with one <mem>
+        for c, r in zip(t.calls, r_m):
+            c.reward = r
+        trajs.append(t)
+    return trajs
+
+
+@pytest.mark.parametrize("norm,expected", [
+    ("pooled", (-0.3 / math.sqrt(0.2 / 3), 0.1 / math.sqrt(0.2 / 3), -0.1 / math.sqrt(0.2 / 3), 0.3 / math.sqrt(0.2 / 3))),
+    ("per_step", (-1 / math.sqrt(2), -1 / math.sqrt(2), 1 / math.sqrt(2), 1 / math.sqrt(2)))])
+def test_pooling_on_a_hand_checked_case(norm, expected):
+    """Pooled (eq. 6-8): mean 0.4 and std sqrt(0.2/3) over all four memories. Per step: turn 1
+    is (0.1, 0.3), turn 2 (0.5, 0.7), each mean +- 0.1 with std sqrt(0.02)."""
+    class K(Knobs):
+        mem_reward_norm = norm
+
+    trajs = _hand_case()
+    assert all(memory_span(c) for t in trajs for c in t.calls)
+    cb = _cb(trajs)
+    adv, _ = get_credit("mempo").fn(cb, K)
+    a_t = (0.5 / math.sqrt(0.5), -0.5 / math.sqrt(0.5))  # rewards (1, 0): mean 0.5, std sqrt(0.5)
+    b = cb.batch
+    for row in range(b.input_ids.shape[0]):
+        i, c = int(b.traj_index[row]), int(b.call_index[row])
+        s, e = memory_span(trajs[i].calls[c])
+        n_ctx = trajs[i].calls[c].n_context
+        out = adv[row, n_ctx:n_ctx + trajs[i].calls[c].n_output]
+        assert torch.allclose(out[s:e], torch.full((e - s,), a_t[i] + expected[2 * i + c]), atol=1e-4)
+        rest = torch.cat([out[:s], out[e:]])
+        assert torch.allclose(rest, torch.full_like(rest, a_t[i]), atol=1e-5)
+
+
+def test_equal_memory_rewards_make_mempo_grpo():
+    """The exercise's answer: when every memory is equally good (e.g. each already holds the answer)
+    A_M = 0 and MemPO's update is GRPO's."""
+    trajs = _copies(2, 0)
+    for t in trajs:
+        for c in t.calls:
+            if c.reward is not None:
+                c.reward = 0.5  # exactly representable: the group mean is exact, the std 0
+    cb = _cb(trajs)
+    assert torch.allclose(get_credit("mempo").fn(cb, Knobs)[0], get_credit("grpo").fn(cb, Knobs)[0], atol=1e-6)
+
+
+def test_an_unscored_memory_is_an_error_not_a_silent_zero():
+    trajs = _copies(2, 0)
+    next(c for c in trajs[0].calls if memory_span(c)).reward = None
+    with pytest.raises(ValueError, match="score_memories"):
+        get_credit("mempo").fn(_cb(trajs), Knobs)
+
+
+def test_learner_scores_memories_and_trains_them(model):
+    """One update with credit ``mempo`` on real trajectories: every memory is scored under the
+    policy, the stats report it, and the update differs from GRPO's on the same batch."""
+    from accelerate import Accelerator
+
+    from memkit.policies import fresh_tiny
+    from memkit.rl.config import TrainConfig
+    from memkit.rl.update import Learner
+
+    def run(credit):
+        trajs = _copies(2, 1)
+        cfg = TrainConfig(method="mempo", init="tiny", credit=credit, lr=1e-3, kl_coef=0.0, out_dir="",
+                          recompute_old_logprobs=True)
+        learner = Learner(cfg, fresh_tiny(kit(), seed=3).model, kit().tokenizer, accelerator=Accelerator(cpu=True))
+        stats = learner.update(trajs)
+        return stats, {k: v.detach().clone() for k, v in learner.policy.state_dict().items()}, trajs
+
+    stats, after, trajs = run("mempo")
+    n_mem = sum(memory_span(c) is not None for t in trajs for c in t.calls)
+    assert stats["memories"] == n_mem and 0 < stats["mem_p"] < 1 and stats["mem_reward_seconds"] > 0
+    assert all(c.reward is not None for t in trajs for c in t.calls if memory_span(c))
+    g_stats, g_after, _ = run("grpo")
+    assert "mem_p" not in g_stats
+    assert max(float((after[k] - g_after[k]).abs().max()) for k in after) > 1e-5
