@@ -26,7 +26,7 @@ FIGURES_ENV = "MEMKIT_FIGURES"
 PAPERMILL_ENV = "MEMKIT_PAPERMILL"  # set to "1" by memkit's papermill harness
 
 __all__ = [
-    "record", "load_records", "record_path", "figure_path", "figures_dir",
+    "record", "record_all", "load_records", "record_path", "figure_path", "figures_dir",
     "in_papermill", "progress", "smoke_scale", "to_jsonable",
 ]
 
@@ -107,6 +107,13 @@ def record(name: str, value: Any) -> Any:
     records[name] = data
     atomic_write_text(path, json.dumps(records, indent=2, sort_keys=True) + "\n")
     return value
+
+
+def record_all(values: dict[str, Any]) -> dict[str, Any]:
+    """:func:`record` every ``name: value`` of ``values`` (one call per notebook section)."""
+    for name, value in values.items():
+        record(name, value)
+    return values
 
 
 def _repo_root() -> Path | None:

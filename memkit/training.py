@@ -89,3 +89,46 @@ def train(cfg: TrainConfig, kit: Kit | None = None, progress=True, log=None, res
         trainer.resume()
     trainer.run(progress=progress, log=log)
     return TrainResult(trainer.history, trainer.eval_history, trainer.policy, getattr(trainer, "last_checkpoint", None))
+
+
+# ---- arms x seeds ------------------------------------------------------------------------------------
+def train_arms(base: TrainConfig, arms: dict[str, dict], seeds, kit: Kit, progress: bool = False) -> dict:
+    """Train each arm (``TrainConfig`` fields that differ from ``base``) once per seed, all from
+    ``base.init`` and for the same steps, each in ``base.out_dir/<arm>-s<seed>``.
+
+    Returns ``{(arm, seed): TrainResult}``; :func:`memkit.metrics.arm_table` turns their first and
+    last evaluations into a mean +- std table. The runs are sequential (one CPU process each).
+    """
+    out = {}
+    for arm, over in arms.items():
+        for seed in seeds:
+            cfg = replace(base, **over, seed=seed, out_dir=str(Path(base.out_dir) / f"{arm}-s{seed}"))
+            out[arm, seed] = train(cfg, kit, progress=progress)
+    return out
+
+
+def run_summary(result: TrainResult) -> dict:
+    """One run's first and last evaluation per objective count: ``em_k{k}_start`` / ``em_k{k}_end``
+    (and ``mem_p_k{k}_*`` where the format writes ``<mem>``), its steps and training seconds."""
+    row = {"steps": len(result.history), "seconds": sum(r["seconds"] for r in result.history)}
+    for k in sorted({e["k"] for e in result.eval_history}):
+        evals = [e for e in result.eval_history if e["k"] == k]
+        for key in ("em", "mem_p"):
+            if key in evals[0]:
+                row[f"{key}_k{k}_start"], row[f"{key}_k{k}_end"] = evals[0][key], evals[-1][key]
+    return row
+
+
+def arm_table(results: dict, metrics) -> list[dict]:
+    """Mean and sample std (n - 1; 0 for one seed) over seeds of each of ``metrics`` (keys of
+    :func:`run_summary`; nan where a run has none) per arm of :func:`train_arms`' results: one row
+    per arm, ``<metric>`` and ``<metric>_std``, plus ``seeds``."""
+    rows = []
+    for arm in dict.fromkeys(a for a, _ in results):
+        runs = [run_summary(r) for (a, _), r in results.items() if a == arm]
+        row = {"arm": arm, "seeds": len(runs)}
+        for m in metrics:
+            x = torch.tensor([float(r.get(m, float("nan"))) for r in runs], dtype=torch.float64)
+            row[m], row[m + "_std"] = float(x.mean()), float(x.std()) if len(x) > 1 else 0.0
+        rows.append(row)
+    return rows

@@ -181,6 +181,9 @@ class TrainConfig:
     over those written at the same turn (``per_step``; the 'without pooling' ablation)."""
     mem_reward_answer_tags: bool = False
     """MemPO eq. 5: also score the closing ``</answer>`` after the gold answer tokens."""
+    mem_reward_log: bool = False
+    """Score every ``<mem>`` (and log ``mem_p``, the mean P[ans | q, mem_t], per step) under a credit
+    rule that does not use it, e.g. GRPO, to compare with MemPO's curve; costs the probes' forwards."""
     mem_reward_packing: str = field(default="separate", metadata={"choices": PROBE_PACKINGS})
     """Layout of the probe rows: ``separate`` (one row per probe) or ``mem1_exact`` (one prefix-trie
     row per trajectory, the question once); the same P either way (``benchmarks/mempo_cost.py``)."""

@@ -239,7 +239,7 @@ class Learner:
             if self.sort_micro_batches:
                 order.sort(key=lambda i: units[i].n_tokens)
             plan.append([order[j * cfg.micro_batch_size:(j + 1) * cfg.micro_batch_size] for j in range(n_micro)])
-        memory = self._score_memories(trajs) if self.credit.needs_memory_reward else {}
+        memory = self._score_memories(trajs) if self.credit.needs_memory_reward or cfg.mem_reward_log else {}
         exps = [[self._experience([units[i] for i in c], [unit_traj[i] for i in c], rewards, group_ids, trajs)
                  for c in mini] for mini in plan]
         if self.credit.whiten and cfg.whiten_advantages:
