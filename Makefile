@@ -38,7 +38,7 @@ test-fast: setup
 	$(PY) -m pytest -q -m "not slow and not browser" $(PYTEST_ARGS)
 
 # The kit's main job: every notebook in the lab mode (SMOKE=False, memkit.lab) on the tiny model
-# and the synthetic world, real learned numbers in about an hour on 2 cores -> runs/<time>/REPORT.md.
+# and the synthetic world, real learned numbers in about 1.5 hours on 2 cores -> runs/<time>/REPORT.md.
 # A killed run goes on with `memkit reproduce --resume runs/<time>`.
 reproduce: setup
 	$(MEMKIT) reproduce

@@ -1,7 +1,7 @@
 """Run the notebooks end to end with papermill and write a report: ``memkit reproduce``.
 
 Two modes: SMOKE (``--smoke``: small sizes, what ``make test`` runs, minutes) and the lab
-(``SMOKE = False``: the RL lab of :mod:`memkit.lab`, real learned numbers in about an hour on 2 cores).
+(``SMOKE = False``: the RL lab of :mod:`memkit.lab`, real learned numbers in about 1.5 hours on 2 cores).
 Each notebook runs in a fresh kernel of *this* Python environment with its ``parameters``
 cell overridden (only the parameters it declares: ``SMOKE``, ``MODEL``, ``SEED``,
 ``OUT_DIR``). Its executed copy, its record sidecar and its OUT_DIR go into
@@ -314,7 +314,7 @@ def reproduce(smoke: bool = True, model: str = "tiny", notebooks: Sequence[str] 
     """Run the notebooks in order into ``out_root/<timestamp>/`` and write ``REPORT.md`` there.
 
     ``smoke``: SMOKE=True (small sizes, minutes) or the lab mode (SMOKE=False: learned numbers,
-    about an hour on 2 cores from an empty cache; the SFT checkpoints are cached across notebooks
+    about 1.5 hours on 2 cores from an empty cache; the SFT checkpoints are cached across notebooks
     and runs). ``resume``: an earlier run directory; its notebooks that finished ok are kept and
     the others run again (the report and summary are rewritten after every notebook).
 

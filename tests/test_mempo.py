@@ -15,7 +15,7 @@ import torch
 
 from memkit.rl.credit import CreditBatch, get_credit
 from memkit.rl.memory_reward import (BIASES, CONTEXTS, answer_probability, answer_probability_loop, memory_probes,
-                                     memory_span, score_memories)
+                                     memory_span, previous_memory, score_memories)
 from memkit.rl.packing import MODES, pack
 from memkit.trajectory import Trajectory, TrainingUnit
 from tests.fixtures.traces import kit, oracle_traces
@@ -59,8 +59,11 @@ def _cb(trajs, mode="separate") -> CreditBatch:
 @pytest.mark.parametrize("packing", ["separate", "mem1_exact"])
 def test_batched_answer_probability_equals_one_forward_per_probe(model, context, bias, packing):
     trajs = list(oracle_traces("mempo", 2, 3, 11))
-    probes = memory_probes(trajs, kit().tokenizer, context, bias, answer_tags=packing == "separate")
-    assert len(probes) == sum(memory_span(c) is not None for t in trajs for c in t.calls) * (2 if bias == "call" else 1)
+    opener = "think" if packing == "separate" else "answer"
+    probes = memory_probes(trajs, kit().tokenizer, context, bias, answer_tags=packing == "separate", opener=opener)
+    n_mem = sum(memory_span(c) is not None for t in trajs for c in t.calls)
+    n_bias = {"call": n_mem, "previous": len(trajs), "none": 0}[bias]  # previous: one empty-memory probe per chain
+    assert len(probes) == n_mem + n_bias
     got = answer_probability(model, probes, packing, rows_per_forward=5)
     ref = torch.tensor(answer_probability_loop(model, probes))
     assert float((got - ref).abs().max()) <= 1e-5
@@ -71,42 +74,53 @@ def test_batched_answer_probability_equals_one_forward_per_probe(model, context,
 def test_probe_contexts_are_the_policys_own_tokens():
     tok = kit().tokenizer
     traj = oracle_traces("mempo", 2, 3, 11)[0]
-    probes = memory_probes([traj], tok, "question", "call")
     gold = "; ".join(g[0] for g in traj.golds)
-    for p in probes:
-        call = traj.calls[p.call]
-        assert tok.decode(p.answer_ids) == gold
-        if p.kind == "mem":  # the question context, then exactly the <mem> tokens the call wrote
-            s, e = memory_span(call)
-            n = traj.calls[0].n_context
-            assert p.context_ids[:n] == traj.calls[0].context_ids
-            assert p.context_ids[n:n + e - s] == call.output_ids[s:e]
-            assert tok.decode(p.context_ids[n:n + e - s]).startswith("<mem>")
-            assert tok.decode(p.context_ids[n + e - s:]) == "\n<answer>\n"
-        else:  # the bias: the context the call saw, then the answer opener
-            assert p.context_ids[:call.n_context] == call.context_ids
-            assert tok.decode(p.context_ids[call.n_context:]) == "<answer>\n"
-    with_tags = memory_probes([traj], tok, answer_tags=True)[0]
-    assert tok.decode(with_tags.answer_ids) == gold + "\n</answer>"
+    opener = "\n<think>\nAll questions are answered.\n</think>\n<answer>\n"  # the teacher's answering step
+    for bias in ("previous", "call"):
+        for p in memory_probes([traj], tok, "question", bias):
+            call = traj.calls[p.call]
+            assert tok.decode(p.answer_ids) == gold
+            if p.kind == "mem":  # the question context, then exactly the <mem> tokens the call wrote
+                s, e = memory_span(call)
+                n = traj.calls[0].n_context
+                assert p.context_ids[:n] == traj.calls[0].context_ids
+                assert p.context_ids[n:n + e - s] == call.output_ids[s:e]
+                assert tok.decode(p.context_ids[n:n + e - s]).startswith("<mem>")
+                assert tok.decode(p.context_ids[n + e - s:]) == opener
+            else:  # the bias: an empty memory after the call's context (call) or the question (previous)
+                head = call if bias == "call" else traj.calls[0]
+                assert bias == "call" or p.call == 0
+                assert p.context_ids[:head.n_context] == head.context_ids
+                assert tok.decode(p.context_ids[head.n_context:]) == "<mem>\n</mem>" + opener
+    literal = memory_probes([traj], tok, opener="answer", answer_tags=True)[0]
+    assert tok.decode(literal.context_ids).endswith("</mem>\n<answer>\n")
+    assert tok.decode(literal.answer_ids) == gold + "\n</answer>"
     unlabelled = Trajectory.from_dict({**traj.to_dict(), "golds": []})
     assert memory_probes([unlabelled], tok) == []
     with pytest.raises(ValueError, match="bias one of"):
         memory_probes([traj], tok, bias="history")
 
 
-def test_score_memories_sets_r_m_as_the_bias_corrected_probability(model):
+@pytest.mark.parametrize("bias", BIASES)
+def test_score_memories_sets_r_m_as_the_bias_corrected_probability(model, bias):
     trajs = [Trajectory.from_dict(t.to_dict()) for t in oracle_traces("mempo", 2, 3, 11)]
-    rows = score_memories(model, kit().tokenizer, trajs)
-    probes = memory_probes(trajs, kit().tokenizer)
-    ref = answer_probability_loop(model, probes)
-    by = {(p.traj, p.call, p.kind): v for p, v in zip(probes, ref)}
-    assert len(rows) == len(probes) // 2
+    rows = score_memories(model, kit().tokenizer, trajs, bias=bias)
+    probes = memory_probes(trajs, kit().tokenizer, bias=bias)
+    ref = {(p.traj, p.call, p.kind): v for p, v in zip(probes, answer_probability_loop(model, probes))}
+    assert len(rows) == sum(memory_span(c) is not None for t in trajs for c in t.calls)
     for r in rows:
-        assert r["p_mem"] == pytest.approx(by[r["traj"], r["call"], "mem"], abs=1e-6)
-        assert r["p_bias"] == pytest.approx(by[r["traj"], r["call"], "bias"], abs=1e-6)
-        assert trajs[r["traj"]].calls[r["call"]].reward == pytest.approx(r["p_mem"] - r["p_bias"])
-    no_bias = score_memories(model, kit().tokenizer, trajs, bias="none")
-    assert all(r["p_bias"] == 0.0 and r["r_m"] == r["p_mem"] for r in no_bias)
+        i, t = r["traj"], r["call"]
+        assert r["p_mem"] == pytest.approx(ref[i, t, "mem"], abs=1e-6)
+        prev = previous_memory(trajs[i], t)
+        bias_ref = {"none": 0.0, "call": ref.get((i, t, "bias")),
+                    "previous": ref[i, prev, "mem"] if prev is not None else ref.get((i, t, "bias"))}[bias]
+        assert r["p_bias"] == pytest.approx(bias_ref, abs=1e-6)
+        assert trajs[i].calls[t].reward == pytest.approx(r["p_mem"] - r["p_bias"])
+    if bias == "previous":  # R_M telescopes: the memories of a chain add up to P[last] - P[empty memory]
+        for i, traj in enumerate(trajs):
+            mine = [r for r in rows if r["traj"] == i]
+            first = ref[i, min(r["call"] for r in mine), "bias"]
+            assert sum(r["r_m"] for r in mine) == pytest.approx(mine[-1]["p_mem"] - first, abs=1e-6)
 
 
 # ------------------------------------------------------------------------------ credit (eq. 6-9)

@@ -53,6 +53,7 @@ from memkit.agents.base import AgentState, OracleConfig
 MAX_ATTEMPTS = 3
 VAGUE_QUERIES = ("more information", "general background", "related facts", "other details", "overview")
 UNKNOWN = "unknown"
+ANSWER_PLAN = "All questions are answered."  # the thought before a final answer (MemPO's probe reuses it)
 
 
 @dataclass
@@ -157,7 +158,7 @@ def decide(state: AgentState, rng: random.Random, cfg: OracleConfig, turns_neede
         hop = next_hop(state)
         if hop is None or remaining <= turns_needed_to_answer:
             done = hop is None
-            return Decision("answer", plan="All questions are answered." if done else "Out of turns; answer now.")
+            return Decision("answer", plan=ANSWER_PLAN if done else "Out of turns; answer now.")
         qi, hi = hop
         q = state.task.questions[qi]
         if cfg.flaw == "stop_early" and q.kind == "bridge" and hi >= 1 and shows_flaw(state, rng, cfg, qi):

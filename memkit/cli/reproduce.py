@@ -10,7 +10,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("reproduce", help="run every notebook with papermill and write a report",
                        description=doc.split("\n\n")[0])
     p.add_argument("--smoke", action="store_true",
-                   help="SMOKE=True: small sizes, minutes (default: the lab mode, SMOKE=False, about an hour on 2 cores)")
+                   help="SMOKE=True: small sizes, minutes (default: the lab mode, SMOKE=False, about 1.5 hours on 2 cores)")
     p.add_argument("--model", default="tiny", help="MODEL parameter: tiny, smollm2-135m, HF id/path")
     p.add_argument("--seed", type=int, default=0, help="SEED parameter (default 0)")
     p.add_argument("--only", nargs="+", metavar="NAME", help="notebook stems or unique prefixes")

@@ -16,7 +16,7 @@ from memkit.agents.base import PROMPTS
 from memkit.rl.block_attention import ATTENTION_PATHS
 from memkit.rl.losses import AGG_MODES, KL_KINDS
 from memkit.rl.memory_reward import BIASES as MEM_BIASES, CONTEXTS as MEM_CONTEXTS, NORMS as MEM_NORMS, \
-    PROBE_PACKINGS
+    OPENERS as MEM_OPENERS, PROBE_PACKINGS
 from memkit.rl.packing import MODES as PACKING_MODES
 from memkit.world.splits import TRAINING_SPLITS
 from memkit.world.task_sets import EVAL_SEEDS
@@ -173,9 +173,14 @@ class TrainConfig:
     mem_reward_context: str = field(default="question", metadata={"choices": MEM_CONTEXTS})
     """MemPO (credit ``mempo``) eq. 5: what conditions P[ans | ., mem_t]: ``question`` (the question
     context + mem_t, as eq. 5 writes it) or ``call`` (call t's whole context + mem_t)."""
-    mem_reward_bias: str = field(default="call", metadata={"choices": MEM_BIASES})
-    """MemPO eq. 4's bias epsilon = P[ans | prefix before t]: ``call`` = the context call t saw (the
-    question and the previous step, MemPO's inference context); ``none`` drops it (Fig. 3 ablation)."""
+    mem_reward_bias: str = field(default="previous", metadata={"choices": MEM_BIASES})
+    """MemPO eq. 4's bias epsilon_t = P[ans | prefix before t]: ``previous`` = P[ans | q, mem_{t-1}] (an
+    empty memory before the first: R_M is what the memory update added), ``call`` = P[ans | the context
+    call t saw, an empty memory], ``none`` = 0 (the Fig. 3 ablation)."""
+    mem_reward_opener: str = field(default="think", metadata={"choices": MEM_OPENERS})
+    """MemPO eq. 5: what follows ``</mem>`` before the scored answer: ``think`` (the format's answering
+    step, ``<think>`` + the teacher's answering thought + ``<answer>``) or ``answer`` (``<answer>`` at
+    once, eq. 5 literally; out of format for a cloned tiny model: docs/findings.md, 'MemPO')."""
     mem_reward_norm: str = field(default="pooled", metadata={"choices": MEM_NORMS})
     """MemPO eq. 6-8: normalise R_M over every memory of a task's N samples (``pooled``) or only
     over those written at the same turn (``per_step``; the 'without pooling' ablation)."""
@@ -312,6 +317,7 @@ class TrainConfig:
         if self.attention == "flex" and (self.device == "cpu" or not torch.cuda.is_available()):
             bad("attention", "flex_attention has no backward on CPU; use auto or blocks")
         for name, choices in (("mem_reward_context", MEM_CONTEXTS), ("mem_reward_bias", MEM_BIASES),
+                              ("mem_reward_opener", MEM_OPENERS),
                               ("mem_reward_norm", MEM_NORMS), ("mem_reward_packing", PROBE_PACKINGS)):
             if getattr(self, name) not in choices:
                 bad(name, f"choose one of {choices}")

@@ -1,17 +1,20 @@
 """MemPO's memory reward: how much more likely the gold answer became once ``<mem>`` was written.
 
     P[ans | c]   = ( prod_l pi(a_l | c, a_<l) )^(1/L)                      (eq. 5, geometric mean)
-    R_M(i, t)    = P[ans | q, mem_t] - P[ans | prefix before t]             (eq. 4, the bias term)
+    R_M(i, t)    = P[ans | q, mem_t] - epsilon_t                           (eq. 4, the bias term)
 
-``q`` is the question context as the policy saw it (call 0's context, the prompt wrap included);
-``mem_t`` the exact ``<mem>...</mem>`` tokens call t wrote; the "prefix before t" is call t's own
-context (question + the previous step: what the policy had when it wrote ``mem_t``). Both probe
-contexts end with ``<answer>\\n`` and the gold answer (every slot, ``"; "``-joined) is scored after
-it by teacher forcing. Knobs (``TrainConfig.mem_reward_*``, the notebook's deviations list):
+``q`` is the question context as the policy saw it (call 0's context, the prompt wrap included),
+``mem_t`` the exact ``<mem>...</mem>`` tokens call t wrote. The answer (every slot's gold,
+``"; "``-joined) is scored by teacher forcing after an *opener* that ends the format's answering
+step: ``think`` = ``<think>`` with the teacher's answering thought, then ``<answer>``; ``answer`` =
+``<answer>`` right after ``</mem>`` (eq. 5 read literally; out of format for a cloned tiny model,
+whose P is then ~1e-3 everywhere: docs/findings.md, 'MemPO'). Knobs (``TrainConfig.mem_reward_*``):
 
 - ``context``: ``question`` (q + mem_t, eq. 5) | ``call`` (call t's context + mem_t)
-- ``bias``: ``call`` (eq. 4's epsilon, as above) | ``none`` (R_M = P[ans | q, mem_t]; Fig. 3 ablation)
-- ``answer_tags``: also score the closing ``\\n</answer>`` after the answer
+- ``bias`` epsilon_t = P[ans | prefix before t]: ``previous`` = the same probe with the previous
+  memory (an empty ``<mem>`` before the first), so R_M is what this memory update added; ``call`` =
+  call t's own context with an empty ``<mem>``; ``none`` = 0 (the Fig. 3 ablation)
+- ``opener``: ``think`` | ``answer`` (above); ``answer_tags``: also score the closing ``</answer>``
 
 Every probe of a batch of trajectories is one row ``probe context + answer``; the rows are packed
 (:func:`memkit.rl.packing.pack`, ``separate`` rows or ``mem1_exact``'s prefix trie, where probes of
@@ -24,16 +27,19 @@ from dataclasses import dataclass
 
 import torch
 
+from memkit.agents.oracle import ANSWER_PLAN
 from memkit.rl.losses import token_logprobs
 from memkit.rl.packed_forward import packed_attention
-from memkit.rl.packing import length_groups, pack
+from memkit.rl.packing import pack
 from memkit.trajectory import Call, Trajectory, TrainingUnit
 
 CONTEXTS = ("question", "call")
-BIASES = ("call", "none")
+BIASES = ("previous", "call", "none")
+OPENERS = ("think", "answer")
 NORMS = ("pooled", "per_step")  # how the credit rule normalises R_M (memkit.rl.credit.mempo)
 PROBE_PACKINGS = ("separate", "mem1_exact")  # exact layouts only: the same P either way
 MEM_TAG = "mem"
+EMPTY_MEMORY = "<mem>\n</mem>"
 
 
 @dataclass(frozen=True)
@@ -66,15 +72,30 @@ def _root(traj: Trajectory, t: int) -> Call:
     return calls[t]
 
 
-def memory_probes(trajs: list[Trajectory], tokenizer, context: str = "question", bias: str = "call",
-                  answer_tags: bool = False) -> list[Probe]:
+def previous_memory(traj: Trajectory, t: int) -> int | None:
+    """The nearest earlier call on call t's chain (its parents) that wrote a ``<mem>``, or None."""
+    j = traj.calls[t].parent
+    while j is not None and memory_span(traj.calls[j]) is None:
+        j = traj.calls[j].parent
+    return j
+
+
+def opener_text(opener: str) -> str:
+    """What follows ``</mem>`` in a probe, up to where the answer starts."""
+    return f"\n<think>\n{ANSWER_PLAN}\n</think>\n<answer>\n" if opener == "think" else "\n<answer>\n"
+
+
+def memory_probes(trajs: list[Trajectory], tokenizer, context: str = "question", bias: str = "previous",
+                  answer_tags: bool = False, opener: str = "think") -> list[Probe]:
     """The probes of eq. 4 for every call that wrote a ``<mem>`` span (a trajectory without gold
-    answers, e.g. an unlabelled rollout, gets none). Order: trajectory, call, "mem" before "bias"."""
-    if context not in CONTEXTS or bias not in BIASES:
-        raise ValueError(f"mem_reward context must be one of {CONTEXTS} and bias one of {BIASES}; "
-                         f"got {context!r}, {bias!r}")
+    answers, e.g. an unlabelled rollout, gets none): a "mem" probe per memory and, for ``bias``
+    ``call`` every memory / ``previous`` only the first of a chain, a "bias" probe with an empty
+    memory (``previous`` reuses the previous memory's "mem" probe, :func:`score_memories`)."""
+    if context not in CONTEXTS or bias not in BIASES or opener not in OPENERS:
+        raise ValueError(f"mem_reward context must be one of {CONTEXTS}, bias one of {BIASES} and opener one of "
+                         f"{OPENERS}; got {context!r}, {bias!r}, {opener!r}")
     enc = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
-    opener, after_mem = enc("<answer>\n"), enc("\n<answer>\n")
+    after, empty = enc(opener_text(opener)), enc(EMPTY_MEMORY)
     probes = []
     for i, traj in enumerate(trajs):
         gold = gold_text(traj)
@@ -85,11 +106,11 @@ def memory_probes(trajs: list[Trajectory], tokenizer, context: str = "question",
             span = memory_span(call)
             if span is None:
                 continue
-            head = _root(traj, t).context_ids if context == "question" else call.context_ids
-            mem = list(call.output_ids[span[0]:span[1]])
-            probes.append(Probe(i, t, "mem", list(head) + mem + after_mem, answer))
-            if bias == "call":
-                probes.append(Probe(i, t, "bias", list(call.context_ids) + opener, answer))
+            head = list(_root(traj, t).context_ids if context == "question" else call.context_ids)
+            probes.append(Probe(i, t, "mem", head + list(call.output_ids[span[0]:span[1]]) + after, answer))
+            if bias == "call" or (bias == "previous" and previous_memory(traj, t) is None):
+                prefix = list(call.context_ids) if bias == "call" else head
+                probes.append(Probe(i, t, "bias", prefix + empty + after, answer))
     return probes
 
 
@@ -127,7 +148,7 @@ def answer_probability(model, probes: list[Probe], packing: str = "separate", ro
     device = next(model.parameters()).device
     logp = torch.zeros(batch.input_ids.shape)
     lengths = batch.lengths.tolist()
-    order = [r for g in length_groups(lengths, 1) for r in g]
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)  # short rows first
     for s in range(0, len(order), rows_per_forward):
         rows = torch.tensor(order[s:s + rows_per_forward])
         width = max(lengths[r] for r in rows.tolist())
@@ -162,13 +183,13 @@ def answer_probability_loop(model, probes: list[Probe]) -> list[float]:
     return out
 
 
-def score_memories(model, tokenizer, trajs: list[Trajectory], context: str = "question", bias: str = "call",
-                   answer_tags: bool = False, packing: str = "separate", rows_per_forward: int = 64,
-                   attention: str = "auto") -> list[dict]:
+def score_memories(model, tokenizer, trajs: list[Trajectory], context: str = "question", bias: str = "previous",
+                   answer_tags: bool = False, opener: str = "think", packing: str = "separate",
+                   rows_per_forward: int = 64, attention: str = "auto") -> list[dict]:
     """Eq. 4 for every memory of ``trajs``: sets ``Call.reward = R_M`` on each call that wrote a
     ``<mem>`` span and returns one row per memory: ``traj``, ``call``, ``turn``, ``p_mem``
-    (P[ans | q, mem_t]), ``p_bias`` (P[ans | prefix before t]; 0 when ``bias='none'``), ``r_m``."""
-    probes = memory_probes(trajs, tokenizer, context, bias, answer_tags)
+    (P[ans | q, mem_t]), ``p_bias`` (epsilon_t; 0 when ``bias='none'``), ``r_m``."""
+    probes = memory_probes(trajs, tokenizer, context, bias, answer_tags, opener)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     p = answer_probability(model, probes, packing, rows_per_forward, pad, attention).tolist()
     rows: dict[tuple[int, int], dict] = {}
@@ -177,11 +198,15 @@ def score_memories(model, tokenizer, trajs: list[Trajectory], context: str = "qu
                                                           "turn": trajs[probe.traj].calls[probe.call].turn,
                                                           "p_mem": 0.0, "p_bias": 0.0})
         row["p_" + probe.kind] = value
-    for row in rows.values():
+    for (i, t), row in rows.items():
+        prev = previous_memory(trajs[i], t) if bias == "previous" else None
+        if prev is not None:
+            row["p_bias"] = rows[i, prev]["p_mem"]
         row["r_m"] = row["p_mem"] - row["p_bias"]
-        trajs[row["traj"]].calls[row["call"]].reward = row["r_m"]
+        trajs[i].calls[t].reward = row["r_m"]
     return list(rows.values())
 
 
-__all__ = ["Probe", "CONTEXTS", "BIASES", "NORMS", "PROBE_PACKINGS", "gold_text", "memory_span", "memory_probes", "answer_probability",
+__all__ = ["Probe", "CONTEXTS", "BIASES", "OPENERS", "NORMS", "PROBE_PACKINGS", "gold_text", "memory_span",
+           "previous_memory", "opener_text", "memory_probes", "answer_probability",
            "answer_probability_loop", "score_memories"]
