@@ -64,8 +64,9 @@ def test_batched_answer_probability_equals_one_forward_per_probe(model, context,
     n_mem = sum(memory_span(c) is not None for t in trajs for c in t.calls)
     n_bias = {"call": n_mem, "previous": len(trajs), "none": 0}[bias]  # previous: one empty-memory probe per chain
     assert len(probes) == n_mem + n_bias
-    got = answer_probability(model, probes, packing, rows_per_forward=5)
-    ref = torch.tensor(answer_probability_loop(model, probes))
+    score = "per_slot" if context == "call" else "joint"
+    got = answer_probability(model, probes, packing, rows_per_forward=5, score=score)
+    ref = torch.tensor(answer_probability_loop(model, probes, score))
     assert float((got - ref).abs().max()) <= 1e-5
     assert float((got.log() - ref.log()).abs().max()) <= 1e-4  # P is ~1e-4 for a random model: compare logs too
     assert len(set(got.tolist())) > 1  # the probes differ
@@ -80,6 +81,9 @@ def test_probe_contexts_are_the_policys_own_tokens():
         for p in memory_probes([traj], tok, "question", bias):
             call = traj.calls[p.call]
             assert tok.decode(p.answer_ids) == gold
+            for q, g in enumerate(traj.golds):  # each question's tokens decode to its gold
+                assert tok.decode([a for a, s in zip(p.answer_ids, p.answer_slots) if s == q]).replace(" ", "") \
+                    == g[0].replace(" ", "")
             if p.kind == "mem":  # the question context, then exactly the <mem> tokens the call wrote
                 s, e = memory_span(call)
                 n = traj.calls[0].n_context
@@ -99,6 +103,20 @@ def test_probe_contexts_are_the_policys_own_tokens():
     assert memory_probes([unlabelled], tok) == []
     with pytest.raises(ValueError, match="bias one of"):
         memory_probes([traj], tok, bias="history")
+
+
+def test_per_slot_score_is_the_mean_of_each_questions_geometric_mean(model):
+    """A hand check of ``score='per_slot'``: token log-probs of one probe, grouped by question."""
+    probe = memory_probes(list(oracle_traces("mempo", 2, 3, 11)), kit().tokenizer, answer_tags=True)[-1]
+    ids = torch.tensor([probe.context_ids + probe.answer_ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids).logits[0, len(probe.context_ids) - 1:-1], -1)
+    lp = logp[torch.arange(len(probe.answer_ids)), torch.tensor(probe.answer_ids)]
+    slots = torch.tensor(probe.answer_slots)
+    by_hand = (lp[slots == 0].mean().exp() + lp[slots == 1].mean().exp()) / 2
+    assert (slots == -1).sum() >= 2  # the "; " and the closing tag count for no question
+    assert float(answer_probability(model, [probe], score="per_slot")[0]) == pytest.approx(float(by_hand), rel=1e-4)
+    assert float(answer_probability(model, [probe])[0]) == pytest.approx(float(lp.mean().exp()), rel=1e-4)
 
 
 @pytest.mark.parametrize("bias", BIASES)

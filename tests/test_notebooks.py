@@ -47,7 +47,7 @@ EXPECTATIONS: dict[str, dict] = {
                                          "fig3_react_growth_min": 5, "fig3_memsearcher_growth_max": 2,
                                          "rl_steps_eq": 2, "table2_rows_eq": 3, "headroom_slots_eq": 8,
                                          "headroom_em_bound_max": 1.0},
-    "04_mempo_memory_reward": {"p_hand_vs_batched_gap_max": 1e-6, "n_probes_min": 6, "r_m_is_p_minus_bias_eq": True,
+    "04_mempo_memory_reward": {"p_hand_vs_batched_gap_max": 1e-6, "n_probes_min": 4, "r_m_is_p_minus_bias_eq": True,
                                "memories_scored_min": 3, "credit_by_hand_gap_max": 1e-5, "group_memories_min": 12,
                                "arm_steps_eq": [2, 2], "params_moved_mempo_min": 1e-6, "probe_share_max_max": 0.9,
                                "ablation_rows_eq": 4, "table2_rows_eq": 3},

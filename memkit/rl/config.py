@@ -16,7 +16,7 @@ from memkit.agents.base import PROMPTS
 from memkit.rl.block_attention import ATTENTION_PATHS
 from memkit.rl.losses import AGG_MODES, KL_KINDS
 from memkit.rl.memory_reward import BIASES as MEM_BIASES, CONTEXTS as MEM_CONTEXTS, NORMS as MEM_NORMS, \
-    OPENERS as MEM_OPENERS, PROBE_PACKINGS
+    OPENERS as MEM_OPENERS, PROBE_PACKINGS, ANSWER_SCORES as MEM_SCORES
 from memkit.rl.packing import MODES as PACKING_MODES
 from memkit.world.splits import TRAINING_SPLITS
 from memkit.world.task_sets import EVAL_SEEDS
@@ -181,6 +181,10 @@ class TrainConfig:
     """MemPO eq. 5: what follows ``</mem>`` before the scored answer: ``think`` (the format's answering
     step, ``<think>`` + the teacher's answering thought + ``<answer>``) or ``answer`` (``<answer>`` at
     once, eq. 5 literally; out of format for a cloned tiny model: docs/findings.md, 'MemPO')."""
+    mem_reward_score: str = field(default="joint", metadata={"choices": MEM_SCORES})
+    """MemPO eq. 5 over a k-question gold: ``joint`` (the geometric mean over every answer token, the
+    paper's) or ``per_slot`` (eq. 5 within each question's answer tokens, then their mean: a memory
+    holding one of two answers scores ~1/2, not ~0)."""
     mem_reward_norm: str = field(default="pooled", metadata={"choices": MEM_NORMS})
     """MemPO eq. 6-8: normalise R_M over every memory of a task's N samples (``pooled``) or only
     over those written at the same turn (``per_step``; the 'without pooling' ablation)."""
@@ -317,7 +321,7 @@ class TrainConfig:
         if self.attention == "flex" and (self.device == "cpu" or not torch.cuda.is_available()):
             bad("attention", "flex_attention has no backward on CPU; use auto or blocks")
         for name, choices in (("mem_reward_context", MEM_CONTEXTS), ("mem_reward_bias", MEM_BIASES),
-                              ("mem_reward_opener", MEM_OPENERS),
+                              ("mem_reward_opener", MEM_OPENERS), ("mem_reward_score", MEM_SCORES),
                               ("mem_reward_norm", MEM_NORMS), ("mem_reward_packing", PROBE_PACKINGS)):
             if getattr(self, name) not in choices:
                 bad(name, f"choose one of {choices}")

@@ -15,6 +15,7 @@ whose P is then ~1e-3 everywhere: docs/findings.md, 'MemPO'). Knobs (``TrainConf
   memory (an empty ``<mem>`` before the first), so R_M is what this memory update added; ``call`` =
   call t's own context with an empty ``<mem>``; ``none`` = 0 (the Fig. 3 ablation)
 - ``opener``: ``think`` | ``answer`` (above); ``answer_tags``: also score the closing ``</answer>``
+- ``score``: ``joint`` (eq. 5 over all answer tokens) | ``per_slot`` (eq. 5 per question, then the mean)
 
 Every probe of a batch of trajectories is one row ``probe context + answer``; the rows are packed
 (:func:`memkit.rl.packing.pack`, ``separate`` rows or ``mem1_exact``'s prefix trie, where probes of
@@ -23,6 +24,7 @@ one trajectory share the question once) and scored in a few batched forwards, no
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -31,11 +33,13 @@ from memkit.agents.oracle import ANSWER_PLAN
 from memkit.rl.losses import token_logprobs
 from memkit.rl.packed_forward import packed_attention
 from memkit.rl.packing import pack
+from memkit.rollout.engine import token_char_ends
 from memkit.trajectory import Call, Trajectory, TrainingUnit
 
 CONTEXTS = ("question", "call")
 BIASES = ("previous", "call", "none")
 OPENERS = ("think", "answer")
+ANSWER_SCORES = ("joint", "per_slot")
 NORMS = ("pooled", "per_step")  # how the credit rule normalises R_M (memkit.rl.credit.mempo)
 PROBE_PACKINGS = ("separate", "mem1_exact")  # exact layouts only: the same P either way
 MEM_TAG = "mem"
@@ -52,6 +56,7 @@ class Probe:
     kind: str
     context_ids: list[int]
     answer_ids: list[int]
+    answer_slots: tuple[int, ...] = ()  # per answer token: its question (0..k-1), -1 for "; " and tags
 
 
 def gold_text(traj: Trajectory) -> str:
@@ -80,6 +85,17 @@ def previous_memory(traj: Trajectory, t: int) -> int | None:
     return j
 
 
+def _answer_slots(tokenizer, answer: list[int], golds: list[str]) -> tuple[int, ...]:
+    """Per answer token, the question whose gold its last character belongs to (golds are joined by
+    ``"; "``); -1 for the separators and tags."""
+    owner, start = [], 0
+    for q, g in enumerate(golds):
+        owner += [-1] * (start - len(owner)) + [q] * len(g)
+        start = len(owner) + 2
+    ends = token_char_ends(tokenizer, answer)
+    return tuple(owner[e - 1] if 0 < e <= len(owner) else -1 for e in ends)
+
+
 def opener_text(opener: str) -> str:
     """What follows ``</mem>`` in a probe, up to where the answer starts."""
     return f"\n<think>\n{ANSWER_PLAN}\n</think>\n<answer>\n" if opener == "think" else "\n<answer>\n"
@@ -102,15 +118,16 @@ def memory_probes(trajs: list[Trajectory], tokenizer, context: str = "question",
         if not gold:
             continue
         answer = enc(gold + ("\n</answer>" if answer_tags else ""))
+        slots = _answer_slots(tokenizer, answer, [g[0] for g in traj.golds if g])
         for t, call in enumerate(traj.calls):
             span = memory_span(call)
             if span is None:
                 continue
             head = list(_root(traj, t).context_ids if context == "question" else call.context_ids)
-            probes.append(Probe(i, t, "mem", head + list(call.output_ids[span[0]:span[1]]) + after, answer))
+            probes.append(Probe(i, t, "mem", head + list(call.output_ids[span[0]:span[1]]) + after, answer, slots))
             if bias == "call" or (bias == "previous" and previous_memory(traj, t) is None):
                 prefix = list(call.context_ids) if bias == "call" else head
-                probes.append(Probe(i, t, "bias", prefix + empty + after, answer))
+                probes.append(Probe(i, t, "bias", prefix + empty + after, answer, slots))
     return probes
 
 
@@ -134,8 +151,12 @@ def _probe_units(probes: list[Probe]) -> tuple[list[TrainingUnit], list[tuple[in
 
 @torch.no_grad()
 def answer_probability(model, probes: list[Probe], packing: str = "separate", rows_per_forward: int = 64,
-                       pad_id: int = 0, attention: str = "auto") -> torch.Tensor:
+                       pad_id: int = 0, attention: str = "auto", score: str = "joint") -> torch.Tensor:
     """P[ans | context] of every probe (eq. 5) in batched forwards. shape: ``[len(probes)]`` float32.
+
+    ``score``: ``joint`` = eq. 5 over every answer token; ``per_slot`` = eq. 5 within each question's
+    answer tokens (the same teacher-forced row), then the mean over questions, so a memory holding
+    one of two answers scores about 1/2 instead of the ~0 of a product over both.
 
     The probes are packed (``packing``: ``separate`` = one row each, ``mem1_exact`` = one prefix-trie
     row per trajectory) and the rows scored ``rows_per_forward`` at a time, length-sorted so each
@@ -164,13 +185,29 @@ def answer_probability(model, probes: list[Probe], packing: str = "separate", ro
         table[u, c] = k
     sel = batch.loss_mask > 0
     k = table[batch.traj_index[:, None].expand_as(batch.call_ids)[sel], batch.call_ids[sel]]
-    n_answer = torch.tensor([len(p.answer_ids) for p in probes], dtype=torch.float32)
-    out = torch.zeros(len(probes)).index_add_(0, k, logp[sel]) / n_answer
-    return out.exp()
+    lp = logp[sel]
+    if score == "joint":
+        n_answer = torch.tensor([len(p.answer_ids) for p in probes], dtype=torch.float32)
+        return (torch.zeros(len(probes)).index_add_(0, k, lp) / n_answer).exp()
+    # per_slot: the j-th answer token of probe k (tokens of a probe appear in answer order) -> its slot
+    order = torch.argsort(k, stable=True)
+    counts = torch.bincount(k, minlength=len(probes))
+    j = torch.empty_like(k)
+    j[order] = torch.arange(len(k)) - (counts.cumsum(0) - counts)[k[order]]
+    width = max(len(p.answer_slots) for p in probes)
+    slot_table = torch.tensor([list(p.answer_slots) + [-1] * (width - len(p.answer_slots)) for p in probes])
+    slot = slot_table[k, j]
+    n_slots = int(slot_table.max()) + 1
+    keep = slot >= 0
+    group = k[keep] * n_slots + slot[keep]
+    sums = torch.zeros(len(probes) * n_slots).index_add_(0, group, lp[keep])
+    n = torch.zeros(len(probes) * n_slots).index_add_(0, group, torch.ones(int(keep.sum())))
+    p_slot = torch.where(n > 0, (sums / n.clamp(min=1)).exp(), torch.zeros(())).view(len(probes), n_slots)
+    return p_slot.sum(-1) / (n.view(len(probes), n_slots) > 0).sum(-1).clamp(min=1)
 
 
 @torch.no_grad()
-def answer_probability_loop(model, probes: list[Probe]) -> list[float]:
+def answer_probability_loop(model, probes: list[Probe], score: str = "joint") -> list[float]:
     """Loop reference for :func:`answer_probability`: one unbatched forward per probe."""
     device = next(model.parameters()).device
     out = []
@@ -179,19 +216,27 @@ def answer_probability_loop(model, probes: list[Probe]) -> list[float]:
         logits = model(input_ids=ids, use_cache=False).logits[0].float()
         n = len(p.context_ids)
         lp = [torch.log_softmax(logits[n - 1 + l], -1)[a].item() for l, a in enumerate(p.answer_ids)]
-        out.append(float(torch.tensor(sum(lp) / len(lp)).exp()))
+        if score == "joint":
+            out.append(math.exp(sum(lp) / len(lp)))
+            continue
+        per_slot = {}
+        for x, q in zip(lp, p.answer_slots):
+            if q >= 0:
+                per_slot.setdefault(q, []).append(x)
+        out.append(sum(math.exp(sum(v) / len(v)) for v in per_slot.values()) / max(len(per_slot), 1))
     return out
 
 
+@torch.no_grad()
 def score_memories(model, tokenizer, trajs: list[Trajectory], context: str = "question", bias: str = "previous",
                    answer_tags: bool = False, opener: str = "think", packing: str = "separate",
-                   rows_per_forward: int = 64, attention: str = "auto") -> list[dict]:
+                   rows_per_forward: int = 64, attention: str = "auto", score: str = "joint") -> list[dict]:
     """Eq. 4 for every memory of ``trajs``: sets ``Call.reward = R_M`` on each call that wrote a
     ``<mem>`` span and returns one row per memory: ``traj``, ``call``, ``turn``, ``p_mem``
     (P[ans | q, mem_t]), ``p_bias`` (epsilon_t; 0 when ``bias='none'``), ``r_m``."""
     probes = memory_probes(trajs, tokenizer, context, bias, answer_tags, opener)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    p = answer_probability(model, probes, packing, rows_per_forward, pad, attention).tolist()
+    p = answer_probability(model, probes, packing, rows_per_forward, pad, attention, score).tolist()
     rows: dict[tuple[int, int], dict] = {}
     for probe, value in zip(probes, p):
         row = rows.setdefault((probe.traj, probe.call), {"traj": probe.traj, "call": probe.call,
@@ -208,5 +253,5 @@ def score_memories(model, tokenizer, trajs: list[Trajectory], context: str = "qu
 
 
 __all__ = ["Probe", "CONTEXTS", "BIASES", "OPENERS", "NORMS", "PROBE_PACKINGS", "gold_text", "memory_span",
-           "previous_memory", "opener_text", "memory_probes", "answer_probability",
+           "previous_memory", "opener_text", "ANSWER_SCORES", "memory_probes", "answer_probability",
            "answer_probability_loop", "score_memories"]

@@ -192,7 +192,7 @@ class Trainer(Learner):
         with self.acc.autocast():
             rows = score_memories(self.policy, self.tokenizer, trajs, self.cfg.mem_reward_context, "none",
                                   self.cfg.mem_reward_answer_tags, self.cfg.mem_reward_opener, "separate",
-                                  8 * self.cfg.micro_batch_size, self.cfg.attention)
+                                  8 * self.cfg.micro_batch_size, self.cfg.attention, self.cfg.mem_reward_score)
         return {"mem_p": sum(r["p_mem"] for r in rows) / len(rows)} if rows else {}
 
     def save(self) -> Path:

@@ -283,7 +283,7 @@ class Learner:
         with self.acc.autocast():
             rows = score_memories(self.policy, self.tokenizer, trajs, cfg.mem_reward_context, cfg.mem_reward_bias,
                                   cfg.mem_reward_answer_tags, cfg.mem_reward_opener, cfg.mem_reward_packing,
-                                  8 * cfg.micro_batch_size, cfg.attention)
+                                  8 * cfg.micro_batch_size, cfg.attention, cfg.mem_reward_score)
         seconds = time.perf_counter() - t0
         n, p, b, r = self._sum([len(rows), sum(x["p_mem"] for x in rows), sum(x["p_bias"] for x in rows),
                                 sum(x["r_m"] for x in rows)])
