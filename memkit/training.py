@@ -96,8 +96,8 @@ def train_arms(base: TrainConfig, arms: dict[str, dict], seeds, kit: Kit, progre
     """Train each arm (``TrainConfig`` fields that differ from ``base``) once per seed, all from
     ``base.init`` and for the same steps, each in ``base.out_dir/<arm>-s<seed>``.
 
-    Returns ``{(arm, seed): TrainResult}``; :func:`memkit.metrics.arm_table` turns their first and
-    last evaluations into a mean +- std table. The runs are sequential (one CPU process each).
+    Returns ``{(arm, seed): TrainResult}``; :func:`arm_table` turns their last evaluations into a
+    mean +- std table. The runs are sequential, in this process.
     """
     out = {}
     for arm, over in arms.items():

@@ -356,5 +356,4 @@ def record_call_advantages(cb: CreditBatch, advantages: torch.Tensor) -> None:
 
 
 __all__ = ["CreditBatch", "CreditRule", "CREDIT_RULES", "register_credit", "get_credit", "grpo", "multi_context",
-           "gae_credit", "mempo", "trajectory_gae",
-           "record_call_advantages"]
+           "gae_credit", "mempo", "trajectory_gae", "record_call_advantages"]

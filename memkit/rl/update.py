@@ -5,7 +5,7 @@ loop around it (rollouts, logs, eval, checkpoints) is :mod:`memkit.rl.trainer`.
 
     units  = TrainingUnit.of(traj)         the calls that generated tokens
     batch  = pack(units, packing)          input_ids [B, L], attention [B, L] or [B, 1, L, L]
-    R_M    = P[ans|q,mem_t] - P[ans|ctx_t]  memkit.rl.memory_reward, when the rule needs it (mempo)
+    R_M    = P[ans|q,mem_t] - eps_t        memkit.rl.memory_reward, when the rule needs it (mempo)
     A      = credit rule by name           memkit.rl.credit (grpo, multi_context, gae, mempo, ...)
     old    = log pi_old(x_t)  [B, L]       recomputed with the packed forward (verl) or the rollout's
     ref    = log pi_ref(x_t)  [B, L]       frozen initial policy (LoRA: adapters disabled)
