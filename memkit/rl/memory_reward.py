@@ -70,19 +70,9 @@ def memory_span(call: Call) -> tuple[int, int] | None:
     return tuple(spans[0]) if spans else None
 
 
-def _root(traj: Trajectory, t: int) -> Call:
-    calls = traj.calls
-    while calls[t].parent is not None:
-        t = calls[t].parent
-    return calls[t]
-
-
 def previous_memory(traj: Trajectory, t: int) -> int | None:
-    """The nearest earlier call on call t's chain (its parents) that wrote a ``<mem>``, or None."""
-    j = traj.calls[t].parent
-    while j is not None and memory_span(traj.calls[j]) is None:
-        j = traj.calls[j].parent
-    return j
+    """The nearest earlier call on call t's chain (``Trajectory.path``) that wrote a ``<mem>``, or None."""
+    return next((j for j in reversed(traj.path(t)[:-1]) if memory_span(traj.calls[j]) is not None), None)
 
 
 def _answer_slots(tokenizer, answer: list[int], golds: list[str]) -> tuple[int, ...]:
@@ -123,7 +113,7 @@ def memory_probes(trajs: list[Trajectory], tokenizer, context: str = "question",
             span = memory_span(call)
             if span is None:
                 continue
-            head = list(_root(traj, t).context_ids if context == "question" else call.context_ids)
+            head = list(traj.calls[traj.path(t)[0]].context_ids if context == "question" else call.context_ids)
             probes.append(Probe(i, t, "mem", head + list(call.output_ids[span[0]:span[1]]) + after, answer, slots))
             if bias == "call" or (bias == "previous" and previous_memory(traj, t) is None):
                 prefix = list(call.context_ids) if bias == "call" else head

@@ -187,12 +187,7 @@ class Trainer(Learner):
     def _memory_probability(self, trajs) -> dict:
         """``mem_p``: mean P[ans | q, mem_t] over the ``<mem>`` of greedy held-out trajectories (MemPO
         Fig. 4's quantity, for any credit rule); {} when the format writes none."""
-        from memkit.rl.memory_reward import score_memories
-
-        with self.acc.autocast():
-            rows = score_memories(self.policy, self.tokenizer, trajs, self.cfg.mem_reward_context, "none",
-                                  self.cfg.mem_reward_answer_tags, self.cfg.mem_reward_opener, "separate",
-                                  8 * self.cfg.micro_batch_size, self.cfg.attention, self.cfg.mem_reward_score)
+        rows = self._memory_rows(trajs, "none", "separate")
         return {"mem_p": sum(r["p_mem"] for r in rows) / len(rows)} if rows else {}
 
     def save(self) -> Path:

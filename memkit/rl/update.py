@@ -277,18 +277,24 @@ class Learner:
         mem_reward_seconds (the probes' forward time, this process)."""
         import time
 
-        from memkit.rl.memory_reward import score_memories
-
-        cfg, t0 = self.cfg, time.perf_counter()
-        with self.acc.autocast():
-            rows = score_memories(self.policy, self.tokenizer, trajs, cfg.mem_reward_context, cfg.mem_reward_bias,
-                                  cfg.mem_reward_answer_tags, cfg.mem_reward_opener, cfg.mem_reward_packing,
-                                  8 * cfg.micro_batch_size, cfg.attention, cfg.mem_reward_score)
+        t0 = time.perf_counter()
+        rows = self._memory_rows(trajs, self.cfg.mem_reward_bias, self.cfg.mem_reward_packing)
         seconds = time.perf_counter() - t0
         n, p, b, r = self._sum([len(rows), sum(x["p_mem"] for x in rows), sum(x["p_bias"] for x in rows),
                                 sum(x["r_m"] for x in rows)])
         d = max(n, 1.0)
         return {"mem_p": p / d, "mem_bias_p": b / d, "mem_r": r / d, "memories": n, "mem_reward_seconds": seconds}
+
+    def _memory_rows(self, trajs: list[Trajectory], bias: str, packing: str) -> list[dict]:
+        """:func:`memkit.rl.memory_reward.score_memories` under the current policy with the config's
+        ``mem_reward_*`` knobs (``bias`` and ``packing`` given: evaluation scores without a bias)."""
+        from memkit.rl.memory_reward import score_memories
+
+        cfg = self.cfg
+        with self.acc.autocast():
+            return score_memories(self.policy, self.tokenizer, trajs, cfg.mem_reward_context, bias,
+                                  cfg.mem_reward_answer_tags, cfg.mem_reward_opener, packing,
+                                  8 * cfg.micro_batch_size, cfg.attention, cfg.mem_reward_score)
 
     def _minibatch(self, mini: list, acc: dict) -> None:
         """One optimizer step over one mini-batch (a list of micro-batch experiences)."""
