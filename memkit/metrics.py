@@ -311,7 +311,8 @@ COLUMNS = ("method", "k", "n", "em", "em_1hop", "em_bridge", "em_comparison", "f
 
 
 def summarize(trajs: Sequence[Trajectory], exclude: Sequence[str] = EXCLUDE) -> dict:
-    """One row of the eval table: means over trajectories of every metric above.
+    """One row of the eval table: means over trajectories of every metric above, and
+    ``context_tokens``, the mean context length per call (MemAct Fig. 3's x axis).
 
     ``em``/``f1`` are means per *question* (a k-question task contributes k scores, so the
     numbers are comparable across k; multiply by k for MEM1's per-task sums). ``seconds`` is
@@ -336,6 +337,7 @@ def summarize(trajs: Sequence[Trajectory], exclude: Sequence[str] = EXCLUDE) -> 
         "pt": mean([step_peak_tokens(t, exclude) for t in trajs]),
         "tt": mean([total_tokens(t, exclude) for t in trajs]),
         "dependency": mean(dependency(trajs, exclude)),
+        "context_tokens": float(np.mean([c.n_context for t in trajs for c in t.calls] or [0.0])),
         "tool_calls": mean([tool_calls(t) for t in trajs]),
         "memory_actions": mean([memory_actions(t) for t in trajs]),
         "seconds": mean([sum(c.seconds for c in t.calls) for t in trajs]),

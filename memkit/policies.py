@@ -70,11 +70,12 @@ def init_tag(init: str) -> str:
 
 
 def sft_cache_key(cfg: SFTConfig) -> str:
-    """``config_hash`` of ``cfg``, with ``init`` left out when it is "scratch" (so the SFT caches made
-    before ``init`` existed keep their names)."""
+    """``config_hash`` of ``cfg``, with ``init`` left out when it is "scratch" and ``method_kwargs``
+    when empty (so the SFT caches made before those fields existed keep their names)."""
     key = asdict(cfg)
-    if key["init"] == "scratch":
-        del key["init"]
+    for name, default in (("init", "scratch"), ("method_kwargs", {})):
+        if key[name] == default:
+            del key[name]
     return config_hash(key)
 
 

@@ -50,6 +50,8 @@ class SFTConfig:
 
     method: str = field(default="mem1", metadata={"choices": METHODS})
     """Memory format whose oracle is cloned (``memkit.agents.METHODS``)."""
+    method_kwargs: dict = field(default_factory=dict)
+    """Keyword arguments of the format (``get_method``), e.g. memact ``{"schedule": "window"}``."""
     objectives: tuple[int, ...] = (1, 2)
     """Questions per training task (k values)."""
     n_tasks: int = 4000

@@ -39,6 +39,7 @@ def train_sft_model(method_name: str, kit: Kit, cfg: SFTConfig | None = None, pr
     t0 = time.perf_counter()
     tasks = training_tasks(kit.world, cfg.objectives, cfg.n_tasks, cfg.seed)
     trajs = rollout(method_name, tasks, kit, policy="oracle", oracle_cfg=cfg.oracle, seed=cfg.seed, prompt="compact",
+                    method_kwargs=cfg.method_kwargs,
                     k_docs=cfg.k_docs)
     examples, dropped = collect_examples([t for t in trajs if t.valid], cfg.max_len)
     setattr(policy.model.config, K_DOCS_ATTR, cfg.k_docs)  # its rollouts will search the same way
@@ -108,12 +109,13 @@ def train_arms(base: TrainConfig, arms: dict[str, dict], seeds, kit: Kit, progre
 
 
 def run_summary(result: TrainResult) -> dict:
-    """One run's first and last evaluation per objective count: ``em_k{k}_start`` / ``em_k{k}_end``
-    (and ``mem_p_k{k}_*`` where the format writes ``<mem>``), its steps and training seconds."""
+    """One run's first and last evaluation per objective count: ``em_k{k}_start`` / ``em_k{k}_end``,
+    the same for ``context_tokens``, ``tool_calls`` and ``memory_actions`` (and ``mem_p`` where the format writes
+    ``<mem>``), its steps and training seconds."""
     row = {"steps": len(result.history), "seconds": sum(r["seconds"] for r in result.history)}
     for k in sorted({e["k"] for e in result.eval_history}):
         evals = [e for e in result.eval_history if e["k"] == k]
-        for key in ("em", "mem_p"):
+        for key in ("em", "mem_p", "context_tokens", "tool_calls", "memory_actions"):
             if key in evals[0]:
                 row[f"{key}_k{k}_start"], row[f"{key}_k{k}_end"] = evals[0][key], evals[-1][key]
     return row

@@ -41,6 +41,9 @@ class CallSpec:
     role: str = "act"  # "act" | "memory" (MemSearcher's second generation per turn)
     max_new_tokens: int = 128
     stop: tuple[str, ...] = ("</search>", "</answer>")
+    #: text the context ends with that the output continues (a forced opening, e.g. MemAct's fixed
+    #: memory schedule): the method puts it in ``segments`` and parses ``prefix + output``
+    prefix: str = ""
 
     @property
     def text(self) -> str:

@@ -10,12 +10,18 @@ call deleted; ``trajectory_info`` exports it as ``Trajectory.info[INFO_PRUNED_ID
 the viewers read). A Prune&Write naming an id that is not live is an invalid turn ("unknown
 prune id").
 
-Because contexts are no longer prefixes of each other after an edit, DCPO (§3.3, in
-``memkit.rl``) trains on segments that start at each memory action.
+Because contexts are no longer prefixes of each other after an edit, DCPO (§3.3,
+:mod:`memkit.rl.segments` and the ``dcpo`` credit rule) trains on segments cut at each memory action.
 
 Reward, eq. 3 with §4 (App.) values: +1 if the task succeeds, -0.1 if a constraint is
 violated (invalid output, context or step limit), 0 otherwise; with k questions memkit gives
 +1 x the fraction of correct slots (the paper's reward at k = 1).
+
+Who decides when to prune (``schedule``): ``agent`` (the paper: the policy); ``fixed`` (Table 1's
+dagger row: a Prune&Write is forced every ``interval`` calls by ending the context with the
+teacher's prune opening, :data:`PRUNE_OPENER`, and one at any other call is an invalid turn);
+``window`` (Table 1's sliding window: no prune tool, the context keeps the last ``window``
+records; a Prune&Write is an invalid turn).
 
 Prompt: the system instruction of App. A.4.2 verbatim, with the ``prune_context`` tool
 (A.4.1) written as tags. Deviations: ids are short sequential ``r1, r2, ...`` (the paper's
@@ -65,6 +71,10 @@ _ID_RE = re.compile(r"[A-Za-z0-9_-]+")
 #: ``Trajectory.info`` keys MemAct writes, one entry per call: the record id the call made
 #: (None for the answer) and the record ids its Prune&Write deleted ([] for other calls).
 INFO_RECORD_IDS, INFO_PRUNED_IDS = "record_ids", "pruned_ids"
+#: who decides when to prune (the module docstring)
+SCHEDULES = ("agent", "fixed", "window")
+#: how the teacher opens a Prune&Write; the ``fixed`` schedule ends a due call's context with it
+PRUNE_OPENER = "<think>Let me prune the context and keep the facts.</think><prune>"
 
 
 def parse_ids(text: str) -> list[str]:
@@ -79,15 +89,28 @@ def parse_ids(text: str) -> list[str]:
 class MemAct(Method):
     name = "memact"
     format_penalty = -0.1
-    default_credit = "multi_context"  # one trajectory advantage copied to every call
+    default_credit = "dcpo"  # segments at memory edits inherit the trajectory advantage (§3.3)
+    default_packing = "mem1_exact"  # a segment's calls share their prefix: one exact causal row
 
-    def __init__(self, prune_after: int = 2):
+    def __init__(self, prune_after: int = 2, schedule: str = "agent", interval: int = 3, window: int = 3):
+        if schedule not in SCHEDULES:
+            raise ValueError(f"unknown MemAct schedule {schedule!r}; choose one of {SCHEDULES}")
+        if interval < 2 or window < 1:
+            raise ValueError(f"MemAct needs interval >= 2 and window >= 1 (got interval={interval}, window={window})")
         self.prune_after = prune_after  # the oracle prunes once this many search records are live
+        self.schedule, self.interval, self.window = schedule, interval, window
+
+    def prune_due(self, state: AgentState) -> bool:
+        """``fixed`` schedule: this call must be a Prune&Write (every ``interval``-th call: 3rd, 6th, ...)."""
+        return self.schedule == "fixed" and (state.turn + 1) % self.interval == 0
 
     def suggested_max_turns(self, task) -> int:
         """Search turns + one Prune&Write per ``prune_after`` searches (memory actions are turns, §3.2)."""
         hops = super().suggested_max_turns(task) - 4
-        return hops + -(-hops // max(self.prune_after, 1)) + 4
+        if self.schedule == "window":
+            return hops + 4
+        every = self.prune_after if self.schedule == "agent" else self.interval - 1
+        return hops + -(-hops // max(every, 1)) + 4
 
     def _mem(self, state: AgentState) -> dict:
         m = state.memory
@@ -97,13 +120,18 @@ class MemAct(Method):
 
     def next_call(self, state: AgentState) -> CallSpec:
         segs = question_segments(INSTRUCTION, state)
-        for rec in self._mem(state)["records"]:
+        records = self._mem(state)["records"]
+        for rec in records[-self.window:] if self.schedule == "window" else records:
             call = state.calls[rec["call"]]
             segs.append(Segment("record", f"[{rec['id']}] "))
             segs.append(Segment("note" if rec["kind"] == "note" else "output", call.output_text, ref=(rec["call"], "output")))
             if call.observation_text:
                 segs.append(Segment("information", call.observation_text, ref=(rec["call"], "observation")))
-        return CallSpec(segs, max_new_tokens=96 + 32 * state.task.k, stop=("</search>", "</answer>", "</note>"))
+        prefix = PRUNE_OPENER if self.prune_due(state) else ""
+        if prefix:
+            segs.append(Segment("hint", prefix))
+        return CallSpec(segs, max_new_tokens=96 + 32 * state.task.k, stop=("</search>", "</answer>", "</note>"),
+                        prefix=prefix)
 
     def parse(self, text: str, role: str = "act") -> Parsed:
         if not isinstance(text, str):
@@ -131,6 +159,14 @@ class MemAct(Method):
         m = self._mem(state)
         if parsed.action == "answer":
             return self.search_or_answer(state, parsed, env)
+        due = self.prune_due(state)
+        if due and parsed.action != "prune_write":  # unreachable through parse (the opening is forced)
+            state.fail("fixed schedule: a Prune&Write was due")
+            return None
+        if parsed.action == "prune_write" and self.schedule != "agent" and not due:
+            state.fail("no prune tool under the sliding window" if self.schedule == "window"
+                       else f"memory action off the fixed schedule (every {self.interval} calls)")
+            return None
         if parsed.action == "prune_write":
             live = [r["id"] for r in m["records"]]
             unknown = [i for i in parsed.prune_ids if i not in live]
@@ -167,14 +203,20 @@ class MemAct(Method):
         m = self._mem(state)
         n_search = sum(r["kind"] == "search" for r in m["records"])
         hop = script.next_hop(state)
-        # prune when enough records piled up, unless the turns left are needed for searching
-        if hop is not None and n_search >= self.prune_after and state.max_turns - state.turn > script.hops_left(state) + 2:
-            sub = state.task.questions[hop[0]].decomposition[hop[1]]
+        # agent: prune when enough records piled up, unless the turns left are needed for searching;
+        # fixed: exactly when due (the context already ends with the opening); window: never
+        due = self.prune_due(state)
+        wants = (self.schedule == "agent" and hop is not None and n_search >= self.prune_after
+                 and state.max_turns - state.turn > script.hops_left(state) + 2)
+        if due or wants:
             k = state.task.k
+            status = "Next: answer." if hop is None else \
+                f"Next: Q{hop[0] + 1}: {state.task.questions[hop[0]].decomposition[hop[1]].text}"
             note = (f"[OBJECTIVE] Answer {k} question{'s' if k > 1 else ''}. [CONCLUSIONS/FACTS] "
-                    f"{script.facts_text(state, cfg)} [STATUS] Next: Q{hop[0] + 1}: {sub.text}")
+                    f"{script.facts_text(state, cfg)} [STATUS] {status}")
             ids = ", ".join(r["id"] for r in m["records"])
-            return f"<think>Let me prune the context and keep the facts.</think><prune>{ids}</prune><note>{note}</note>"
+            text = f"{PRUNE_OPENER}{ids}</prune><note>{note}</note>"
+            return text[len(PRUNE_OPENER):] if due else text
         d = script.decide(state, rng, cfg)
         if d.kind == "answer":
             return f"<think>{d.plan}</think><answer>{script.answer_text(state, rng, cfg)}</answer>"

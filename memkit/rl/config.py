@@ -22,10 +22,11 @@ from memkit.world.splits import TRAINING_SPLITS
 from memkit.world.task_sets import EVAL_SEEDS
 
 DEVICES = ("auto", "cpu", "cuda")
+DCPO_GROUP_STATS = ("all", "sampled")
 PRECISIONS = ("no", "bf16", "fp16")
 
 #: algorithm -> its credit rule (``memkit.rl.credit``); "method" = the memory format's own
-#: group-relative rule (``Method.default_credit``: grpo, or multi_context for MemSearcher/MemAct)
+#: group-relative rule (``Method.default_credit``: grpo; multi_context for MemSearcher; mempo; dcpo for MemAct)
 ALGO_CREDIT = {"grpo": "method", "ppo": "gae"}
 ALGOS = tuple(ALGO_CREDIT)
 
@@ -55,7 +56,7 @@ class TrainConfig:
     method's ``default_packing`` (``mem1_mask`` for mem1: the paper's masked trajectory;
     ``separate`` otherwise)."""
     credit: str = "auto"
-    """Credit rule (``memkit.rl.credit.CREDIT_RULES``: grpo | multi_context | gae); ``auto`` = what
+    """Credit rule (``memkit.rl.credit.CREDIT_RULES``: grpo | multi_context | gae | mempo | dcpo); ``auto`` = what
     ``algo`` implies (``ALGO_CREDIT``: the method's ``default_credit`` for grpo, gae for ppo). A rule
     that needs values (gae) trains a critic."""
     lora: bool = False
@@ -196,6 +197,12 @@ class TrainConfig:
     mem_reward_packing: str = field(default="separate", metadata={"choices": PROBE_PACKINGS})
     """Layout of the probe rows: ``separate`` (one row per probe) or ``mem1_exact`` (one prefix-trie
     row per trajectory, the question once); the same P either way (``benchmarks/mempo_cost.py``)."""
+    dcpo_segments: int = 12
+    """DCPO (credit ``dcpo``): N_seg, the segments drawn round-robin per prompt (MemAct §4.3.1: 12 from
+    N_traj = 5); 0 = every segment of every sample once (``memkit.rl.segments.dcpo_units``)."""
+    dcpo_group_stats: str = field(default="all", metadata={"choices": DCPO_GROUP_STATS})
+    """DCPO eq. 4's group: ``all`` N_traj samples of the prompt (the paper) or ``sampled``, only those
+    with a drawn segment (the authors' code)."""
 
     # ---- evaluation, logging, checkpoints --------------------------------------------------
     eval_every: int = 10
@@ -322,9 +329,12 @@ class TrainConfig:
             bad("attention", "flex_attention has no backward on CPU; use auto or blocks")
         for name, choices in (("mem_reward_context", MEM_CONTEXTS), ("mem_reward_bias", MEM_BIASES),
                               ("mem_reward_opener", MEM_OPENERS), ("mem_reward_score", MEM_SCORES),
-                              ("mem_reward_norm", MEM_NORMS), ("mem_reward_packing", PROBE_PACKINGS)):
+                              ("mem_reward_norm", MEM_NORMS), ("mem_reward_packing", PROBE_PACKINGS),
+                              ("dcpo_group_stats", DCPO_GROUP_STATS)):
             if getattr(self, name) not in choices:
                 bad(name, f"choose one of {choices}")
+        if self.dcpo_segments < 0:
+            bad("dcpo_segments", "give N_seg >= 1 segments per prompt, or 0 for every segment once")
         if self.mixed_precision not in PRECISIONS:
             bad("mixed_precision", "choose no, bf16 or fp16")
         return self

@@ -10,12 +10,15 @@ rule (``Method.default_credit``); ``TrainConfig.credit`` / ``memkit train --cred
                    then whitened over the whole rollout batch (verl)
     mempo          A_T on every trained token, + A_M (the group-normalised memory reward R_M of
                    :mod:`memkit.rl.memory_reward`) on each call's ``<mem>`` tokens (MemPO eq. 6-9)
+    dcpo           each sampled segment inherits A(tau) of its trajectory (MemAct eq. 4-6); the
+                   units are segments drawn by :func:`memkit.rl.segments.dcpo_units`
 
 Every rule has the signature ``rule(cb: CreditBatch, cfg) -> (advantages [B, L], returns [B, L]
 or None)`` on one packed micro-batch, and a loop reference ``<rule>_loop(cb, cfg) -> [B][L]``
 compared in ``tests/test_credit.py`` on real rollouts. ``cfg`` is any object with the knobs a
 rule reads (``TrainConfig``: ``grpo_norm_std``, ``gamma``, ``lam``, ``mem_reward_norm``). Adding a
-paper's credit (DCPO, MoT-GRPO) is one more registered function here.
+paper's credit (MoT-GRPO) is one more registered function here; a rule that trains other units
+than whole trajectories (DCPO's segments) names a ``units`` function the update calls first.
 """
 from __future__ import annotations
 
@@ -43,6 +46,8 @@ class CreditBatch:
     - ``values``: ``[B, L]`` critic values read at each token's predicting position, or None
     - ``trajectories``: the update's ``N`` trajectories (rules with per-call rewards read them:
       MemPO's R_M in ``Call.reward``, pooled over all memories of a group)
+    - ``trained``: ``[N]`` bool, trajectories with at least one unit in the update (None: all);
+      DCPO's ``sampled`` group statistics read it
     """
 
     batch: PackedBatch
@@ -52,6 +57,7 @@ class CreditBatch:
     group_ids: Sequence[Hashable]
     values: torch.Tensor | None = None
     trajectories: Sequence[Trajectory] = ()
+    trained: torch.Tensor | None = None
 
     @property
     def row_traj(self) -> torch.Tensor:
@@ -74,18 +80,21 @@ class CreditRule:
     whiten: bool = False  # whiten over the whole rollout batch when TrainConfig.whiten_advantages
     paper: str = ""
     needs_memory_reward: bool = False  # the update scores every <mem> first (memory_reward.score_memories)
+    units: Callable | None = None  # (trajs, cfg, seed) -> the TrainingUnits to train; None = whole trajectories
 
 
 CREDIT_RULES: dict[str, CreditRule] = {}
 
 
 def register_credit(name: str, loop: Callable, *, needs_values: bool = False, needs_groups: bool = True,
-                    whiten: bool = False, paper: str = "", needs_memory_reward: bool = False):
+                    whiten: bool = False, paper: str = "", needs_memory_reward: bool = False,
+                    units: Callable | None = None):
     """Decorator: register ``fn`` as credit rule ``name`` with its loop reference."""
     def deco(fn: CreditFn) -> CreditFn:
         if name in CREDIT_RULES:
             raise ValueError(f"credit rule {name!r} is already registered")
-        CREDIT_RULES[name] = CreditRule(name, fn, loop, needs_values, needs_groups, whiten, paper, needs_memory_reward)
+        CREDIT_RULES[name] = CreditRule(name, fn, loop, needs_values, needs_groups, whiten, paper,
+                                        needs_memory_reward, units)
         return fn
     return deco
 
@@ -336,6 +345,55 @@ def mempo(cb: CreditBatch, cfg):
     return adv.to(b.loss_mask.device), None
 
 
+# ----------------------------------------------------------------------------- dcpo
+def _dcpo_trajectory_advantages(cb: CreditBatch, cfg, loop: bool = False):
+    """A(tau) of every trajectory (eq. 4): group statistics over all N_traj samples of the prompt
+    (``dcpo_group_stats='all'``, the paper) or over the trajectories with a sampled segment
+    (``'sampled'``, the authors' code; the others get 0 and are not trained)."""
+    keep = [True] * len(cb.group_ids) if cb.trained is None or getattr(cfg, "dcpo_group_stats", "all") == "all" \
+        else [bool(k) for k in cb.trained.tolist()]
+    idx = [i for i, k in enumerate(keep) if k]
+    groups = [cb.group_ids[i] for i in idx]
+    norm = getattr(cfg, "grpo_norm_std", True)
+    if loop:
+        part = grpo_advantages_loop([float(cb.rewards[i]) for i in idx], groups, norm_std=norm)
+        out = [0.0] * len(keep)
+        for i, a in zip(idx, part):
+            out[i] = a
+        return out
+    out = torch.zeros(len(keep))
+    if idx:
+        out[torch.tensor(idx)] = grpo_advantages(cb.rewards[torch.tensor(idx)], groups, norm_std=norm).float()
+    return out
+
+
+def dcpo_loop(cb: CreditBatch, cfg) -> list[list[float]]:
+    """Loop reference for :func:`dcpo`: A(tau) of each row's trajectory on its trained tokens."""
+    a = _dcpo_trajectory_advantages(cb, cfg, loop=True)
+    m = cb.batch.loss_mask
+    return [[a[int(cb.row_traj[b])] if m[b, t] > 0 else 0.0 for t in range(m.shape[1])] for b in range(m.shape[0])]
+
+
+def _dcpo_units(trajs, cfg, seed: int):
+    from memkit.rl.segments import dcpo_units
+
+    return dcpo_units(trajs, getattr(cfg, "dcpo_segments", 12), seed)
+
+
+@register_credit("dcpo", dcpo_loop, units=_dcpo_units, paper="MemAct eq. 4-6, Algorithm 1 (DCPO)")
+def dcpo(cb: CreditBatch, cfg):
+    """DCPO: every sampled segment sigma of trajectory tau inherits tau's advantage.
+
+    A(tau) = (R(tau) - mean(R_u)) / (std(R_u) + eps), R_u the rewards of prompt u's samples   (eq. 4)
+    L = -E_u [ 1/|G(u)| sum_tau sum_{(C, y) in Sigma(tau)} J_clip(y | C, A(tau)) ]           (eq. 5-6)
+    The units (segments, :func:`memkit.rl.segments.dcpo_units`) are the rows; ``agg =
+    'seq-mean-token-mean'`` makes the loss eq. 5-6's sum over segments (N_seg per prompt).
+    shape: rewards ``[N]`` -> advantages ``[B, L]`` (0 off ``loss_mask``).
+    """
+    a = _dcpo_trajectory_advantages(cb, cfg).to(cb.batch.loss_mask.device)
+    return a[cb.row_traj.to(a.device)].unsqueeze(-1) * cb.batch.loss_mask.to(a.dtype), None
+
+
 def record_call_advantages(cb: CreditBatch, advantages: torch.Tensor) -> None:
     """Write each trained call's mean token advantage into ``Call.advantage`` (for viewers and
     notebooks: a per-call number even where a rule assigns per-token credit, as GAE does).
@@ -356,4 +414,4 @@ def record_call_advantages(cb: CreditBatch, advantages: torch.Tensor) -> None:
 
 
 __all__ = ["CreditBatch", "CreditRule", "CREDIT_RULES", "register_credit", "get_credit", "grpo", "multi_context",
-           "gae_credit", "mempo", "trajectory_gae", "record_call_advantages"]
+           "gae_credit", "mempo", "dcpo", "trajectory_gae", "record_call_advantages"]

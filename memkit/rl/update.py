@@ -3,7 +3,7 @@
 ``Learner.update(trajs)`` is the whole algorithm given trajectories (rewards already set); the
 loop around it (rollouts, logs, eval, checkpoints) is :mod:`memkit.rl.trainer`.
 
-    units  = TrainingUnit.of(traj)         the calls that generated tokens
+    units  = TrainingUnit.of(traj)         the calls that generated tokens (the rule's ``units``: DCPO segments)
     batch  = pack(units, packing)          input_ids [B, L], attention [B, L] or [B, 1, L, L]
     R_M    = P[ans|q,mem_t] - eps_t        memkit.rl.memory_reward, when the rule needs it (mempo)
     A      = credit rule by name           memkit.rl.credit (grpo, multi_context, gae, mempo, ...)
@@ -24,6 +24,7 @@ import contextlib
 import copy
 import math
 import os
+import zlib
 
 import torch
 
@@ -59,6 +60,13 @@ def make_accelerator(cfg: TrainConfig):
                                       or str(state.get("_mixed_precision")) != cfg.mixed_precision):
         AcceleratorState._reset_state(reset_partial_state=True)
     return Accelerator(cpu=cpu, mixed_precision=cfg.mixed_precision)
+
+
+def _units_seed(seed: int, trajs: list[Trajectory]) -> int:
+    """A seed for sampling this update's units, fixed by the run's seed and the trajectories
+    themselves (so a resumed run draws the same segments)."""
+    key = "|".join(f"{t.task_id}:{sum(len(c.output_ids) for c in t.calls)}" for t in trajs)
+    return seed * 1_000_003 + zlib.crc32(key.encode())
 
 
 def _cut_rows(t: torch.Tensor | None, rows: torch.Tensor, width: int) -> torch.Tensor | None:
@@ -160,7 +168,7 @@ class Learner:
 
     @torch.no_grad()
     def _experience(self, units: list[TrainingUnit], unit_traj: list[int], rewards: torch.Tensor, group_ids,
-                    trajs=()):
+                    trajs=(), trained=None):
         """Pack one micro-batch and compute everything the update holds fixed: old and reference
         log-probs, critic values, advantages and returns (all ``[B, L]``, token aligned).
         ``unit_traj``: which of the update's trajectories (``rewards [N]``, ``group_ids``) each unit is."""
@@ -188,7 +196,7 @@ class Learner:
             values = self._values(self.acc.unwrap_model(self.critic), batch, inputs)
             exp["values"] = values * m
         cb = CreditBatch(batch=batch, units=units, unit_traj=torch.tensor(unit_traj, dtype=torch.long),
-                         rewards=rewards, group_ids=group_ids, values=values, trajectories=trajs)
+                         rewards=rewards, group_ids=group_ids, values=values, trajectories=trajs, trained=trained)
         adv, returns = self.credit.fn(cb, self.cfg)
         exp["credit"] = cb
         exp["adv"] = adv.to(dev) * m
@@ -219,11 +227,15 @@ class Learner:
             if t.reward is None:
                 raise ValueError(f"trajectory {t.task_id!r} has no reward; roll out with memkit.rollout.run_rollouts "
                                  "(it sets Trajectory.reward) or set it yourself")
+        if units is None and self.credit.units is not None:  # e.g. DCPO's sampled segments
+            units = self.credit.units(trajs, cfg, _units_seed(cfg.seed, trajs))
         units = [TrainingUnit.of(t) for t in trajs] if units is None else list(units)
         index = {id(t): i for i, t in enumerate(trajs)}
         if any(id(u.traj) not in index for u in units):
             raise ValueError("every TrainingUnit must hold one of the trajectories passed to update (the same object)")
         unit_traj = [index[id(u.traj)] for u in units]
+        trained = torch.zeros(len(trajs), dtype=torch.bool)
+        trained[list(set(unit_traj))] = True
         rewards = torch.tensor([float(t.reward) for t in trajs], dtype=torch.float32)
         group_ids = [t.task_id for t in trajs]
         # mini-batches of local units, each cut into the same number of micro-batches on every process.
@@ -240,7 +252,7 @@ class Learner:
                 order.sort(key=lambda i: units[i].n_tokens)
             plan.append([order[j * cfg.micro_batch_size:(j + 1) * cfg.micro_batch_size] for j in range(n_micro)])
         memory = self._score_memories(trajs) if self.credit.needs_memory_reward or cfg.mem_reward_log else {}
-        exps = [[self._experience([units[i] for i in c], [unit_traj[i] for i in c], rewards, group_ids, trajs)
+        exps = [[self._experience([units[i] for i in c], [unit_traj[i] for i in c], rewards, group_ids, trajs, trained)
                  for c in mini] for mini in plan]
         if self.credit.whiten and cfg.whiten_advantages:
             self._whiten([e for mini in exps for e in mini])

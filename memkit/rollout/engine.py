@@ -300,7 +300,7 @@ def merge_tree(trajs: list[Trajectory]) -> Trajectory:
 def _finish_call(method, env, tokenizer, state, spec, ids, text, tspans, cspans, refs, gen, seconds):
     out_char = tag_char_spans(gen.text)
     out_tok = char_to_token_spans(out_char, token_char_ends(tokenizer, gen.ids))
-    parsed = method.parse(gen.text, spec.role)
+    parsed = method.parse(spec.prefix + gen.text, spec.role)  # a forced opening is context, not output
     obs = None
     if not parsed.ok:
         state.fail(f"invalid {spec.role} output: {parsed.error}")
