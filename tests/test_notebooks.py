@@ -51,6 +51,10 @@ EXPECTATIONS: dict[str, dict] = {
                                "memories_scored_min": 3, "credit_by_hand_gap_max": 1e-5, "group_memories_min": 12,
                                "arm_steps_eq": [2, 2], "params_moved_mempo_min": 1e-6, "probe_share_max_max": 0.9,
                                "ablation_rows_eq": 4, "table2_rows_eq": 3},
+    "05_memact_dcpo": {"segments_end_at_prunes_eq": True, "segments_per_traj_min": 2, "segment_gap_max_max": 1e-4,
+                       "mask_gap_after_prune_min": 1e-2, "distinct_first_eq": 4, "dcpo_by_hand_gap_max": 1e-5,
+                       "loss_by_hand_gap_max": 1e-5, "arm_steps_eq": [2, 2, 2], "arms_table_rows_eq": 5,
+                       "params_moved_dcpo_min": 1e-6},
 }
 
 REQUIRED = {"SMOKE", "MODEL", "SEED", "OUT_DIR"}

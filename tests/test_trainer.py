@@ -502,8 +502,8 @@ def test_readme_train_commands_parse_to_the_notebooks_settings():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text().replace("\\\n", " ")
     lines = [ln.split("#")[0] for ln in readme.splitlines() if re.match(r"memkit train --algo", ln)]
     cfgs = {c.method: c for c in (train_config(build_parser().parse_args(shlex.split(ln)[1:])) for ln in lines)}
-    assert set(cfgs) == {"mem1", "memsearcher", "mempo"}
-    mem1, ms, mp = cfgs["mem1"], cfgs["memsearcher"], cfgs["mempo"]
+    assert set(cfgs) == {"mem1", "memsearcher", "mempo", "memact"}
+    mem1, ms, mp, ma = cfgs["mem1"], cfgs["memsearcher"], cfgs["mempo"], cfgs["memact"]
     # notebook 02's default RL_ALGO (its deviation 4) and full-mode sizes, read from the notebook itself
     nb_path = Path(__file__).resolve().parents[1] / "notebooks" / "02_mem1_masked_trajectories.ipynb"
     nb02 = "".join("".join(c["source"]) for c in json.loads(nb_path.read_text())["cells"] if c["cell_type"] == "code")
@@ -525,6 +525,13 @@ def test_readme_train_commands_parse_to_the_notebooks_settings():
     assert mp.resolved_credit() == "mempo" and 'dict(credit="grpo"' in nb04 and 'dict(credit="mempo")' in nb04
     assert (mp.tasks_per_step, mp.n_samples, mp.lr, mp.temperature, mp.objectives) == (8, 4, 3e-4, 0.5, (2,))
     assert "tasks_per_step=mnb.smoke_scale(SMOKE, 2, 8)" in nb04 and "n_samples=mnb.smoke_scale(SMOKE, 2, 4)" in nb04
-    for method in ("mem1", "memsearcher", "mempo"):
+    # notebook 05's arms: DCPO's credit and packing, eq. 5-6's per-segment aggregation, 2-question evals
+    nb05 = "".join("".join(c["source"]) for c in json.loads(
+        (nb_path.parent / "05_memact_dcpo.ipynb").read_text())["cells"] if c["cell_type"] == "code")
+    assert (ma.resolved_credit(), ma.resolved_packing(), ma.agg, ma.eval_objectives) == (
+        "dcpo", "mem1_exact", "seq-mean-token-mean", (2,))
+    assert (ma.tasks_per_step, ma.n_samples, ma.lr, ma.temperature, ma.objectives) == (8, 4, 3e-4, 0.5, (2,))
+    assert 'agg="seq-mean-token-mean"' in nb05 and "KS = (2,)" in nb05 and ma.init == "tiny-sft:flaw-fe"
+    for method in ("mem1", "memsearcher", "mempo", "memact"):
         lab = lab_sft_config(method)
         assert (lab.oracle.flaw, lab.steps, lab.objectives, lab.max_seconds) == ("forget_earlier", 3000, (1, 2), None)

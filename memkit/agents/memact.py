@@ -90,7 +90,7 @@ class MemAct(Method):
     name = "memact"
     format_penalty = -0.1
     default_credit = "dcpo"  # segments at memory edits inherit the trajectory advantage (§3.3)
-    default_packing = "mem1_exact"  # a segment's calls share their prefix: one exact causal row
+    default_packing = "mem1_exact"  # a segment's calls share their prefix: one exact prefix-trie row
 
     def __init__(self, prune_after: int = 2, schedule: str = "agent", interval: int = 3, window: int = 3):
         if schedule not in SCHEDULES:
