@@ -158,12 +158,14 @@ class Trainer(Learner):
         r = [float(t.reward) for t in trajs]
         tot = self._sum([n, sum(r), sum(x * x for x in r), s["em"] * n, s["f1"] * n, sum(t.valid for t in trajs),
                          sum(peak_tokens(t) for t in trajs), sum(len(t.calls) for t in trajs),
-                         sum(c.n_output for t in trajs for c in t.calls)])
+                         sum(c.n_output for t in trajs for c in t.calls),
+                         sum(c.n_context for t in trajs for c in t.calls)])
         N = max(tot[0], 1.0)
         mean = tot[1] / N
         return {"reward_mean": mean, "reward_std": math.sqrt(max(tot[2] / N - mean ** 2, 0.0)), "em": tot[3] / N,
                 "f1": tot[4] / N, "valid_rate": tot[5] / N, "peak_tokens": tot[6] / N, "calls": tot[7] / N,
-                "response_tokens": tot[8] / N, "n_trajectories": int(tot[0])}
+                "response_tokens": tot[8] / N, "context_tokens": tot[9] / max(tot[7], 1.0),
+                "n_trajectories": int(tot[0])}
 
     def evaluate(self) -> list[dict]:
         """Greedy rollouts on :func:`memkit.world.held_out_tasks` of seed base ``cfg.eval_seed``, main process."""
