@@ -110,8 +110,8 @@ def train_arms(base: TrainConfig, arms: dict[str, dict], seeds, kit: Kit, progre
 
 def run_summary(result: TrainResult) -> dict:
     """One run's first and last evaluation per objective count: ``em_k{k}_start`` / ``em_k{k}_end``,
-    the same for ``context_tokens``, ``tool_calls`` and ``memory_actions`` (and ``mem_p`` where the format writes
-    ``<mem>``), its steps and training seconds."""
+    the same for ``context_tokens``, ``tool_calls`` and ``memory_actions`` (and ``mem_p`` where the
+    format writes ``<mem>``), its steps and training seconds."""
     row = {"steps": len(result.history), "seconds": sum(r["seconds"] for r in result.history)}
     for k in sorted({e["k"] for e in result.eval_history}):
         evals = [e for e in result.eval_history if e["k"] == k]

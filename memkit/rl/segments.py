@@ -10,9 +10,9 @@ later tokens on deleted ones. DCPO cuts the trajectory at each edit into segment
 with a fixed prefix C_i: inside a segment each call's context extends the previous call's, so
 in the paper's format the segment is one causal sequence (memkit's MemAct writes a record's
 ``[id]`` before it, so a row also holds each earlier output again as context; ``pack``'s
-``mem1_exact`` trie stores the shared prefix once and stays exact). memkit cuts wherever a call's context does not start with the previous call's
-context tokens: the call that prunes ends its segment (it was generated under its pre-prune
-context) and the next call starts one. Any format works: every MEM1 call is a segment, a ReAct
+``mem1_exact`` trie stores the shared prefix once and stays exact). memkit cuts wherever a
+call's context does not start with the previous call's context tokens: the call that prunes
+ends its segment (it was generated under its pre-prune context) and the next call starts one. Any format works: every MEM1 call is a segment, a ReAct
 trajectory is one.
 
 Final segment (Algorithm 1, line 27): y_i holds only the calls after the last edit; the notes

@@ -178,8 +178,8 @@ class Trainer(Learner):
                 trajs = self.rollout(tasks, 1, 0.0, self.cfg.eval_seed + k)
                 s = summarize(trajs)
                 rows.append({"step": self.step, "k": k, "reward_mean": sum(t.reward for t in trajs) / len(trajs),
-                             **{key: s[key] for key in ("em", "f1", "peak_tokens", "context_tokens", "invalid_rate", "tool_calls",
-                                                             "memory_actions")},
+                             **{key: s[key] for key in ("em", "f1", "peak_tokens", "context_tokens", "invalid_rate",
+                                                         "tool_calls", "memory_actions")},
                              **em_by_kind(trajs, tasks), **self._memory_probability(trajs)})
             self.eval_history += rows
             if self.files:
