@@ -139,8 +139,10 @@ def test_sft_tags_and_cache_keys_differ_per_init(tmp_path, monkeypatch):
     assert sft_tag(replace(d, init="ckpt")) == sft_tag(replace(d, init=str(tmp_path / "ckpt")))
     keys = {sft_cache_key(replace(d, init=i)) for i in ("scratch", "base", "tiny-sft:flaw-fe")}
     assert len(keys) == 3
-    legacy = {k: v for k, v in asdict(d).items() if k != "init"}
-    assert sft_cache_key(d) == config_hash(legacy)  # SFT caches made before `init` keep their names
+    legacy = {k: v for k, v in asdict(d).items() if k not in ("init", "method_kwargs")}
+    assert sft_cache_key(d) == config_hash(legacy)  # caches made before `init` / `method_kwargs` keep their names
+    assert sft_cache_key(replace(d, method="memact", method_kwargs={"schedule": "window"})) != \
+        sft_cache_key(replace(d, method="memact"))
 
 
 def test_base_path_names_the_config_but_not_how_it_is_watched(monkeypatch, tmp_path):
