@@ -45,6 +45,11 @@ class Parsed:
     fields: dict[str, str] = field(default_factory=dict)  # tag -> content
     prune_ids: list[str] = field(default_factory=list)
     error: str | None = None
+    #: tool calls of an output that may hold several (Mem-T): [{"name": str, "arguments": dict}]
+    calls: list[dict] = field(default_factory=list)
+    #: an invalid output that ends only its own call, not the episode (Mem-T's construction skips
+    #: the bad operation and reads on); the method's ``apply`` still runs and may set it
+    recoverable: bool = False
 
 
 @dataclass

@@ -8,7 +8,12 @@ mem1           question + last ``<think>``/action + last observation   ``mem1.py
 memsearcher    ``<question>`` + ``<memory>`` (memory rewritten per turn) ``memsearcher.py``
 mempo          question + last ``<mem>``/``<think>``/action + obs        ``mempo.py``
 memact         question + live ``[id]`` records (Prune&Write edits)    ``memact.py``
+memt           a conversation chunk / a candidate + related memories   ``memt.py``
+               / a question + retrieved memories (Mem-T's store)
 =============  ======================================================  ===================
+
+``METHODS`` are the wiki-QA formats (tasks of k questions); ``STREAM_METHODS`` read conversation
+streams (:mod:`memkit.rollout.streams`, :mod:`memkit.conversation_eval`).
 
 ``get_method(name, **kw)`` builds one; keyword arguments go to its constructor
 (``memsearcher``: ``memory_budget_words``, ``on_over_budget``; ``memact``: ``prune_after``).
@@ -18,21 +23,23 @@ from __future__ import annotations
 from memkit.agents.base import AgentState, CallSpec, Env, Method, OracleConfig, Parsed, Segment
 from memkit.agents.mem1 import MEM1
 from memkit.agents.memact import MemAct
+from memkit.agents.memt import MemT
 from memkit.agents.mempo import MemPO
 from memkit.agents.memsearcher import MemSearcher
 from memkit.agents.react import ReAct
 
 METHODS = ("react", "mem1", "memsearcher", "mempo", "memact")
-_CLASSES = {"react": ReAct, "mem1": MEM1, "memsearcher": MemSearcher, "mempo": MemPO, "memact": MemAct}
+STREAM_METHODS = ("memt",)
+_CLASSES = {"react": ReAct, "mem1": MEM1, "memsearcher": MemSearcher, "mempo": MemPO, "memact": MemAct, "memt": MemT}
 
 
 def get_method(name: str, **kw) -> Method:
     """The memory format called ``name`` (case-insensitive); unknown names list the choices."""
     key = str(name).strip().lower()
     if key not in _CLASSES:
-        raise ValueError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
+        raise ValueError(f"unknown method {name!r}; choose from {', '.join(METHODS + STREAM_METHODS)}")
     return _CLASSES[key](**kw)
 
 
-__all__ = ["METHODS", "get_method", "Method", "AgentState", "CallSpec", "Env", "OracleConfig", "Parsed",
-           "Segment", "ReAct", "MEM1", "MemSearcher", "MemPO", "MemAct"]
+__all__ = ["METHODS", "STREAM_METHODS", "get_method", "Method", "AgentState", "CallSpec", "Env", "OracleConfig", "Parsed",
+           "Segment", "ReAct", "MEM1", "MemSearcher", "MemPO", "MemAct", "MemT"]

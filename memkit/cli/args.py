@@ -45,14 +45,18 @@ def positive(text: str) -> int:
     return value
 
 
-def methods(text: str) -> list[str]:
-    """Comma-separated memory formats (``memkit.agents.METHODS``)."""
-    from memkit.agents import METHODS
+def methods(text: str, streams: bool = True) -> list[str]:
+    """Comma-separated memory formats (``memkit.agents.METHODS``, and ``STREAM_METHODS`` if ``streams``)."""
+    from memkit.agents import METHODS, STREAM_METHODS
 
     names = [m.strip() for m in text.split(",") if m.strip()]
+    allowed = METHODS + STREAM_METHODS if streams else METHODS
     for name in names:
-        if name not in METHODS:
-            raise argparse.ArgumentTypeError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
+        if name in STREAM_METHODS and not streams:
+            raise argparse.ArgumentTypeError(f"{name} reads conversation streams, not wiki tasks: "
+                                             f"use `memkit eval --method {name}`")
+        if name not in allowed:
+            raise argparse.ArgumentTypeError(f"unknown method {name!r}; choose from {', '.join(allowed)}")
     return names
 
 

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from memkit.cli.args import methods
+from memkit.cli.args import methods, positive
 from memkit.cli.rollout import add_context_options, add_policy
 from memkit.cli.world import add_common
 
 
 def add_parser(sub) -> None:
     from memkit.agents import METHODS
+    from memkit.world.streams import SIZES
 
     sp = sub.add_parser("eval", help="evaluate methods at several objective counts and print the table")
     add_common(sp, objectives="1,2,4,8")
@@ -19,7 +20,30 @@ def add_parser(sub) -> None:
     sp.add_argument("--retriever", default="bm25", help="bm25 or dense")
     sp.add_argument("--out-dir", default=None, help="write JSONL traces here")
     add_context_options(sp)
+    streams = sp.add_argument_group("conversation streams (--method memt)")
+    streams.add_argument("--streams", choices=sorted(SIZES), default="smoke",
+                         help="size of the synthetic conversations (full: ~20 sessions, ~300 turns, like LoCoMo)")
+    streams.add_argument("--n-conversations", type=positive, default=4, help="synthetic conversations to evaluate on")
+    streams.add_argument("--locomo", default=None, help="a LoCoMo JSON file (data/locomo10.json) instead of synthetic ones")
     sp.set_defaults(func=run)
+
+
+def run_streams(args, kit) -> None:
+    """``--method memt``: build memories, answer every question, print the per-category table."""
+    from memkit.conversation_eval import evaluate_streams, format_stream_table
+    from memkit.world.locomo import load_locomo
+    from memkit.world.streams import make_conversations
+
+    convs = (load_locomo(args.locomo) if args.locomo else
+             make_conversations(kit.world, args.n_conversations, seed=1000 + args.seed, size=args.streams))
+    summary, _, trajs = evaluate_streams(kit, convs, policy=args.policy, temperature=args.temperature, seed=args.seed)
+    where = args.locomo or f"{len(convs)} synthetic {args.streams} conversations"
+    print(f"memt on {where}: {len(trajs)} questions, {summary[0]['wall_seconds']:.1f} s")
+    print(format_stream_table(summary))
+    if args.out_dir:
+        from memkit.trajectory import save_jsonl
+
+        save_jsonl(trajs, Path(args.out_dir) / f"memt-{args.policy.replace('/', '_')}.jsonl")
 
 
 def run(args) -> int:
@@ -31,13 +55,17 @@ def run(args) -> int:
     kit = load_kit(args.world_seed, retriever=args.retriever)
     rows = []
     for method in args.method:
+        if method == "memt":
+            run_streams(args, kit)
+            continue
         results = evaluate(method, kit, objectives=args.objectives, n_tasks=args.n_tasks, policy=args.policy,
                            temperature=args.temperature, prompt=args.prompt, k_docs=args.k_docs)
         for k, (summary, trajs) in results.items():
             rows.append({"method": method, "k": k, **summary})
             if args.out_dir:
                 save_jsonl(trajs, Path(args.out_dir) / f"{method}-{args.policy.replace('/', '_')}-k{k}.jsonl")
-    print(format_table(rows))
+    if rows:
+        print(format_table(rows))
     if args.out_dir:
         print(f"traces written to {args.out_dir}/")
     return 0

@@ -10,7 +10,7 @@ def add_parser(sub) -> None:
 
     sp = sub.add_parser("rollout", help="roll out a method and write JSONL traces")
     add_common(sp)
-    sp.add_argument("--method", type=lambda s: methods(s)[0], required=True, help=", ".join(METHODS))
+    sp.add_argument("--method", type=lambda s: methods(s, streams=False)[0], required=True, help=", ".join(METHODS))
     add_policy(sp)
     sp.add_argument("--tasks", help="a tasks JSONL (from `memkit world`) instead of generated tasks")
     sp.add_argument("--n", type=int, default=1, help="trajectories per task (group size)")

@@ -217,9 +217,10 @@ def continue_rollouts(method: Method, states: list[AgentState], env: Env, policy
 
 def advance(method: Method, states: list[AgentState], env: Env, policy: Policy, tokenizer,
             cfg: RolloutConfig | None = None, wrap=None, until_calls: int | None = None,
-            progress: bool = False) -> list[AgentState]:
+            progress: bool = False, until: Callable[[AgentState], bool] | None = None) -> list[AgentState]:
     """Step ``states`` in place, all active ones batched each round, until each is done or (with
-    ``until_calls``) has made that many calls: the point to :func:`fork` a tree from.
+    ``until_calls``) has made that many calls or (with ``until``) ``until(state)`` holds: the point
+    to :func:`fork` a tree from (Mem-T: the end of construction, before the questions).
 
     ``cfg`` supplies ``max_context_tokens`` here (turn limits live in the states)."""
     cfg = cfg or RolloutConfig()
@@ -230,7 +231,8 @@ def advance(method: Method, states: list[AgentState], env: Env, policy: Policy, 
 
         bar = tqdm(total=len(states), desc=f"rollout {method.name}", leave=False)
     while True:
-        active = [s for s in states if not s.done and (until_calls is None or len(s.calls) < until_calls)]
+        active = [s for s in states if not s.done and (until_calls is None or len(s.calls) < until_calls)
+                  and (until is None or not until(s))]
         if not active:
             break
         batches: dict[tuple, list] = {}
@@ -302,13 +304,15 @@ def _finish_call(method, env, tokenizer, state, spec, ids, text, tspans, cspans,
     out_tok = char_to_token_spans(out_char, token_char_ends(tokenizer, gen.ids))
     parsed = method.parse(spec.prefix + gen.text, spec.role)  # a forced opening is context, not output
     obs = None
-    if not parsed.ok:
+    if not parsed.ok and not parsed.recoverable:
         state.fail(f"invalid {spec.role} output: {parsed.error}")
     else:
         try:
-            obs = method.apply(state, parsed, env)
+            obs = method.apply(state, parsed, env)  # may mark a recoverable error on ``parsed``
         except Exception as e:  # a tool crash is the environment's fault, but it must not kill the batch
             state.fail(f"tool error: {type(e).__name__}: {e}")
+    call_reason = state.reason if not state.valid else (
+        None if parsed.ok else f"invalid {spec.role} output: {parsed.error}")
     if spec.role == "act":
         state.turn += 1
     state.calls.append(Call(
@@ -316,7 +320,7 @@ def _finish_call(method, env, tokenizer, state, spec, ids, text, tspans, cspans,
         context_text=text, output_text=gen.text, context_spans=tspans, context_char_spans=cspans,
         context_refs=refs, output_spans=out_tok, output_char_spans=out_char, observation_text=obs,
         observation_ids=tokenizer.encode(obs, add_special_tokens=False) if obs else [],
-        valid=parsed.ok and state.valid, reason=state.reason if not state.valid else None, seconds=seconds,
+        valid=parsed.ok and state.valid, reason=call_reason, seconds=seconds,
         parent=len(state.calls) - 1 if state.calls else None,
     ))
 

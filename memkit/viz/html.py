@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 from memkit.agents.memact import INFO_PRUNED_IDS
+from memkit.agents.memt import INFO_STORE_OPS, INFO_STORE_SIZES
 from memkit.io import atomic_write_text
 from memkit.trajectory import Call, Trajectory
 from memkit.viz.colors import CSS, css_class, legend_html, span_open
@@ -193,6 +194,22 @@ def _records_html(traj: Trajectory, i: int) -> str:
     return "".join(parts)
 
 
+def _store_html(traj: Trajectory, i: int) -> str:
+    """Mem-T: the store operations call ``i`` ran and the store's size after it."""
+    info = traj.info if isinstance(traj.info, dict) else {}
+    ops, sizes = (info.get(INFO_STORE_OPS) or {}).get(str(i)), (info.get(INFO_STORE_SIZES) or {}).get(str(i))
+    if ops is None and sizes is None:
+        return ""
+    parts = ['<div class="mk-head">memory store</div>']
+    if sizes:
+        parts.append("<div>after this call: " + ", ".join(f"{n} {html.escape(t)}" for t, n in sizes.items()) + "</div>")
+    rows = "".join(f"<tr><td>{html.escape(str(op))}</td><td>{html.escape(str(mid or ''))}</td>"
+                   f"<td>{html.escape(str(text))}</td></tr>" for op, mid, text in ops or [])
+    parts.append(f'<table class="mk-counts mk-store"><tr><th>op</th><th>id</th><th>memory</th></tr>{rows}</table>'
+                 if rows else "<div>no store operation</div>")
+    return "".join(parts)
+
+
 # ----------------------------------------------------------------------------- one call
 def trajectory_header_html(traj: Trajectory) -> str:
     golds = " | ".join(" / ".join(g) for g in traj.golds)
@@ -235,6 +252,7 @@ def render_call_html(traj: Trajectory, i: int, include_css: bool = True, header:
                      f'against {against}</div>'
                      f'<div class="mk-text mk-diff">{diff_html(old, memory_text(call, source))}</div>')
     parts.append(_records_html(traj, i))
+    parts.append(_store_html(traj, i))
     parts.append("</div>")
     return "".join(parts)
 
