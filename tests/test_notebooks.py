@@ -32,7 +32,8 @@ from memkit.reproduce import _runs_this_python, declared_parameters, reproduce, 
 # record names (memkit.nb.record(name, value)) with these keys or edit them here.
 EXPECTATIONS: dict[str, dict] = {
     "00_tour": {"n_calls_min": 15, "oracle_em_min": 0.95, "invalid_without_reason_eq": 0,
-                "parser_rejects_malformed_eq": True},
+                "parser_rejects_malformed_eq": True, "memt_teacher_f1_min": 0.95, "memt_store_memories_min": 4,
+                "memt_tokens_ratio_full_max": 0.7},
     "01_rollouts_and_memory_cost": {"oracle_em_min": 0.95, "peak_ratio_16_max": 0.3, "tt_ratio_16_max": 0.5,
                                     "react_peak_growth_min": 8, "memory_peak_growth_max": 4,
                                     "fig3_react_growth_min": 5, "fig3_memsearcher_growth_max": 2},
