@@ -5,6 +5,7 @@ Typical use::
     from memkit.world import make_world, make_tasks, save_tasks_jsonl
     world = make_world(seed=0)
     tasks = make_tasks(world, n=200, k=2, seed=0)   # MEM1 2-objective tasks
+    convs = make_conversations(world, 4, size="full")  # Mem-T's conversation streams (LoCoMo schema)
 """
 from memkit.world.generator import (
     ATTRS,
@@ -30,6 +31,8 @@ from memkit.world.loaders import (
     tasks_to_dataset,
     world_texts,
 )
+from memkit.world.conversation import CATEGORIES, Conversation, ConvQA, Session, Turn
+from memkit.world.locomo import load_locomo, save_locomo
 from memkit.world.schema import (
     MULTI_OBJECTIVE_TEMPLATE,
     Passage,
@@ -39,6 +42,7 @@ from memkit.world.schema import (
     compose_prompt,
 )
 from memkit.world.splits import SPLITS, question_split
+from memkit.world.streams import SIZES, make_conversation, make_conversations
 from memkit.world.task_sets import EVAL_SEEDS, held_out_tasks, training_seed, training_tasks
 
 __all__ = [
@@ -47,4 +51,6 @@ __all__ = [
     "load_wiki_summaries", "save_corpus_jsonl", "save_tasks_jsonl", "tasks_from_dataset",
     "tasks_to_dataset", "world_texts", "MULTI_OBJECTIVE_TEMPLATE", "Passage", "Question", "SubQuestion",
     "Task", "compose_prompt", "EVAL_SEEDS", "held_out_tasks", "training_seed", "training_tasks",
+    "CATEGORIES", "Conversation", "ConvQA", "Session", "Turn", "load_locomo", "save_locomo", "SIZES",
+    "make_conversation", "make_conversations",
 ]

@@ -150,7 +150,8 @@ class _Builder:
         else:
             rel, when = relative(self.date, self.rng)
             dia = self.say(who, f"Big news: I moved to {city} {rel}!")
-            self.fact(who, dia, "city", city, f"{who.name} moved to {city} on {day(when)}.", change="update", start=day(when))
+            self.fact(who, dia, "city", city, f"{who.name} lives in {city} since {day(when)}.", change="update",
+                      start=day(when))
         who.city.append((city, day(when) if who.city else "", dia))
         return True
 
@@ -164,7 +165,7 @@ class _Builder:
             rel, d = self.relative_date()
             when = day(d)
             dia = self.say(who, f"I started a new job at {company} {rel}.")
-            self.fact(who, dia, "job", company, f"{who.name} started working at {company} on {when}.", change="update", start=when)
+            self.fact(who, dia, "job", company, f"{who.name} works at {company} since {when}.", change="update", start=when)
         who.job.append((company, when, dia))
         return True
 
@@ -254,12 +255,12 @@ class _Builder:
                 add("single-hop", f"What is {n}'s favourite band?", s.band[0], [s.band[1]],
                     [Hop("fact", f"{n} favourite band", s.band[0])])
             for (prev, _, pdia), (cur, when, cdia) in zip(s.city, s.city[1:]):
-                add("temporal", f"When did {n} move to {cur}?", when, [cdia], [Hop("fact", f"{n} moved to {cur}", when)])
+                add("temporal", f"When did {n} move to {cur}?", when, [cdia], [Hop("fact", f"{n} lives in {cur} since", when)])
                 add("multi-hop", f"Where did {n} live before moving to {cur}?", prev, [pdia, cdia],
                     [Hop("fact", f"{n} lives in {cur}", prev)])
             for (_, _, _), (cur, when, cdia) in zip(s.job, s.job[1:]):
                 add("temporal", f"When did {n} start working at {cur}?", when, [cdia],
-                    [Hop("fact", f"{n} started working at {cur}", when)])
+                    [Hop("fact", f"{n} works at {cur} since", when)])
             for p in s.pets:
                 add("single-hop", f"What is the name of the dog {n} adopted on {p['date']}?", p["name"], p["dias"],
                     [Hop("fact", f"{n} adopted a dog on {p['date']}", p["name"])])
