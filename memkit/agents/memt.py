@@ -283,9 +283,8 @@ class MemT(Method):
         k = k if isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= 20 else self.top_k
         query = str(args.get("query") or "")
         if name == "search_personas" and isinstance(args.get("name"), str) and args["name"].strip():
-            want = args["name"].strip().lower()
-            hits = [p for p in store.of_type("persona") if p.text.split(":", 1)[0].strip().lower() == want]
-            hits = hits or store.search("persona", args["name"], k)
+            found = store.persona(args["name"])
+            hits = [found] if found is not None else store.search("persona", args["name"], k)
         else:
             hits = store.search(SEARCH_TOOLS[name], query, k)
         state.memory["retrieved"][len(state.calls)] = [h.id for h in hits]

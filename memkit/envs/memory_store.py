@@ -56,6 +56,7 @@ class MemoryStore:
     retriever: str = "bm25"
     items: dict = field(default_factory=dict)  # id -> Memory, in creation order
     working: str = ""  # M_work: the latest session summary
+    personas: dict = field(default_factory=dict)  # normalised name -> id of its persona memory
     log: list = field(default_factory=list)  # (op, id or None, detail) per operation, in order
     counters: dict = field(default_factory=lambda: {t: 0 for t in MEMORY_TYPES})
     _versions: dict = field(default_factory=lambda: {t: 0 for t in MEMORY_TYPES}, repr=False, compare=False)
@@ -64,8 +65,8 @@ class MemoryStore:
     def __deepcopy__(self, memo):  # forks copy the memories, not the search index
         import copy
 
-        return MemoryStore(self.retriever, dict(self.items), self.working, list(self.log), dict(self.counters),
-                           dict(self._versions), {})
+        return MemoryStore(self.retriever, dict(self.items), self.working, dict(self.personas), list(self.log),
+                           dict(self.counters), dict(self._versions), {})
 
     # ---- eq. 4-5: the four evolution operations, and formation's direct writes ---------------
     def add(self, type: str, text: str, sources=(), turn_time: str = "", start_time: str = "", end_time: str = "") -> str:
@@ -94,6 +95,7 @@ class MemoryStore:
         """DELETE: remove ``mid``; returns what was removed."""
         old = self.get(mid)
         del self.items[mid]
+        self.personas = {k: v for k, v in self.personas.items() if v != mid}
         self._touch(old.type)
         self.log.append(("delete", mid, old.text))
         return old
@@ -103,11 +105,19 @@ class MemoryStore:
         self.log.append(("ignore", None, str(reason)))
 
     def set_persona(self, name: str, profile: str, sources=(), turn_time: str = "") -> str:
-        """``update_persona``: add the profile of ``name`` or rewrite it (one persona per name)."""
-        for m in self.of_type("persona"):
-            if m.text.split(":", 1)[0].strip().lower() == name.strip().lower():
-                return self.update(m.id, f"{name}: {profile}", sources, turn_time=turn_time).id
-        return self.add("persona", f"{name}: {profile}", sources, turn_time)
+        """``update_persona``: add the profile of ``name`` or rewrite it (one persona per name,
+        names compared case- and space-insensitively); an empty ``turn_time`` keeps the old one."""
+        found = self.persona(name)
+        if found is not None:
+            return self.update(found.id, f"{name}: {profile}", sources, turn_time=turn_time or None).id
+        mid = self.add("persona", f"{name}: {profile}", sources, turn_time)
+        self.personas[_name_key(name)] = mid
+        return mid
+
+    def persona(self, name: str) -> Memory | None:
+        """The persona memory of ``name`` (``search_personas``' exact lookup), or None."""
+        mid = self.personas.get(_name_key(name))
+        return self.items.get(mid) if mid else None
 
     def set_summary(self, content: str, sources=(), turn_time: str = "") -> str:
         """``update_summary``: the working memory becomes ``content``, archived as a summary memory."""
@@ -157,6 +167,10 @@ class MemoryStore:
 
     def _touch(self, type: str) -> None:
         self._versions[type] += 1
+
+
+def _name_key(name: str) -> str:
+    return " ".join(str(name).lower().split())
 
 
 def _uniq(xs) -> tuple[str, ...]:
