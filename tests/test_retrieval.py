@@ -149,6 +149,21 @@ def test_dense_retrieval_semantics_and_cache(dense_cache):
     assert env.search("Where does Alice Varn come from?").startswith("<information>Doc 1(Title: Alice Varn)")
 
 
+@dense_only
+def test_dense_default_cache_dir_and_no_persist(monkeypatch, tmp_path):
+    """Without ``cache_dir`` the index file goes to memkit's cache (a parameter once shadowed the
+    function, so this crashed); ``persist=False`` (Mem-T's store, rebuilt as it changes) writes none."""
+    from memkit.retrieval.dense import DenseRetriever
+
+    monkeypatch.setenv("MEMKIT_CACHE", str(tmp_path))
+    r = DenseRetriever(PASSAGES)
+    assert r.cache_path.parent == tmp_path and r.cache_path.exists()
+    r.cache_path.unlink()
+    quiet = DenseRetriever(PASSAGES, persist=False)
+    assert not quiet.from_cache and not quiet.cache_path.exists()
+    assert quiet.search("Which firm makes bikes?", 1)[0].passage.id == "p2"
+
+
 def test_dense_missing_wheel_names_the_install_command(monkeypatch):
     from memkit.retrieval import dense
 

@@ -148,7 +148,8 @@ class MemoryStore:
             from memkit.envs.search import make_retriever
 
             passages = [Passage(id=m.id, title="", text=m.text) for m in mems]
-            cached = (version, make_retriever(self.retriever, passages), [m.id for m in mems])
+            kw = {"persist": False} if self.retriever == "dense" else {}  # the store changes every call
+            cached = (version, make_retriever(self.retriever, passages, **kw), [m.id for m in mems])
             self._index[type] = cached
         hits = cached[1].search(query.strip(), min(k, len(cached[2])))
         return [self.items[h.passage.id] for h in hits]

@@ -25,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from memkit.io import cache_dir
+from memkit.io import cache_dir as memkit_cache_dir
 from memkit.retrieval.base import Hit, check_k, check_passages, check_query, passage_text
 from memkit.world.schema import Passage
 
@@ -66,7 +66,7 @@ class DenseRetriever:
     name = "dense"
 
     def __init__(self, passages: Sequence[Passage], cache_dir: str | Path | None = None,
-                 batch_size: int = 64, device: str | None = None):
+                 batch_size: int = 64, device: str | None = None, persist: bool = True):
         import faiss
 
         self.passages = check_passages(passages)
@@ -74,7 +74,8 @@ class DenseRetriever:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         self.batch_size = batch_size
         self.encoder = load_encoder(device)
-        self.cache_dir = Path(cache_dir) if cache_dir is not None else cache_dir()
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else memkit_cache_dir()
+        self.persist = persist  # False: never read or write the index file (a corpus that changes often)
         self.key = corpus_key(self.passages)
         self.cache_path = self.cache_dir / f"dense-{self.key[:32]}.faiss"
         self.from_cache = False
@@ -95,7 +96,7 @@ class DenseRetriever:
         return np.ascontiguousarray(emb, dtype=np.float32)
 
     def _read_cache(self, faiss):
-        if not self.cache_path.exists():
+        if not self.persist or not self.cache_path.exists():
             return None
         try:
             index = faiss.read_index(str(self.cache_path))
@@ -110,6 +111,8 @@ class DenseRetriever:
         return index
 
     def _write_cache(self, faiss, index) -> None:
+        if not self.persist:
+            return
         try:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.cache_dir, prefix=f".{self.cache_path.name}.", suffix=".tmp")
