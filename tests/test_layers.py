@@ -4,12 +4,13 @@ sideways, and the module-level imports form no cycle.
 Layers, bottom to top (a module may import its own layer and the ones below):
 
     0  io, cpu, trajectory                     files, threads, the data model
-    1  world, retrieval, metrics               tasks, search backends, scores
+    1  world, retrieval, metrics,              tasks, conversation streams, search backends, scores
+       metrics_locomo
     2  models                                  policies, generation
     3  agents, envs, rollout                   memory formats, the search env, the engine
     4  rl, sft, pretrain                       training algorithms (take a kit-like object; no assembly)
     5  kit, policies, evaluation, training,    assembly: a kit, policy specs, rollouts/eval, SFT/RL runs,
-       lab                                     the RL lab's recipes
+       lab, conversation_eval                  the RL lab's recipes, Mem-T's evaluation
     6  nb, reproduce, viz                      notebook helpers
     7  cli                                     the ``memkit`` command
 """
@@ -22,11 +23,11 @@ ROOT = Path(__file__).resolve().parents[1] / "memkit"
 
 LAYERS = (
     ("io", "cpu", "trajectory"),
-    ("world", "retrieval", "metrics"),
+    ("world", "retrieval", "metrics", "metrics_locomo"),
     ("models",),
     ("agents", "envs", "rollout"),
     ("rl", "sft", "pretrain"),
-    ("kit", "policies", "evaluation", "training", "lab"),
+    ("kit", "policies", "evaluation", "training", "lab", "conversation_eval"),
     ("nb", "reproduce", "viz"),
     ("cli",),
 )

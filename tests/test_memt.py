@@ -7,7 +7,8 @@ from collections import defaultdict
 import pytest
 
 from memkit.agents.base import OracleConfig
-from memkit.agents.memt import MemT, parse_tool_calls, tool_call
+from memkit.agents.memt import MemT
+from memkit.agents.memt_tools import parse_tool_calls, tool_call
 from memkit.kit import _ByteTokenizer
 from memkit.metrics_locomo import bleu1, locomo_f1, token_f1
 from memkit.models.generation import Generation

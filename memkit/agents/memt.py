@@ -22,23 +22,16 @@ raw archiving is automatic rather than a ``CrtRaw`` call; chunks are sessions.
 """
 from __future__ import annotations
 
-import json
 import random
-import re
 
+from memkit.agents import memt_oracle
 from memkit.agents.base import AgentState, CallSpec, Env, Method, OracleConfig, Parsed, Segment
+from memkit.agents.memt_tools import (EVOLUTION_TOOLS, FORMATION_TOOLS, RETRIEVAL_TOOLS, SEARCH_TOOLS,
+                                      parse_tool_calls, text_arg)
 from memkit.envs.memory_store import MEMORY_TYPES, MemoryStore, StoreError
 from memkit.metrics_locomo import locomo_f1
 from memkit.world.conversation import Conversation, Turn
 from memkit.world.schema import Question, Task
-
-FORMATION_TOOLS = ("create_fact", "create_experience", "update_persona", "update_summary")
-EVOLUTION_TOOLS = ("add_item", "update_item", "delete_item", "ignore_item")
-#: retrieval tool -> the memory type it searches (eq. 6), plus ``finish``
-SEARCH_TOOLS = {"search_facts": "fact", "search_experiences": "experience", "search_personas": "persona",
-                "search_turns": "raw", "search_summary": "summary"}
-RETRIEVAL_TOOLS = (*SEARCH_TOOLS, "finish")
-ROLES = ("form", "evolve", "act")
 
 FORMATION_INSTRUCTION = (
     "You are a memory agent reading a conversation chunk by chunk. Extract what is worth remembering with tool "
@@ -62,49 +55,6 @@ RETRIEVAL_INSTRUCTION = (
 #: ``Trajectory.info`` keys the trace viewer reads: per construction call (str index), the store
 #: operations it ran ``[op, id, text]`` (raw archiving left out) and the live memories per type after it
 INFO_STORE_OPS, INFO_STORE_SIZES = "store_ops", "store_sizes"
-_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
-
-
-def tool_call(tool: str, **arguments) -> str:
-    """The text of one tool call: ``<tool_call>{"name": tool, "arguments": {...}}</tool_call>``."""
-    return "<tool_call>" + json.dumps({"name": tool, "arguments": arguments}, ensure_ascii=False) + "</tool_call>"
-
-
-def parse_tool_calls(text: str, allowed: tuple[str, ...], at_most: int | None = None) -> tuple[list[dict], str | None]:
-    """The tool calls in ``text`` and an error (None when every call is well formed and allowed)."""
-    if not isinstance(text, str):
-        return [], "empty output"
-    if text.count("<tool_call>") != text.count("</tool_call>"):
-        return [], "unclosed <tool_call>"
-    bodies = _TOOL_CALL.findall(text)
-    if not bodies:
-        return [], "no <tool_call>"
-    if at_most is not None and len(bodies) > at_most:
-        return [], f"{len(bodies)} tool calls where {at_most} is allowed"
-    calls = []
-    for body in bodies:
-        try:
-            call = json.loads(body)
-        except json.JSONDecodeError as e:
-            return [], f"tool call is not JSON ({e.msg})"
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-            return [], "tool call without a name"
-        args = call.get("arguments", {})
-        if not isinstance(args, dict):
-            return [], f"{call['name']}: arguments must be an object"
-        if call["name"] not in allowed:
-            return [], f"unknown tool {call['name']!r} (allowed: {', '.join(allowed)})"
-        calls.append({"name": call["name"], "arguments": args})
-    return calls, None
-
-
-def text_arg(args: dict, key: str, required: bool = True) -> str:
-    value = args.get(key, "")
-    if not isinstance(value, (str, int, float)) or (required and not str(value).strip()):
-        raise StoreError(f"argument {key!r} must be a non-empty string")
-    return str(value).strip()
-
-
 def conversation_task(conv: Conversation) -> Task:
     """The construction phase's task: the conversation, no question yet."""
     return Task(id=conv.sample_id, questions=[], prompt="")
@@ -313,8 +263,6 @@ class MemT(Method):
         return info
 
     def oracle(self, state: AgentState, rng: random.Random, cfg: OracleConfig) -> str:
-        from memkit.agents import memt_oracle
-
         return memt_oracle.write(self, state, rng, cfg)
 
 

@@ -26,6 +26,7 @@ import random
 import re
 
 from memkit.agents.base import AgentState, OracleConfig
+from memkit.agents.memt_tools import SEARCH_TOOLS, tool_call
 from memkit.envs.memory_store import ID_PREFIX
 from memkit.metrics_locomo import normalize
 from memkit.world.conversation import NOT_MENTIONED, StreamFact
@@ -54,8 +55,6 @@ def _flawed(o: dict, key: str, flaw: str, rng: random.Random, cfg: OracleConfig)
 
 
 def _form(method, state, rng, cfg) -> str:
-    from memkit.agents.memt import tool_call
-
     conv, o = state.memory["conversation"], state.oracle
     date, turns = method.chunk(state)
     ids = {t.dia_id for t in turns}
@@ -93,8 +92,6 @@ def _observed_facts(conv, session: int) -> list[StreamFact]:
 
 
 def _evolve(method, state, rng, cfg) -> str:
-    from memkit.agents.memt import tool_call
-
     o, store = state.oracle, state.memory["store"]
     cand = state.memory["pending"][0]
     f: StreamFact = o["queued"].pop(0)
@@ -139,8 +136,6 @@ def _shows(obs: str | None, answer: str) -> bool:
 
 
 def _retrieve(method, state, rng, cfg) -> str:
-    from memkit.agents.memt import SEARCH_TOOLS, tool_call
-
     o, qa = state.oracle, state.memory["qa"]
     tool_of = {store: name for name, store in SEARCH_TOOLS.items()}
     acts = [c for c in state.calls if c.role == "act"]

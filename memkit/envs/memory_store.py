@@ -62,9 +62,7 @@ class MemoryStore:
     _versions: dict = field(default_factory=lambda: {t: 0 for t in MEMORY_TYPES}, repr=False, compare=False)
     _index: dict = field(default_factory=dict, repr=False, compare=False)  # type -> (version, retriever, ids)
 
-    def __deepcopy__(self, memo):  # forks copy the memories, not the search index
-        import copy
-
+    def __deepcopy__(self, memo):  # forks copy the memories (immutable), not the search index
         return MemoryStore(self.retriever, dict(self.items), self.working, dict(self.personas), list(self.log),
                            dict(self.counters), dict(self._versions), {})
 
