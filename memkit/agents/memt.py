@@ -55,6 +55,10 @@ RETRIEVAL_INSTRUCTION = (
 #: ``Trajectory.info`` keys the trace viewer reads: per construction call (str index), the store
 #: operations it ran ``[op, id, text]`` (raw archiving left out) and the live memories per type after it
 INFO_STORE_OPS, INFO_STORE_SIZES = "store_ops", "store_sizes"
+#: ``Trajectory.info`` key: every memory operation of construction, ``{"call", "op" (the tool),
+#: "memory" (the id it made or touched, None for IGNORE and unevolved candidates), "sources"}``:
+#: what hindsight credit scores (eq. 16-17)
+INFO_MEMORY_OPS = "memory_ops"
 def conversation_task(conv: Conversation) -> Task:
     """The construction phase's task: the conversation, no question yet."""
     return Task(id=conv.sample_id, questions=[], prompt="")
@@ -83,7 +87,7 @@ class MemT(Method):
         state = AgentState(task=conversation_task(conv), max_turns=self.max_steps)
         state.memory.update(conversation=conv, store=MemoryStore(self.retriever), chunk=0, pending=[],
                             phase="construct" if conv.sessions else "answer", retrieved={}, related={}, qa=None,
-                            ops={}, sizes={})
+                            ops={}, sizes={}, mem_ops=[])
         return state
 
     def start_question(self, state: AgentState, i: int) -> None:
@@ -188,12 +192,19 @@ class MemT(Method):
                     raise StoreError(f"{name}: source {source!r} names dialogue ids outside this chunk")
                 cands.append({"type": key, "text": text_arg(args, key), "sources": [str(s) for s in source],
                               "start_time": text_arg(args, "start_time", False), "end_time": text_arg(args, "end_time", False),
-                              "turn_time": date})
+                              "turn_time": date, "op": name})
             elif name == "update_persona":
-                writes.append((store.set_persona, text_arg(args, "name"), text_arg(args, "profile")))
+                writes.append((name, store.set_persona, text_arg(args, "name"), text_arg(args, "profile")))
             else:
-                writes.append((store.set_summary, text_arg(args, "content")))
-        made = [fn(*a, chunk_ids, date) for fn, *a in writes]
+                writes.append((name, store.set_summary, text_arg(args, "content")))
+        call = len(state.calls)
+        made = []
+        for name, fn, *a in writes:
+            made.append(fn(*a, chunk_ids, date))
+            m["mem_ops"].append({"call": call, "op": name, "memory": made[-1], "sources": chunk_ids})
+        for cand in cands:  # the memory it becomes is filled in by the evolution call that decides on it
+            cand["mem_op"] = len(m["mem_ops"])
+            m["mem_ops"].append({"call": call, "op": cand.pop("op"), "memory": None, "sources": cand["sources"]})
         m["pending"].extend(cands)
         return f"\n<information>{len(cands)} candidate memories; wrote {', '.join(made) or 'nothing else'}.</information>\n"
 
@@ -203,6 +214,7 @@ class MemT(Method):
         if not parsed.ok:
             return None
         name, args = parsed.calls[0]["name"], parsed.calls[0]["arguments"]
+        mid = None
         if name in ("update_item", "delete_item"):
             mid = text_arg(args, "id")
             if store.get(mid).type != cand["type"]:
@@ -210,16 +222,21 @@ class MemT(Method):
         if name == "add_item":
             doc = text_arg(args, "document", False) or cand["text"]
             mid = store.add(cand["type"], doc, cand["sources"], cand["turn_time"], cand["start_time"], cand["end_time"])
-            return f"\n<information>Added {mid}.</information>\n"
-        if name == "update_item":
+            obs = f"Added {mid}."
+        elif name == "update_item":
             store.update(mid, text_arg(args, "document"), cand["sources"], cand["turn_time"],
                          args.get("start_time") or None, args.get("end_time") or None)
-            return f"\n<information>Updated {mid}.</information>\n"
-        if name == "delete_item":
+            obs = f"Updated {mid}."
+        elif name == "delete_item":
             store.delete(mid)
-            return f"\n<information>Deleted {mid}.</information>\n"
-        store.ignore(str(args.get("reason", "")))
-        return "\n<information>Ignored.</information>\n"
+            obs = f"Deleted {mid}."
+        else:
+            store.ignore(str(args.get("reason", "")))
+            obs = "Ignored."
+        if name in ("add_item", "update_item"):  # the candidate's formation op made this memory
+            m["mem_ops"][cand["mem_op"]]["memory"] = mid
+        m["mem_ops"].append({"call": len(state.calls), "op": name, "memory": mid, "sources": cand["sources"]})
+        return f"\n<information>{obs}</information>\n"
 
     def _retrieve(self, state: AgentState, parsed: Parsed) -> str | None:
         call = parsed.calls[0]
@@ -251,7 +268,7 @@ class MemT(Method):
     def trajectory_info(self, state: AgentState) -> dict:
         m, store = state.memory, state.memory["store"]
         qa = m.get("qa")
-        info = {INFO_STORE_OPS: {str(k): v for k, v in m["ops"].items()},
+        info = {INFO_STORE_OPS: {str(k): v for k, v in m["ops"].items()}, INFO_MEMORY_OPS: list(m["mem_ops"]),
                 INFO_STORE_SIZES: {str(k): v for k, v in m["sizes"].items()},
                 "retrieved_ids": {str(k): v for k, v in m["retrieved"].items()},
                 "related_ids": {str(k): v for k, v in m["related"].items()},

@@ -1,8 +1,10 @@
 """RL core: losses (PPO clip, KL, value, entropy), credit rules behind a registry (GRPO,
-multi-context, GAE) and packing of training units into tensors (separate, MEM1 mask, exact)."""
+multi-context, GAE, MemPO, DCPO, MoT-GRPO) and packing of training units into tensors (separate,
+MEM1 mask, exact)."""
 from memkit.rl.advantages import (broadcast_to_calls, discounted_returns, gae, grpo_advantages,
                                   masked_whiten)
 from memkit.rl.credit import CREDIT_RULES, CreditBatch, get_credit, register_credit
+from memkit.rl import mot  # noqa: F401  registers the `mot` credit rule
 from memkit.rl.losses import (aggregate, entropy_from_logits, kl_penalty, masked_mean, ppo_clip_loss,
                               token_logprobs, value_loss)
 from memkit.rl.packed_forward import model_attention_mask, packed_token_logprobs, packing_gap

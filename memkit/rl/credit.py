@@ -17,8 +17,9 @@ Every rule has the signature ``rule(cb: CreditBatch, cfg) -> (advantages [B, L],
 or None)`` on one packed micro-batch, and a loop reference ``<rule>_loop(cb, cfg) -> [B][L]``
 compared in ``tests/test_credit.py`` on real rollouts. ``cfg`` is any object with the knobs a
 rule reads (``TrainConfig``: ``grpo_norm_std``, ``gamma``, ``lam``, ``mem_reward_norm``). Adding a
-paper's credit (MoT-GRPO) is one more registered function here; a rule that trains other units
-than whole trajectories (DCPO's segments) names a ``units`` function the update calls first.
+paper's credit is one more registered function (MoT-GRPO's ``mot`` lives in :mod:`memkit.rl.mot`
+beside its tree math); a rule that trains other units than whole trajectories (DCPO's segments,
+MoT's trees) names a ``units`` function the update calls first.
 """
 from __future__ import annotations
 

@@ -63,6 +63,9 @@ class ConvQA:
     adversarial_answer: str | None = None  # category 5: the tempting wrong answer
     hops: list[Hop] = field(default_factory=list)  # memkit extension (teacher only)
 
+    def __deepcopy__(self, memo):  # read-only once made: forked episodes share it
+        return self
+
     @property
     def category_name(self) -> str:
         return CATEGORIES.get(self.category, f"category-{self.category}")
@@ -99,6 +102,9 @@ class Conversation:
     qa: list[ConvQA]
     facts: list[StreamFact] = field(default_factory=list)  # memkit extension; empty for real LoCoMo
     extra: dict = field(default_factory=dict)  # other LoCoMo keys, kept verbatim (observation, summaries)
+
+    def __deepcopy__(self, memo):  # read-only once made: forked episodes share it
+        return self
 
     @property
     def turns(self) -> list[Turn]:

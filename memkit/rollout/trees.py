@@ -1,0 +1,84 @@
+"""Memory operation trees (Mem-T §3.2, eq. 8-9): iterative branching rollouts for one query.
+
+For a query, ``G`` trees; each starts as one full seed chain from the root state (the built
+memory with the question, no retrieval yet) (eq. 8). Then ``M`` expansion rounds: in each tree,
+``N_v`` pivot nodes are drawn uniformly from the root and the tree's non-terminal nodes, and the
+policy rolls a new branch from each pivot's state; ``Path(v*) + branch`` is grafted on (eq. 9).
+
+Every chain is an ordinary trajectory whose calls are shared by identity with the chains it
+branched from (:func:`~memkit.rollout.engine.fork`), so :func:`~memkit.rollout.engine.merge_tree`
+makes one tree trajectory per tree: its retrieval calls are the nodes, ``Call.parent`` the edges.
+A node's state is kept (a fork) after every call that did not end its chain, so any node can be a
+pivot. As in Tree-GRPO, pivots are drawn without replacement within a round and a node may be
+drawn again in a later round.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from memkit.rollout.engine import Policy, RolloutConfig, _to_trajectory, advance, fork, merge_tree
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    """Mem-T §4.1: G = 3 trees per query, N_v = 3 pivots per round, depth <= 4 expansions."""
+
+    trees: int = 3  # G
+    rounds: int = 1  # M expansion rounds
+    pivots: int = 3  # N_v per tree and round
+    seed: int = 0
+
+
+@dataclass
+class QueryTrees:
+    """The trees of one query: ``trees[i]`` the merged tree trajectory of tree i, ``chains[i]`` its
+    chains (root-to-leaf trajectories, seed first)."""
+
+    task_id: str
+    trees: list
+    chains: list
+
+
+def _step_all(method, states, policy, tokenizer, cfg, wrap, snapshots: dict) -> None:
+    """Advance every unfinished state one call at a time to its end, keeping a fork of the state
+    after each call that did not end the chain (``snapshots[id(call)]``)."""
+    while True:
+        active = [s for s in states if not s.done]
+        if not active:
+            return
+        target = {id(s): len(s.calls) + 1 for s in active}
+        advance(method, active, None, policy, tokenizer, cfg, wrap, until=lambda s: len(s.calls) >= target[id(s)])
+        for s in active:
+            if not s.done and s.calls:
+                snapshots[id(s.calls[-1])] = fork(s, 1)[0]
+
+
+def grow_trees(method, built, question: int, policy: Policy, tokenizer, tree_cfg: TreeConfig | None = None,
+               cfg: RolloutConfig | None = None, wrap=None) -> QueryTrees:
+    """The ``G`` trees of question ``question`` of a built Mem-T state (eq. 8-9)."""
+    tree_cfg, cfg = tree_cfg or TreeConfig(), cfg or RolloutConfig()
+    if tree_cfg.trees < 1 or tree_cfg.rounds < 0 or tree_cfg.pivots < 1:
+        raise ValueError(f"TreeConfig needs trees >= 1, rounds >= 0, pivots >= 1 (got {tree_cfg})")
+    rng = random.Random(f"trees-{tree_cfg.seed}-{question}")
+    roots = fork(built, tree_cfg.trees)
+    for r in roots:
+        method.start_question(r, question)
+    root_snap = [fork(r, 1)[0] for r in roots]
+    snapshots: dict = {}
+    chains = [[r] for r in roots]  # per tree: its chain states, seed first
+    _step_all(method, roots, policy, tokenizer, cfg, wrap, snapshots)
+    n_build = len(built.calls)
+    for _ in range(tree_cfg.rounds):
+        branches = []
+        for i, tree in enumerate(chains):
+            nodes = list(dict.fromkeys(id(c) for s in tree for c in s.calls[n_build:] if id(c) in snapshots))
+            pool = [None, *nodes]  # None = the root
+            for pivot in rng.sample(pool, min(tree_cfg.pivots, len(pool))):
+                (child,) = fork(root_snap[i] if pivot is None else snapshots[pivot], 1)
+                branches.append((i, child))
+        _step_all(method, [c for _, c in branches], policy, tokenizer, cfg, wrap, snapshots)
+        for i, child in branches:
+            chains[i].append(child)
+    trajs = [[_to_trajectory(method, s, g) for g, s in enumerate(tree)] for tree in chains]
+    return QueryTrees(task_id=trajs[0][0].task_id, trees=[merge_tree(t) for t in trajs], chains=trajs)
