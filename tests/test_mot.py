@@ -106,18 +106,19 @@ def _scored_forest():
     return built, conv, sources, grown, trees, groups
 
 
-def test_mot_credit_rule_equals_its_loop_reference_on_packed_trees():
+@pytest.mark.parametrize("mode", ["mem1_exact", "separate", "mem1_mask"])
+def test_mot_credit_rule_equals_its_loop_reference_on_packed_trees(mode):
     _, _, _, _, trees, groups = _scored_forest()
     units = mot_units(trees, None, 0)
-    cb = CreditBatch(batch=pack(units, "mem1_exact"), units=units, unit_traj=torch.arange(len(trees)),
+    cb = CreditBatch(batch=pack(units, mode), units=units, unit_traj=torch.arange(len(trees)),
                      rewards=torch.zeros(len(trees)), group_ids=groups, trajectories=trees)
     rule = get_credit("mot")
     adv, _ = rule.fn(cb, None)
     assert torch.allclose(adv, torch.tensor(rule.loop(cb, None), dtype=adv.dtype), atol=1e-5)
     assert float(adv.abs().sum()) > 0  # the trees disagree somewhere
-    for t, tree in enumerate(trees):  # every node's tokens carry its Call.advantage from score_query
-        row = cb.batch.traj_index.tolist().index(t)
-        for c in units[t].calls:
+    for row in range(adv.shape[0]):  # every node's tokens carry its Call.advantage from score_query
+        tree = trees[int(cb.batch.traj_index[row])]
+        for c in set(cb.batch.call_ids[row].tolist()) - {-1}:
             sel = (cb.batch.call_ids[row] == c) & (cb.batch.loss_mask[row] > 0)
             assert torch.allclose(adv[row][sel], torch.tensor(tree.calls[c].advantage), atol=1e-5)
 
