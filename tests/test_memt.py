@@ -54,8 +54,8 @@ def test_teacher_reaches_f1_095_in_every_category(world, size):
 
 def test_streams_have_what_makes_locomo_hard(world):
     conv = make_conversation(world, 3, "full")
-    changes = {f.change for f in conv.facts}
-    assert {"new", "update", "repeat", "correct", "negate"} <= changes or {"new", "update", "repeat"} <= changes
+    changes = {f.change for c in make_conversations(world, 3, seed=3, size="full") for f in c.facts}
+    assert changes == {"new", "update", "repeat", "correct", "negate"}
     assert 250 <= len(conv.turns) <= 600 and len(conv.sessions) == SIZES["full"]["sessions"]
     texts = " ".join(t.text for t in conv.turns)
     assert any(w in texts for w in ("yesterday", "days ago", "last "))  # relative times
@@ -66,6 +66,15 @@ def test_streams_have_what_makes_locomo_hard(world):
     temporal = [q for q in conv.qa if q.category == 2]
     assert temporal and all(q.answer.split()[-1].isdigit() for q in temporal)  # resolved dates
     assert make_conversation(world, 3, "full") == conv  # seeded
+    import datetime as dt
+
+    for c in make_conversations(world, 20, seed=0, size="full"):  # an update never starts before what it replaces
+        starts: dict = {}
+        for f in c.facts:
+            if f.change == "update":
+                d = dt.datetime.strptime(f.start_time, "%d %B %Y").date()
+                assert d >= starts.get(f.slot, d), (c.sample_id, f)
+                starts[f.slot] = d
 
 
 def test_synthetic_streams_pass_the_locomo_schema_and_round_trip(world, tmp_path):
@@ -89,8 +98,8 @@ def test_construction_is_deterministic_and_sources_stay_in_their_chunk(world):
     assert sum(c.role == "evolve" for c in a.calls) >= len([f for f in conv.facts if f.store != "persona"])
     session_of = {t.dia_id: s.index for s in conv.sessions for t in s.turns}
     for m in a.memory["store"].items.values():
-        if m.type in ("fact", "experience"):
-            assert len({session_of[s] for s in m.sources if m.version == 1}) <= 1
+        if m.type in ("fact", "experience") and m.version == 1:  # a memory as formed names turns of one session
+            assert len({session_of[s] for s in m.sources}) == 1
     ops = [op for op, _, _ in a.memory["store"].log]
     assert {"add", "update", "ignore"} <= set(ops)
 
@@ -117,7 +126,7 @@ def test_the_flaws_cost_what_they_should(world):
     stop = f1_by_category(run(convs, OracleConfig(flaw="stop_early", flaw_rate=1.0)))
     drop = run(convs, OracleConfig(p_drop_fact=0.5))
     assert forget["multi-hop"] < perfect["multi-hop"] - 0.2  # "before" questions lose their history
-    assert forget["single-hop"] == perfect["single-hop"]
+    assert forget["single-hop"] == perfect["single-hop"] and forget["temporal"] < perfect["temporal"]
     assert stop["multi-hop"] < perfect["multi-hop"] - 0.2 and stop["temporal"] == perfect["temporal"]
     assert sum(sum(t.info["evidence_in_memory"]) for t in drop) < sum(len(t.info["evidence_in_memory"]) for t in drop)
 
@@ -128,12 +137,17 @@ class Garbler:
 
     BAD = {
         "form": ['<tool_call>{"name": "create_fact", "arguments": {"fact": "x", "source": ["D99:1"]}}</tool_call>',
+                 "<tool_call>" + "[" * 3000 + "</tool_call>", tool_call("update_persona", name=5, profile=[1]),
+                 tool_call("create_fact", fact="x", start_time=[1], source=7),
                  '<tool_call>{"name": "create_fact", "arguments": ', "<tool_call>not json</tool_call>",
                  tool_call("delete_item", id="f1"), "", tool_call("create_fact", fact="")],
         "evolve": [tool_call("update_item", id="f999", document="x"), tool_call("delete_item", id="p1"),
+                   tool_call("update_item", id="f1", document="x", start_time=5, end_time={"a": 1}),
+                   "<tool_call>" + "{" * 3000 + "</tool_call>",
                    tool_call("add_item", document="a") + tool_call("add_item", document="b"), "<tool_call>{}</tool_call>",
                    tool_call("update_item", document="no id")],
-        "act": [tool_call("search_nowhere", query="x"), "<tool_call>[1, 2]</tool_call>", "plain text answer"],
+        "act": [tool_call("search_nowhere", query="x"), "<tool_call>[1, 2]</tool_call>", "plain text answer",
+                tool_call("search_facts", query=["x"], top_k="all"), "<tool_call>" + "[" * 3000 + "</tool_call>"],
     }
 
     def __init__(self, method, rate: float, seed: int = 0):
@@ -170,6 +184,32 @@ def test_malformed_construction_and_retrieval_outputs_never_crash(world):
     assert any(t.valid and t.reward > 0.5 for t in trajs)
 
 
+class Junk:
+    """A policy that does the formats right and the work wrong: one sourceless fact per session,
+    ADD, one search, a wrong answer. The evidence metrics must see that nothing reached memory."""
+
+    def generate_calls(self, states, specs, contexts):
+        texts = {"form": tool_call("create_fact", fact="blah blah", start_time="", end_time=""),
+                 "evolve": tool_call("add_item", document="blah blah"),
+                 "act": tool_call("search_facts", query="blah")}
+        out = []
+        for st, spec in zip(states, specs):
+            text = texts[spec.role]
+            if spec.role == "act" and any(c.role == "act" for c in st.calls):
+                text = tool_call("finish", answer="no idea")
+            ids = TOK.encode(text)
+            out.append(Generation(ids=ids, logprobs=[0.0] * len(ids), text=text, finish="stop"))
+        return out
+
+
+def test_evidence_metrics_are_zero_when_nothing_reached_memory(world):
+    trajs = run(make_conversations(world, 3, seed=2, size="smoke"), policy=Junk())
+    assert all(t.valid for t in trajs)
+    assert sum(sum(t.info["evidence_in_memory"]) for t in trajs) == 0
+    assert sum(sum(t.info["evidence_retrieved"]) for t in trajs) == 0
+    assert max(t.reward for t in trajs if t.info["category"] != "adversarial") == 0.0
+
+
 def test_parse_tool_calls_reasons():
     assert parse_tool_calls(tool_call("finish", answer="x"), ("finish",), 1)[1] is None
     assert "unclosed" in parse_tool_calls("<tool_call>{", ("finish",))[1]
@@ -177,6 +217,26 @@ def test_parse_tool_calls_reasons():
     assert "unknown tool" in parse_tool_calls(tool_call("rm", path="/"), ("finish",))[1]
     assert "2 tool calls" in parse_tool_calls(tool_call("finish") * 2, ("finish",), 1)[1]
     assert parse_tool_calls(None, ("finish",))[1] == "empty output"
+    assert "nested" in parse_tool_calls("<tool_call>" + "[" * 5000 + "</tool_call>", ("finish",))[1]
+    assert MemT().parse("Nothing worth keeping here.", "form").ok  # a_form may be empty
+
+
+def test_the_memkit_key_of_a_stream_file_is_checked(world, tmp_path):
+    import json
+
+    from memkit.world.locomo import save_locomo
+
+    save_locomo([make_conversation(world, 0, "smoke")], tmp_path / "s.json")
+    data = json.loads((tmp_path / "s.json").read_text())
+    data[0]["qa"] = data[0]["qa"][1:]  # the extension's answers would shift onto other questions
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="memkit.qa"):
+        load_locomo(tmp_path / "bad.json")
+    data = json.loads((tmp_path / "s.json").read_text())
+    data[0]["memkit"]["facts"][0]["extra"] = "x"
+    (tmp_path / "bad2.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"memkit.facts\[0\]"):
+        load_locomo(tmp_path / "bad2.json")
 
 
 # ---- real LoCoMo files ----------------------------------------------------------------------
@@ -184,7 +244,10 @@ def test_the_locomo_fixture_runs_through_the_teacher():
     convs = load_locomo(FIXTURE)
     trajs = run(convs)
     assert len(trajs) == sum(len(c.qa) for c in convs) and all(t.valid for t in trajs)
-    assert any(m["type"] == "fact" for t in trajs for m in t.info["store"]["items"])  # from its observations
+    facts = [m for m in trajs[0].info["store"]["items"] if m["type"] == "fact"]
+    assert facts and all(m["sources"] for m in facts)  # from its observations, each with its turn
+    assert all("<" not in (t.answer or "") for t in trajs)  # answers are memory text, not markup
+    assert any(t.reward > 0 for t in trajs)
 
 
 # ---- scores --------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ def forest(seed: int = 0, trees: int = 3, rounds: int = 2, pivots: int = 2):
     conv = make_conversation(kit().world, seed, "smoke")
     policy = OraclePolicy(method, tok, NOISY, seed=seed)
     (built,) = build_memories(method, [conv], policy, tok, CFG)
-    sources = {m.id: m.sources for m in built.memory["store"].items.values()}
+    sources = built.memory["store"].sources_of()
     grown = [(qa, grow_trees(method, built, qi, policy, tok, TreeConfig(trees, rounds, pivots, seed), CFG))
              for qi, qa in enumerate(conv.qa)]
     return built, conv, sources, grown

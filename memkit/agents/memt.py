@@ -16,9 +16,18 @@ Reward: the answer's LoCoMo F1 for its category (``memkit.metrics_locomo``), tim
 indicator of eq. 10 (an invalid retrieval output scores 0). A malformed construction output
 ends only its own call (recorded invalid with its reason); the stream reads on.
 
-Deviations: ``create_fact`` / ``create_experience`` take an optional ``source`` (the dialogue ids
-the memory comes from; default: the whole chunk), so evidence reaching memory can be measured;
-raw archiving is automatic rather than a ``CrtRaw`` call; chunks are sessions.
+Deviations (beside the tags-free JSON format, which is the released one):
+
+* ``create_fact`` / ``create_experience`` / ``update_persona`` take an optional ``source``: the
+  dialogue ids the memory states. A memory's sources are what it names (none if it names none);
+  that is what "evidence in memory" and Evid(v) count. Hindsight's X_src is the named ids, else
+  the whole chunk. Raw archiving is automatic (eq. 2 keeps every chunk) rather than ``CrtRaw``.
+* Chunks are sessions. A formation output with no tool call writes nothing (a_form may be empty).
+* Persona and summary writes go straight to the store (the released tools rewrite the profile or
+  summary); facts and experiences go through evolution. ``add_item`` keeps the candidate's times;
+  ``update_item`` / ``delete_item`` may name only a memory of the candidate's type.
+* Every search accepts ``top_k`` (1-20, default 5; the paper gives it to ``search_turns`` only);
+  ``search_personas`` looks ``name`` up exactly, else searches personas for it.
 """
 from __future__ import annotations
 
@@ -39,7 +48,7 @@ FORMATION_INSTRUCTION = (
     "- create_fact(fact, start_time, end_time, source): concrete, verifiable statements about WHAT happened; "
     "resolve relative times ('yesterday') into dates; source = the dialogue ids it comes from.\n"
     "- create_experience(experience, start_time, end_time, source): actionable lessons, tips, HOW-TO.\n"
-    "- update_persona(name, profile): the full, updated profile of a person (hobbies, traits).\n"
+    "- update_persona(name, profile, source): the full, updated profile of a person (hobbies, traits).\n"
     "- update_summary(content): the updated summary of the sessions so far.\n")
 EVOLUTION_INSTRUCTION = (
     "You maintain a memory store. Decide what to do with the new memory given the related memories, with one "
@@ -145,6 +154,8 @@ class MemT(Method):
         allowed, at_most = {"form": (FORMATION_TOOLS, None), "evolve": (EVOLUTION_TOOLS, 1),
                             "act": (RETRIEVAL_TOOLS, 1)}.get(role, ((), 0))
         calls, error = parse_tool_calls(text, allowed, at_most)
+        if role == "form" and error == "no <tool_call>":  # a_form may be empty (small talk): nothing to write
+            return Parsed(ok=True, action="form", calls=[])
         if error:
             return Parsed(ok=False, error=error, recoverable=role != "act")
         return Parsed(ok=True, action=calls[0]["name"] if role != "form" else "form", calls=calls)
@@ -184,27 +195,24 @@ class MemT(Method):
         cands, writes = [], []  # checked first, written after: an invalid output writes nothing
         for call in parsed.calls:
             name, args = call["name"], call["arguments"]
+            named = named_sources(args, chunk_ids, name)
             if name in ("create_fact", "create_experience"):
                 key = "fact" if name == "create_fact" else "experience"
-                source = args.get("source", chunk_ids)
-                source = [source] if isinstance(source, str) else source
-                if not isinstance(source, list) or any(s not in chunk_ids for s in source):
-                    raise StoreError(f"{name}: source {source!r} names dialogue ids outside this chunk")
-                cands.append({"type": key, "text": text_arg(args, key), "sources": [str(s) for s in source],
+                cands.append({"type": key, "text": text_arg(args, key), "sources": named,
                               "start_time": text_arg(args, "start_time", False), "end_time": text_arg(args, "end_time", False),
-                              "turn_time": date, "op": name})
+                              "turn_time": date, "op": name, "x_src": named or chunk_ids})
             elif name == "update_persona":
-                writes.append((name, store.set_persona, text_arg(args, "name"), text_arg(args, "profile")))
+                writes.append((name, named, store.set_persona, text_arg(args, "name"), text_arg(args, "profile")))
             else:
-                writes.append((name, store.set_summary, text_arg(args, "content")))
+                writes.append((name, chunk_ids, store.set_summary, text_arg(args, "content")))
         call = len(state.calls)
         made = []
-        for name, fn, *a in writes:
-            made.append(fn(*a, chunk_ids, date))
-            m["mem_ops"].append({"call": call, "op": name, "memory": made[-1], "sources": chunk_ids})
+        for name, sources, fn, *a in writes:
+            made.append(fn(*a, sources, date))
+            m["mem_ops"].append({"call": call, "op": name, "memory": made[-1], "sources": sources or chunk_ids})
         for cand in cands:  # the memory it becomes is filled in by the evolution call that decides on it
             cand["mem_op"] = len(m["mem_ops"])
-            m["mem_ops"].append({"call": call, "op": cand.pop("op"), "memory": None, "sources": cand["sources"]})
+            m["mem_ops"].append({"call": call, "op": cand.pop("op"), "memory": None, "sources": cand.pop("x_src")})
         m["pending"].extend(cands)
         return f"\n<information>{len(cands)} candidate memories; wrote {', '.join(made) or 'nothing else'}.</information>\n"
 
@@ -225,7 +233,7 @@ class MemT(Method):
             obs = f"Added {mid}."
         elif name == "update_item":
             store.update(mid, text_arg(args, "document"), cand["sources"], cand["turn_time"],
-                         args.get("start_time") or None, args.get("end_time") or None)
+                         text_arg(args, "start_time", False) or None, text_arg(args, "end_time", False) or None)
             obs = f"Updated {mid}."
         elif name == "delete_item":
             store.delete(mid)
@@ -235,7 +243,8 @@ class MemT(Method):
             obs = "Ignored."
         if name in ("add_item", "update_item"):  # the candidate's formation op made this memory
             m["mem_ops"][cand["mem_op"]]["memory"] = mid
-        m["mem_ops"].append({"call": len(state.calls), "op": name, "memory": mid, "sources": cand["sources"]})
+        x_src = m["mem_ops"][cand["mem_op"]]["sources"]  # what its formation op processed
+        m["mem_ops"].append({"call": len(state.calls), "op": name, "memory": mid, "sources": x_src})
         return f"\n<information>{obs}</information>\n"
 
     def _retrieve(self, state: AgentState, parsed: Parsed) -> str | None:
@@ -283,8 +292,20 @@ class MemT(Method):
         return memt_oracle.write(self, state, rng, cfg)
 
 
+def named_sources(args: dict, chunk_ids: list[str], tool: str) -> list[str]:
+    """The dialogue ids a formation call names in ``source`` (one id or a list; [] if absent).
+    An id outside the chunk is the caller's error (:class:`StoreError`: the call is invalid)."""
+    source = args.get("source", [])
+    source = [source] if isinstance(source, str) else source
+    if not isinstance(source, list) or any(not isinstance(x, str) or x not in chunk_ids for x in source):
+        raise StoreError(f"{tool}: source {source!r:.80} names dialogue ids outside this chunk")
+    return list(dict.fromkeys(source))
+
+
 def _evidence_retrieved(store: MemoryStore, retrieved: dict, evidence: list[str]) -> list[bool]:
-    """Per evidence id: did a memory retrieved in this episode come from it (Evid(v) of eq. 10)?"""
-    seen = {s for ids in retrieved.values() for i in ids if i in store.items for s in store.items[i].sources}
+    """Per evidence id: did a memory retrieved in this episode name it as a source (Evid(v) of
+    eq. 10; summaries, which stand for a whole session, do not count)?"""
+    sources = store.sources_of()
+    seen = {x for ids in retrieved.values() for i in ids for x in sources.get(i, ())}
     return [e in seen for e in evidence]
 

@@ -10,7 +10,8 @@ answer is given only when a search result shows it, so what it scores measures t
   a later value -> UPDATE keeping the history ("before: ..."), a correction -> UPDATE, a
   negation -> DELETE;
 * retrieval: one search per hop in the hop's store; a miss retries once in the raw turns, then
-  answers "not mentioned".
+  answers "not mentioned"; an adversarial question (another speaker's fact) is answered "not
+  mentioned" unless a retrieved memory pins that fact on the asked speaker.
 
 Knobs (:class:`~memkit.agents.base.OracleConfig`): ``p_drop_fact`` (a fact never written),
 ``p_wasted_search`` (a vague search first), ``p_wrong_answer`` (a distractor answer); flaws at
@@ -65,13 +66,14 @@ def _form(method, state, rng, cfg) -> str:
             traits = personas.setdefault(f.speaker, [])
             if f.value not in traits:
                 traits.append(f.value)
-            calls.append(tool_call("update_persona", name=f.speaker, profile=f"enjoys {', '.join(traits)}."))
+            calls.append(tool_call("update_persona", name=f.speaker, profile=f"enjoys {', '.join(traits)}.",
+                                   source=[f.dia_id]))
             continue
         if rng.random() < cfg.p_drop_fact:
             continue
         key = "fact" if f.store == "fact" else "experience"
         calls.append(tool_call(f"create_{key}", **{key: f.text}, start_time=f.start_time, end_time=f.end_time,
-                               source=[f.dia_id]))
+                               source=[f.dia_id] if f.dia_id in ids else []))
         queued.append(f)
     said = " ".join(f.text for f in facts) or "Small talk only."
     calls.append(tool_call("update_summary", content=f"Session {state.memory['chunk'] + 1} ({date}): {said}"))
@@ -85,9 +87,8 @@ def _observed_facts(conv, session: int) -> list[StreamFact]:
     out = []
     for speaker, items in obs.items() if isinstance(obs, dict) else ():
         for item in items if isinstance(items, list) else ():
-            if isinstance(item, list) and len(item) >= 2 and isinstance(item[0], str):
-                dia = item[1] if isinstance(item[1], str) else ""
-                out.append(StreamFact(dia, speaker, f"{speaker}|obs|{len(out)}", item[0], item[0]))
+            if isinstance(item, list) and len(item) >= 2 and isinstance(item[0], str) and isinstance(item[1], str):
+                out.append(StreamFact(item[1], speaker, f"{speaker}|obs|{len(out)}", item[0], item[0]))
     return out
 
 
@@ -135,6 +136,12 @@ def _shows(obs: str | None, answer: str) -> bool:
     return bool(answer) and f" {normalize(answer)} " in f" {normalize(words)} "
 
 
+def _memory_lines(obs: str | None) -> list[str]:
+    """The ``[id] text`` lines of a retrieval observation."""
+    body = re.sub(r"</?information>", "\n", obs or "")
+    return [ln.strip() for ln in body.split("\n") if ln.strip().startswith("[")]
+
+
 def _retrieve(method, state, rng, cfg) -> str:
     o, qa = state.oracle, state.memory["qa"]
     tool_of = {store: name for name, store in SEARCH_TOOLS.items()}
@@ -145,9 +152,8 @@ def _retrieve(method, state, rng, cfg) -> str:
     if not qa.hops:  # a real LoCoMo question: search it, answer with the top fact
         if not acts:
             return tool_call("search_facts", query=qa.question)
-        first = (last or "").split("\n")[1:2] or [""]
-        text = first[0].split("] ", 1)[-1].strip() or NOT_MENTIONED
-        return tool_call("finish", answer=text)
+        lines = _memory_lines(last)
+        return tool_call("finish", answer=lines[0].split("] ", 1)[-1].strip() if lines else NOT_MENTIONED)
     if o.get("searching") is not None:
         hop = qa.hops[o["searching"]]
         if _shows(last, hop.answer):
@@ -156,8 +162,11 @@ def _retrieve(method, state, rng, cfg) -> str:
             o["misses"] += 1
         o["searching"] = None
     hops = qa.hops
-    if qa.category == 5 and acts:
-        return tool_call("finish", answer=NOT_MENTIONED)
+    if qa.category == 5 and acts:  # fooled only if the store pins the other speaker's fact on the subject
+        subject = hops[0].query.split()[0]
+        fooled = [ln for ln in _memory_lines(last) if subject in ln and qa.adversarial_answer
+                  and _shows(ln, qa.adversarial_answer)]
+        return tool_call("finish", answer=qa.adversarial_answer if fooled else NOT_MENTIONED)
     if o["hop"] == len(hops):
         answer = hops[-1].answer
         if rng.random() < cfg.p_wrong_answer:

@@ -44,6 +44,8 @@ def parse_tool_calls(text: str, allowed: tuple[str, ...], at_most: int | None = 
             call = json.loads(body)
         except json.JSONDecodeError as e:
             return [], f"tool call is not JSON ({e.msg})"
+        except RecursionError:
+            return [], "tool call nested too deeply"
         if not isinstance(call, dict) or not isinstance(call.get("name"), str):
             return [], "tool call without a name"
         args = call.get("arguments", {})

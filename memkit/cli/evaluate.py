@@ -36,7 +36,10 @@ def run_streams(args, kit) -> None:
 
     convs = (load_locomo(args.locomo) if args.locomo else
              make_conversations(kit.world, args.n_conversations, seed=1000 + args.seed, size=args.streams))
-    summary, _, trajs = evaluate_streams(kit, convs, policy=args.policy, temperature=args.temperature, seed=args.seed)
+    if not any(c.qa for c in convs):
+        raise ValueError(f"{args.locomo or 'the synthetic streams'} hold no questions to answer")
+    summary, _, trajs = evaluate_streams(kit, convs, policy=args.policy, temperature=args.temperature, seed=args.seed,
+                                         method_kwargs={"retriever": args.retriever})
     where = args.locomo or f"{len(convs)} synthetic {args.streams} conversations"
     print(f"memt on {where}: {len(trajs)} questions, {summary[0]['wall_seconds']:.1f} s")
     print(format_stream_table(summary))

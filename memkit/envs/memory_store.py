@@ -28,6 +28,8 @@ MEMORY_TYPES = ("fact", "experience", "persona", "summary", "raw")
 ID_PREFIX = {"fact": "f", "experience": "e", "persona": "p", "summary": "s", "raw": "t"}
 #: the stores the agent writes itself (the evidence metric reads these; raw is archived for it)
 FORMED_TYPES = ("fact", "experience", "persona")
+#: the stores whose sources are specific turns (a summary's are its whole session)
+EVIDENCE_TYPES = (*FORMED_TYPES, "raw")
 
 
 class StoreError(ValueError):
@@ -47,7 +49,7 @@ class Memory:
 
     def render(self) -> str:
         """How a retrieval result shows it to the agent: ``[f3] text (start - end)``."""
-        when = " - ".join(t for t in (self.start_time, self.end_time) if t)
+        when = " - ".join(str(t) for t in (self.start_time, self.end_time) if t)
         return f"[{self.id}] {self.text}" + (f" ({when})" if when else "")
 
 
@@ -155,6 +157,10 @@ class MemoryStore:
     def evidence_ids(self, types=FORMED_TYPES) -> set[str]:
         """Dialogue ids that reached a live memory of ``types``."""
         return {s for m in self.items.values() if m.type in types for s in m.sources}
+
+    def sources_of(self, types=EVIDENCE_TYPES) -> dict[str, tuple[str, ...]]:
+        """``{id: sources}`` of the live memories of ``types``."""
+        return {m.id: m.sources for m in self.items.values() if m.type in types}
 
     def snapshot(self) -> dict:
         """Plain data for traces and viewers: ``{"working": str, "items": [memory dicts]}``."""

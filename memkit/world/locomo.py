@@ -113,6 +113,31 @@ def check_locomo_sample(d, where: str) -> None:
         for k in present:
             if not (isinstance(q[k], str) or _is_num(q[k])):
                 raise bad(f"qa[{i}].{k}", "a string or number", q[k])
+    if "memkit" in d:
+        _check_extension(d["memkit"], len(qa), bad)
+
+
+def _check_extension(ext, n_qa: int, bad) -> None:
+    """memkit's own key of a synthetic stream: facts with every StreamFact field, one qa entry per question."""
+    import dataclasses
+
+    from memkit.world.conversation import Hop, StreamFact
+
+    if not isinstance(ext, dict):
+        raise bad("memkit", 'an object {"facts": [...], "qa": [...]}', ext)
+    fields = {f.name for f in dataclasses.fields(StreamFact)}
+    for j, f in enumerate(ext.get("facts", [])):
+        if not isinstance(f, dict) or set(f) != fields or not all(isinstance(v, str) for v in f.values()):
+            raise bad(f"memkit.facts[{j}]", f"an object of strings with exactly the keys {sorted(fields)}", f)
+    ext_qa = ext.get("qa", [])
+    if not isinstance(ext_qa, list) or len(ext_qa) != n_qa:
+        raise bad("memkit.qa", f"a list with one entry per question ({n_qa})", ext_qa)
+    hop_fields = {f.name for f in dataclasses.fields(Hop)}
+    for j, e in enumerate(ext_qa):
+        hops = e.get("hops") if isinstance(e, dict) else None
+        if not isinstance(e, dict) or not isinstance(e.get("answer"), str) or not isinstance(hops, list) or \
+                any(not isinstance(h, dict) or set(h) != hop_fields for h in hops):
+            raise bad(f"memkit.qa[{j}]", f'{{"answer": str, "hops": [objects with the keys {sorted(hop_fields)}]}}', e)
 
 
 def _normalised(d: dict) -> dict:

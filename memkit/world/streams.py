@@ -148,7 +148,7 @@ class _Builder:
             dia = self.say(who, f"I live in {city}, by the way.")
             self.fact(who, dia, "city", city, f"{who.name} lives in {city}.")
         else:
-            rel, when = relative(self.date, self.rng)
+            rel, when = self.relative_date(who.city)
             dia = self.say(who, f"Big news: I moved to {city} {rel}!")
             self.fact(who, dia, "city", city, f"{who.name} lives in {city} since {day(when)}.", change="update",
                       start=day(when))
@@ -162,15 +162,19 @@ class _Builder:
             self.fact(who, dia, "job", company, f"{who.name} works at {company}.")
             when = ""
         else:
-            rel, d = self.relative_date()
+            rel, d = self.relative_date(who.job)
             when = day(d)
             dia = self.say(who, f"I started a new job at {company} {rel}.")
             self.fact(who, dia, "job", company, f"{who.name} works at {company} since {when}.", change="update", start=when)
         who.job.append((company, when, dia))
         return True
 
-    def relative_date(self):
-        return relative(self.date, self.rng)
+    def relative_date(self, history=()):
+        """A relative time said today; never before the slot's current version started ("today" then)."""
+        rel, d = relative(self.date, self.rng)
+        if history and history[-1][1] and d < dt.datetime.strptime(history[-1][1], "%d %B %Y").date():
+            return "today", self.date
+        return rel, d
 
     def ev_pet(self, who) -> bool:
         if len(who.pets) >= 2:
