@@ -156,15 +156,16 @@ def _retrieve(method, state, rng, cfg) -> str:
         return tool_call("finish", answer=lines[0].split("] ", 1)[-1].strip() if lines else NOT_MENTIONED)
     if o.get("searching") is not None:
         hop = qa.hops[o["searching"]]
+        o["hop_seen"] = last  # what the last hop search showed (not a wasted search)
         if _shows(last, hop.answer):
             o["hop"], o["misses"] = o["hop"] + 1, 0
         else:
             o["misses"] += 1
         o["searching"] = None
     hops = qa.hops
-    if qa.category == 5 and acts:  # fooled only if the store pins the other speaker's fact on the subject
+    if qa.category == 5 and "hop_seen" in o:  # fooled only if the store pins the other speaker's fact on the subject
         subject = hops[0].query.split()[0]
-        fooled = [ln for ln in _memory_lines(last) if subject in ln and qa.adversarial_answer
+        fooled = [ln for ln in _memory_lines(o["hop_seen"]) if subject in ln and qa.adversarial_answer
                   and _shows(ln, qa.adversarial_answer)]
         return tool_call("finish", answer=qa.adversarial_answer if fooled else NOT_MENTIONED)
     if o["hop"] == len(hops):
