@@ -31,12 +31,29 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 ARTIFACTS = REPO / "test-artifacts"
 PROBE = "_widget_probe.ipynb"
+TREE_PROBE = "_tree_probe.ipynb"
 RUN_TIMEOUT_MS = 150_000
 
 PROBE_CELLS = [
     "import ipywidgets as w\nfrom IPython.display import display\n"
     "display(w.IntSlider(value=2, min=0, max=5, description='turn'))",
     "display(w.HTML('<span class=\"mk-span\" style=\"background:#fdd\">&lt;mem&gt;</span> rest'))",
+]
+
+
+TREE_CELLS = [  # a query's memory operation trees from the teacher (byte tokenizer: no model, seconds)
+    "from memkit.agents.base import OracleConfig\nfrom memkit.agents.memt import MemT\n"
+    "from memkit.kit import _ByteTokenizer\nfrom memkit.rl.mot import score_query\n"
+    "from memkit.rollout.engine import OraclePolicy, RolloutConfig\nfrom memkit.rollout.streams import build_memories\n"
+    "from memkit.rollout.trees import TreeConfig, grow_trees\nfrom memkit.viz import TreeViewer\n"
+    "from memkit.world import make_world, make_conversation\n"
+    "m, tok, cfg = MemT(), _ByteTokenizer(), RolloutConfig(max_context_tokens=10**9)\n"
+    "conv = make_conversation(make_world(0), 0, 'smoke')\n"
+    "pol = OraclePolicy(m, tok, OracleConfig(p_wasted_search=0.5, p_wrong_answer=0.3))\n"
+    "(built,) = build_memories(m, [conv], pol, tok, cfg)\n"
+    "qt = grow_trees(m, built, 0, pol, tok, TreeConfig(3, 2, 2), cfg)\n"
+    "_ = score_query(qt.trees, conv.qa[0].evidence, built.memory['store'].sources_of())",
+    "TreeViewer(qt.trees)",
 ]
 
 
@@ -68,6 +85,7 @@ def lab(tmp_path_factory):
     if NOTEBOOKS_DIR.is_dir():
         shutil.copytree(NOTEBOOKS_DIR, root, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
     make_notebook(root / PROBE, PROBE_CELLS)
+    make_notebook(root / TREE_PROBE, TREE_CELLS)
     port, token = _free_port(), secrets.token_hex(16)
     env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
                JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"),
@@ -137,6 +155,37 @@ def _run_all(page) -> None:
             page.wait_for_timeout(250)
         page.keyboard.press("Escape")
     raise AssertionError("Run > Run All Cells did not start any cell")
+
+
+def _open_and_run(lab, page, name: str) -> None:
+    """Open ``name`` in a fresh workspace, wait for the kernel, Run All Cells."""
+    workspace = Path(name).stem.strip("_").replace("_", "-")
+    page.goto(f"{lab['base']}/lab/workspaces/{workspace}/tree/{name}?reset&token={lab['token']}", timeout=90_000)
+    page.wait_for_selector(".jp-Notebook", timeout=90_000)
+    page.locator(".jp-StatusBar-Widget", has_text="| Idle").first.wait_for(timeout=90_000)
+    _run_all(page)
+
+
+def test_tree_viewer_responds_to_a_click(lab, browser):
+    """The tree viewer renders in JupyterLab, and a click on a node button shows that node."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        _open_and_run(lab, page, TREE_PROBE)
+        page.wait_for_selector(".mk-tree-node", timeout=RUN_TIMEOUT_MS)
+        page.wait_for_selector(".mk-tree-svg circle", timeout=RUN_TIMEOUT_MS)
+        buttons = page.locator(".mk-tree-node")
+        assert buttons.count() >= 3
+        target = buttons.nth(2)
+        label = target.inner_text().strip()  # "node <i>"
+        target.click()
+        page.wait_for_function(
+            "label => [...document.querySelectorAll('.mk-tree-detail')].some(e => e.textContent.includes(label + ' '))"
+            " && [...document.querySelectorAll('.mk-tree-detail')].some(e => e.textContent.includes('A_inter'))",
+            arg=label, timeout=60_000)
+    finally:
+        page.screenshot(path=str(ARTIFACTS / "browser_tree_probe.png"), full_page=False)
+        page.close()
 
 
 @pytest.mark.parametrize("name", [PROBE, "00_tour.ipynb"])

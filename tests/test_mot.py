@@ -165,3 +165,30 @@ def test_hindsight_scores_and_filter_on_a_hand_checkable_case():
     assert hindsight_filter(fake, [0.1, 0.9, 5.0, 0.5, -1.0, 2.0]) == [1, 3, 5] or \
         hindsight_filter(fake, [0.1, 0.9, 5.0, 0.5, -1.0, 2.0]) == [1, 5]
     assert hindsight_filter(fake, [0.1, 0.9, 5.0, 0.5, -1.0, 2.0], keep=1.0) == [0, 1, 3, 4, 5]
+
+
+def test_tree_viewer_shows_a_clicked_node_with_both_advantages():
+    from memkit.viz import TreeViewer
+
+    _, _, _, grown, trees, _ = _scored_forest()
+    qa, qt = next((qa, qt) for qa, qt in grown if max(len(tree_nodes(t)[0]) for t in qt.trees) > 2)
+    view = TreeViewer(qt.trees)
+    k = max(range(len(qt.trees)), key=lambda j: len(tree_nodes(qt.trees[j])[0]))
+    view.selector.value = k  # the dropdown switches trees
+    nodes = tree_nodes(qt.trees[k])[0]
+    assert [b.description for b in view.buttons] == [f"node {i}" for i in nodes]
+    view.buttons[2].click()  # what a click in the browser runs
+    i = nodes[2]
+    assert view.node == i and view.buttons[2].button_style == "info"
+    assert f"node {i} &middot; R(v) = {qt.trees[k].calls[i].reward:+.3f}" in view.detail.value
+    intra, inter = view._intra[(k, i)], view._inter[(k, i)]
+    assert intra + inter == pytest.approx(qt.trees[k].calls[i].advantage, abs=1e-5)  # eq. 13, as score_query wrote
+    assert f"A_intra = {intra:+.3f}" in view.detail.value and f"A_inter = {inter:+.3f}" in view.detail.value
+    assert view.drawing.value.count("<circle") == len(nodes) and 'stroke-width="3"' in view.drawing.value
+    assert html_escaped(qt.trees[k].calls[i].output_text) in view.detail.value
+
+
+def html_escaped(text: str) -> str:
+    import html
+
+    return html.escape(text)[:40]
