@@ -192,3 +192,23 @@ def html_escaped(text: str) -> str:
     import html
 
     return html.escape(text)[:40]
+
+
+def test_a_learner_update_on_scored_trees_moves_the_policy():
+    """The `mot` rule through the real update: MemT's defaults (credit mot, one exact trie row per
+    tree), trees of the teacher, the tiny model; A_total = 0 everywhere would leave only the KL."""
+    from memkit.policies import fresh_tiny
+    from memkit.rl.config import TrainConfig
+    from memkit.rl.update import Learner
+
+    _, _, _, _, trees, _ = _scored_forest()
+    model = fresh_tiny(kit(), seed=1).model
+    cfg = TrainConfig(method="memt", lr=1e-3, warmup_steps=0, kl_coef=0.0, mini_batches=1, micro_batch_size=3,
+                      seed=0).validate()
+    assert (cfg.resolved_credit(), cfg.resolved_packing()) == ("mot", "mem1_exact")
+    learner = Learner(cfg, model, kit().tokenizer)
+    before = [p.detach().clone() for p in model.parameters()]
+    stats = learner.update(trees[:3])
+    moved = sum(float((p.detach() - b).abs().sum()) for p, b in zip(model.parameters(), before))
+    assert moved > 0 and stats["trained_tokens"] > 0
+    assert all(t.reward is not None for t in trees)

@@ -11,10 +11,11 @@ from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
-from memkit.agents import METHODS
+from memkit.agents import METHODS, STREAM_METHODS
 from memkit.agents.base import PROMPTS
 from memkit.rl.block_attention import ATTENTION_PATHS
 from memkit.rl.losses import AGG_MODES, KL_KINDS
+from memkit.rl.mot import COMBINES as MOT_COMBINES
 from memkit.rl.memory_reward import BIASES as MEM_BIASES, CONTEXTS as MEM_CONTEXTS, NORMS as MEM_NORMS, \
     OPENERS as MEM_OPENERS, PROBE_PACKINGS, ANSWER_SCORES as MEM_SCORES
 from memkit.rl.packing import MODES as PACKING_MODES
@@ -40,7 +41,7 @@ class TrainConfig:
     GRPO is the default because PPO's critic starts as a fresh value head: on the tiny model it
     never predicted the reward better than a constant, and a GRPO step costs half as much
     (measured: docs/findings.md, 'RL settings')."""
-    method: str = field(default="mem1", metadata={"choices": METHODS})
+    method: str = field(default="mem1", metadata={"choices": METHODS + STREAM_METHODS})
     """Memory format (``memkit.agents.METHODS``): decides contexts, parsing and the outcome reward."""
     method_kwargs: dict = field(default_factory=dict)
     """Keyword arguments of ``get_method`` (e.g. memsearcher ``memory_budget_words``)."""
@@ -203,6 +204,15 @@ class TrainConfig:
     dcpo_group_stats: str = field(default="all", metadata={"choices": DCPO_GROUP_STATS})
     """DCPO eq. 4's group: ``all`` N_traj samples of the prompt (the paper) or ``sampled``, only those
     with a drawn segment (the authors' code)."""
+    mot_alpha: float = 0.5
+    """MoT-GRPO (credit ``mot``): eq. 10's weight of the evidence share Evid(v) in a node's reward."""
+    mot_combine: str = field(default="sum", metadata={"choices": MOT_COMBINES})
+    """MoT-GRPO's advantage: ``sum`` = A_intra + A_inter (Mem-T eq. 13) or ``sequential`` = Tree-GRPO's
+    normalisation over the query's trees, then again within each tree (``memkit.rl.mot``)."""
+    mot_intra: bool = True
+    """Keep A_intra (eq. 11); False is the paper's "w/o A_intra" ablation."""
+    mot_inter: bool = True
+    """Keep A_inter (eq. 12); False is the paper's "w/o A_inter" ablation."""
 
     # ---- evaluation, logging, checkpoints --------------------------------------------------
     eval_every: int = 10
@@ -269,8 +279,8 @@ class TrainConfig:
 
         if self.algo not in ALGOS:
             bad("algo", f"choose one of {ALGOS}")
-        if self.method not in METHODS:
-            bad("method", f"choose one of {METHODS}")
+        if self.method not in METHODS + STREAM_METHODS:
+            bad("method", f"choose one of {METHODS + STREAM_METHODS}")
         try:
             get_method(self.method, **self.method_kwargs)
         except (TypeError, ValueError) as e:  # an unknown keyword or a bad value, named by the method
@@ -330,7 +340,7 @@ class TrainConfig:
         for name, choices in (("mem_reward_context", MEM_CONTEXTS), ("mem_reward_bias", MEM_BIASES),
                               ("mem_reward_opener", MEM_OPENERS), ("mem_reward_score", MEM_SCORES),
                               ("mem_reward_norm", MEM_NORMS), ("mem_reward_packing", PROBE_PACKINGS),
-                              ("dcpo_group_stats", DCPO_GROUP_STATS)):
+                              ("dcpo_group_stats", DCPO_GROUP_STATS), ("mot_combine", MOT_COMBINES)):
             if getattr(self, name) not in choices:
                 bad(name, f"choose one of {choices}")
         if self.dcpo_segments < 0:

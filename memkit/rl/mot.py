@@ -175,6 +175,9 @@ def score_query(trees: list[Trajectory], evidence: list[str], store_sources: dic
     for (t, i), r, a in zip(where, flat, adv.tolist()):
         trees[t].calls[i].reward, trees[t].calls[i].advantage = r, a
         out[t][i] = (r, a)
+    for tree in trees:  # the tree's outcome for logs and the update: the mean of its leaves' F1
+        leaves = [float(o["reward"] or 0.0) if o["valid"] else 0.0 for o in tree.info["leaf_outcomes"]]
+        tree.reward = sum(leaves) / len(leaves) if leaves else 0.0
     return dict(out)
 
 

@@ -46,7 +46,12 @@ class Trainer(Learner):
         super().__init__(cfg, model, tokenizer, wrap, accelerator)
         self.kit, self.method = kit, None
         if kit is not None:
-            from memkit.agents import get_method
+            from memkit.agents import STREAM_METHODS, get_method
+
+            if cfg.method in STREAM_METHODS:
+                raise ValueError(f"the training loop rolls out wiki tasks; {cfg.method} reads conversation streams: "
+                                 "grow and score its trees (memkit.rollout.trees, memkit.rl.mot) and call "
+                                 "Learner.update on them")
 
             self.method = get_method(cfg.method, **cfg.method_kwargs)
         self.step, self.history, self.eval_history = 0, [], []
