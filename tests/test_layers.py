@@ -10,7 +10,7 @@ Layers, bottom to top (a module may import its own layer and the ones below):
     3  agents, envs, rollout                   memory formats, the search env, the engine
     4  rl, sft, pretrain                       training algorithms (take a kit-like object; no assembly)
     5  kit, policies, evaluation, training,    assembly: a kit, policy specs, rollouts/eval, SFT/RL runs,
-       lab, conversation_eval                  the RL lab's recipes, Mem-T's evaluation
+       lab, conversation_eval, memt_lab        the RL lab's recipes, Mem-T's evaluation and lab
     6  nb, reproduce, viz                      notebook helpers
     7  cli                                     the ``memkit`` command
 """
@@ -27,7 +27,7 @@ LAYERS = (
     ("models",),
     ("agents", "envs", "rollout"),
     ("rl", "sft", "pretrain"),
-    ("kit", "policies", "evaluation", "training", "lab", "conversation_eval"),
+    ("kit", "policies", "evaluation", "training", "lab", "conversation_eval", "memt_lab"),
     ("nb", "reproduce", "viz"),
     ("cli",),
 )

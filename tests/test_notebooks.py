@@ -56,6 +56,10 @@ EXPECTATIONS: dict[str, dict] = {
                        "mask_gap_after_prune_min": 1e-2, "distinct_first_eq": 4, "dcpo_by_hand_gap_max": 1e-5,
                        "loss_by_hand_gap_max": 1e-5, "arm_steps_eq": [2, 2, 2], "arms_table_rows_eq": 5,
                        "params_moved_dcpo_min": 1e-6},
+    "06_memt_tree_backprop": {"tree_nodes_min": 6, "perform_by_hand_gap_max": 1e-9, "advantage_by_hand_gap_max": 1e-5,
+                              "tree_logprob_gap_max": 1e-4, "tree_tokens_ratio_max": 0.5, "mot_rule_gap_max": 1e-5,
+                              "hindsight_ops_min": 5, "hindsight_kept_min": 1, "arms_eq": 4,
+                              "rollout_tokens_min_min": 1},
 }
 
 REQUIRED = {"SMOKE", "MODEL", "SEED", "OUT_DIR"}

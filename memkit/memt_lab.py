@@ -1,0 +1,185 @@
+"""Mem-T in the RL lab: the tiny model clones the teacher's retrieval, then RL trains it on trees.
+
+The stores are built once by the teacher (construction is not what MoT-GRPO's retrieval phase
+trains, §3.2), the questions are answered by the policy. One RL step, for ``queries`` questions:
+
+* ``mot``: G trees per question grown by the policy (:func:`memkit.rollout.trees.grow_trees`),
+  scored (eq. 10-13, :func:`memkit.rl.mot.score_query`), one exact trie row per tree, credit ``mot``;
+* ``grpo``: n independent chains per question, credit ``grpo`` over the chains' F1, n chosen so
+  the two arms roll out about as many tokens (the paper's "GRPO at equal rollout tokens").
+"""
+from __future__ import annotations
+
+import random
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+
+from memkit.agents import get_method
+from memkit.agents.base import OracleConfig
+from memkit.policies import prompt_wrap, sft_init
+from memkit.rl.mot import MoTConfig, score_query
+from memkit.rollout.engine import ModelPolicy, OraclePolicy, RolloutConfig
+from memkit.rollout.streams import answer_questions, build_memories, stream_rollouts
+from memkit.rollout.trees import TreeConfig, grow_trees
+from memkit.sft import SFTConfig, train_sft
+from memkit.trajectory import TrainingUnit
+from memkit.world.streams import make_conversations
+
+
+@dataclass(frozen=True)
+class MemTLab:
+    """The lab's sizes (SMOKE shrinks them)."""
+
+    size: str = "smoke"  # conversation size (memkit.world.streams.SIZES)
+    train_conversations: int = 300  # ~7,700 retrieval calls (60 gave 1,536: the clone answered F1 0.24)
+    eval_conversations: int = 8
+    teacher: OracleConfig = field(default_factory=lambda: OracleConfig(flaw="stop_early", flaw_rate=0.65,
+                                                                       p_wasted_search=0.05))
+    sft_steps: int = 6000
+    sft_seconds: float | None = 900.0
+    seed: int = 0
+
+
+def built_stores(kit, n: int, seed: int, size: str, progress: bool = False):
+    """``n`` conversations (seeds ``seed..``) and their stores built by the perfect teacher."""
+    method = get_method("memt")
+    convs = make_conversations(kit.world, n, seed=seed, size=size)
+    built = build_memories(method, convs, OraclePolicy(method, kit.tokenizer), kit.tokenizer,
+                           RolloutConfig(max_context_tokens=10**9), progress=progress)
+    return convs, built
+
+
+def retrieval_examples(trajs, max_len: int) -> list[tuple[list[int], list[int]]]:
+    """SFT examples ``(context_ids, output_ids)`` from the retrieval calls of valid trajectories
+    (construction calls are shared by every question of a conversation and not cloned here)."""
+    return [(c.context_ids, c.output_ids) for t in trajs if t.valid for c in t.calls
+            if c.role == "act" and c.output_ids and len(c.context_ids) + len(c.output_ids) <= max_len]
+
+
+def retrieval_units(trajs):
+    """What RL trains: each trajectory's (or tree's) retrieval calls, never the teacher's construction."""
+    return [TrainingUnit(t, tuple(i for i, c in enumerate(t.calls) if c.role == "act" and c.output_ids)) for t in trajs]
+
+
+def clone_retrieval(kit, lab: MemTLab | None = None, progress: bool = True, log=None):
+    """SFT the tiny model (from the pretrained base) on the flawed teacher's retrieval episodes over
+    teacher-built stores. Returns ``(model, history, n_examples)``."""
+    lab = lab or MemTLab()
+    method = get_method("memt")
+    cfg = SFTConfig(init="base", steps=lab.sft_steps, max_seconds=lab.sft_seconds, seed=lab.seed, warmup=100)
+    policy = sft_init(cfg, kit, progress=progress)
+    wrap = prompt_wrap("memt", kit.tokenizer, None, "compact")
+    convs = make_conversations(kit.world, lab.train_conversations, seed=10_000 + lab.seed, size=lab.size)
+    trajs = stream_rollouts(method, convs, OraclePolicy(method, kit.tokenizer, lab.teacher, seed=lab.seed),
+                            kit.tokenizer, RolloutConfig(max_context_tokens=10**9), wrap=wrap)
+    examples = retrieval_examples(trajs, cfg.max_len)
+    history = train_sft(policy.model, kit.tokenizer, examples, cfg, log=log, progress=progress)
+    return policy.model, history, len(examples)
+
+
+def f1_by_category(trajs) -> dict[str, float]:
+    by = defaultdict(list)
+    for t in trajs:
+        by[t.info["category"]].append(float(t.reward or 0.0))
+    out = {k: sum(v) / len(v) for k, v in sorted(by.items())}
+    main = [r for k, v in by.items() if k != "adversarial" for r in v]
+    out["overall"] = sum(main) / max(len(main), 1)
+    out["invalid"] = sum(not t.valid for t in trajs) / max(len(trajs), 1)
+    return out
+
+
+def answer_with(model, kit, built, temperature: float = 0.0, seed: int = 0, n: int = 1):
+    """Every question of ``built`` answered by ``model`` (greedy by default)."""
+    import torch
+
+    from memkit.models.generation import HFBackend
+
+    method = get_method("memt")
+    policy = ModelPolicy(HFBackend(model, kit.tokenizer), temperature=temperature,
+                         generator=torch.Generator().manual_seed(seed))
+    wrap = prompt_wrap("memt", kit.tokenizer, None, "compact")
+    return answer_questions(method, built, policy, kit.tokenizer, RolloutConfig(n=n, max_context_tokens=3800), wrap)
+
+
+def rl_step(learner, kit, built, arm: str, step: int, queries: int = 4, tree_cfg: TreeConfig = TreeConfig(3, 1, 2),
+            chains: int = 6, temperature: float = 1.0, seed: int = 0, mot: MoTConfig = MoTConfig()) -> dict:
+    """One RL step of ``arm`` ("mot" or "grpo") on ``queries`` questions drawn from ``built``."""
+    import torch
+
+    from memkit.models.generation import HFBackend
+
+    method = get_method("memt")
+    rng = random.Random(f"{seed}-{step}")
+    pool = [(b, qi) for b in built for qi in range(len(b.memory["conversation"].qa))]
+    picked = rng.sample(pool, min(queries, len(pool)))
+    learner.model.eval()
+    policy = ModelPolicy(HFBackend(learner.policy, kit.tokenizer), temperature=temperature,
+                         generator=torch.Generator().manual_seed(seed * 100_003 + step))
+    wrap = prompt_wrap("memt", kit.tokenizer, None, "compact")
+    cfg = RolloutConfig(max_context_tokens=3800)
+    t0 = time.perf_counter()
+    if arm == "mot":
+        trajs = []
+        for b, qi in picked:
+            qt = grow_trees(method, b, qi, policy, kit.tokenizer, replace(tree_cfg, seed=seed * 1000 + step), cfg, wrap)
+            score_query(qt.trees, b.memory["conversation"].qa[qi].evidence, b.memory["store"].sources_of(), mot)
+            trajs += qt.trees
+    elif arm == "grpo":
+        by_state: dict[int, list[int]] = defaultdict(list)
+        for b, qi in picked:
+            by_state[id(b)].append(qi)
+        states = [b for b in built if id(b) in by_state]
+        trajs = answer_questions(method, states, policy, kit.tokenizer, replace(cfg, n=chains), wrap,
+                                 questions=[by_state[id(b)] for b in states])
+    else:
+        raise ValueError(f"arm must be 'mot' or 'grpo', got {arm!r}")
+    rollout_s = time.perf_counter() - t0
+    tokens = sum(c.n_output for t in trajs for c in t.calls if c.role == "act")
+    stats = learner.update(trajs, retrieval_units(trajs))
+    leaves = [o["reward"] or 0.0 for t in trajs for o in t.info.get("leaf_outcomes", [{"reward": t.reward}])]
+    return {"step": step, "arm": arm, "reward": sum(leaves) / max(len(leaves), 1), "rollout_tokens": tokens,
+            "rollout_s": rollout_s, **{k: stats[k] for k in ("pg_loss", "kl", "trained_tokens")}}
+
+
+def ensure_memt_clone(kit, lab: MemTLab | None = None, progress: bool = True):
+    """The retrieval clone of ``lab`` (:func:`clone_retrieval`), cached by its config; returns the model."""
+    from memkit.io import cache_dir
+    from memkit.models import load_policy
+    from memkit.policies import config_hash
+    from memkit.sft import save_checkpoint
+
+    lab = lab or MemTLab()
+    path = cache_dir() / f"tiny-sft-memt-w{kit.world_seed}-cfg{config_hash(lab)}"
+    if not (path / "config.json").exists():
+        model, history, n = clone_retrieval(kit, lab, progress=progress)
+        save_checkpoint(model, kit.tokenizer, path, {"memt_lab": lab, "n_examples": n, "history": history})
+    return load_policy(str(path)).model
+
+
+#: the arms of notebook 06: name -> (rollout arm, TrainConfig overrides)
+ARMS = {"MoT-GRPO": ("mot", {}), "GRPO": ("grpo", {"credit": "grpo"}),
+        "w/o A_intra": ("mot", {"mot_intra": False}), "w/o A_inter": ("mot", {"mot_inter": False})}
+
+
+def run_arm(kit, start, built, eval_built, arm: str, steps: int, seed: int, lr: float = 3e-4, queries: int = 4,
+            tree_cfg: TreeConfig = TreeConfig(3, 1, 2), chains: int = 6, temperature: float = 1.0, log=None):
+    """Train a copy of ``start`` for ``steps`` RL steps of arm ``arm`` (:data:`ARMS`); returns
+    ``(step rows, F1 by category after)``."""
+    import copy
+
+    from memkit.rl.config import TrainConfig
+    from memkit.rl.update import Learner
+
+    kind, over = ARMS[arm]
+    cfg = TrainConfig(method="memt", packing="mem1_exact", lr=lr, warmup_steps=0, seed=seed, mini_batches=1,
+                      micro_batch_size=4, **over).validate()
+    learner = Learner(cfg, copy.deepcopy(start), kit.tokenizer)
+    rows = []
+    for step in range(steps):
+        row = rl_step(learner, kit, built, kind, step, queries, tree_cfg, chains, temperature, seed,
+                      MoTConfig(intra=cfg.mot_intra, inter=cfg.mot_inter))
+        rows.append({**row, "arm": arm, "rollout": kind, "seed": seed})
+        if log:
+            log(rows[-1])
+    return rows, f1_by_category(answer_with(learner.policy.eval(), kit, eval_built))
