@@ -32,8 +32,7 @@ class MemTLab:
     """The lab's sizes (SMOKE shrinks them)."""
 
     size: str = "smoke"  # conversation size (memkit.world.streams.SIZES)
-    train_conversations: int = 300  # ~7,700 retrieval calls (60 gave 1,536: the clone answered F1 0.24)
-    eval_conversations: int = 8
+    train_conversations: int = 300  # ~7,700 teacher retrieval calls to clone
     teacher: OracleConfig = field(default_factory=lambda: OracleConfig(flaw="stop_early", flaw_rate=0.65,
                                                                        p_wasted_search=0.05))
     sft_steps: int = 6000
@@ -103,7 +102,7 @@ def answer_with(model, kit, built, temperature: float = 0.0, seed: int = 0, n: i
 
 
 def rl_step(learner, kit, built, arm: str, step: int, queries: int = 4, tree_cfg: TreeConfig = TreeConfig(3, 1, 2),
-            chains: int = 6, temperature: float = 1.0, seed: int = 0, mot: MoTConfig = MoTConfig()) -> dict:
+            chains: int = 7, temperature: float = 1.0, seed: int = 0, mot: MoTConfig = MoTConfig()) -> dict:
     """One RL step of ``arm`` ("mot" or "grpo") on ``queries`` questions drawn from ``built``."""
     import torch
 
@@ -163,7 +162,7 @@ ARMS = {"MoT-GRPO": ("mot", {}), "GRPO": ("grpo", {"credit": "grpo"}),
 
 
 def run_arm(kit, start, built, eval_built, arm: str, steps: int, seed: int, lr: float = 3e-4, queries: int = 4,
-            tree_cfg: TreeConfig = TreeConfig(3, 1, 2), chains: int = 6, temperature: float = 1.0, log=None):
+            tree_cfg: TreeConfig = TreeConfig(3, 1, 2), chains: int = 7, temperature: float = 1.0, log=None):
     """Train a copy of ``start`` for ``steps`` RL steps of arm ``arm`` (:data:`ARMS`); returns
     ``(step rows, F1 by category after)``."""
     import copy
