@@ -18,12 +18,12 @@ from dataclasses import dataclass, field, replace
 from memkit.agents import get_method
 from memkit.agents.base import OracleConfig
 from memkit.policies import prompt_wrap, sft_init
-from memkit.rl.mot import MoTConfig, score_query
+from memkit.conversation_eval import summarize_streams
+from memkit.rl.mot import MoTConfig, mot_units, score_query
 from memkit.rollout.engine import ModelPolicy, OraclePolicy, RolloutConfig
 from memkit.rollout.streams import answer_questions, build_memories, stream_rollouts
 from memkit.rollout.trees import TreeConfig, grow_trees
 from memkit.sft import SFTConfig, train_sft
-from memkit.trajectory import TrainingUnit
 from memkit.world.streams import make_conversations
 
 
@@ -56,11 +56,6 @@ def retrieval_examples(trajs, max_len: int) -> list[tuple[list[int], list[int]]]
             if c.role == "act" and c.output_ids and len(c.context_ids) + len(c.output_ids) <= max_len]
 
 
-def retrieval_units(trajs):
-    """What RL trains: each trajectory's (or tree's) retrieval calls, never the teacher's construction."""
-    return [TrainingUnit(t, tuple(i for i, c in enumerate(t.calls) if c.role == "act" and c.output_ids)) for t in trajs]
-
-
 def clone_retrieval(kit, lab: MemTLab | None = None, progress: bool = True, log=None):
     """SFT the tiny model (from the pretrained base) on the flawed teacher's retrieval episodes over
     teacher-built stores. Returns ``(model, history, n_examples)``."""
@@ -78,45 +73,46 @@ def clone_retrieval(kit, lab: MemTLab | None = None, progress: bool = True, log=
 
 
 def f1_by_category(trajs) -> dict[str, float]:
-    by = defaultdict(list)
-    for t in trajs:
-        by[t.info["category"]].append(float(t.reward or 0.0))
-    out = {k: sum(v) / len(v) for k, v in sorted(by.items())}
-    main = [r for k, v in by.items() if k != "adversarial" for r in v]
-    out["overall"] = sum(main) / max(len(main), 1)
+    """Mean F1 per category and "overall" (:func:`memkit.conversation_eval.summarize_streams`), and
+    the fraction of invalid episodes over all of them."""
+    rows = [{"category": t.info["category"], "f1": float(t.reward or 0.0), "valid": t.valid} for t in trajs]
+    out = {"overall": 0.0, **{s["category"]: s["f1"] for s in summarize_streams(rows)}}
     out["invalid"] = sum(not t.valid for t in trajs) / max(len(trajs), 1)
     return out
 
 
-def answer_with(model, kit, built, temperature: float = 0.0, seed: int = 0, n: int = 1):
-    """Every question of ``built`` answered by ``model`` (greedy by default)."""
+#: the context limit of the lab's rollouts (the tiny model's 4,096 positions, less room to answer)
+MAX_CONTEXT_TOKENS = 3800
+
+
+def _sampler(model, kit, temperature: float, seed: int):
+    """``(engine policy, wrap)`` for the tiny ``model``: the compact Mem-T prompt, a seeded generator."""
     import torch
 
     from memkit.models.generation import HFBackend
 
-    method = get_method("memt")
     policy = ModelPolicy(HFBackend(model, kit.tokenizer), temperature=temperature,
                          generator=torch.Generator().manual_seed(seed))
-    wrap = prompt_wrap("memt", kit.tokenizer, None, "compact")
-    return answer_questions(method, built, policy, kit.tokenizer, RolloutConfig(n=n, max_context_tokens=3800), wrap)
+    return policy, prompt_wrap("memt", kit.tokenizer, None, "compact")
+
+
+def answer_with(model, kit, built, temperature: float = 0.0, seed: int = 0, n: int = 1):
+    """Every question of ``built`` answered by ``model`` (greedy by default)."""
+    policy, wrap = _sampler(model, kit, temperature, seed)
+    return answer_questions(get_method("memt"), built, policy, kit.tokenizer,
+                            RolloutConfig(n=n, max_context_tokens=MAX_CONTEXT_TOKENS), wrap)
 
 
 def rl_step(learner, kit, built, arm: str, step: int, queries: int = 4, tree_cfg: TreeConfig = TreeConfig(3, 1, 2),
             chains: int = 7, temperature: float = 1.0, seed: int = 0, mot: MoTConfig = MoTConfig()) -> dict:
     """One RL step of ``arm`` ("mot" or "grpo") on ``queries`` questions drawn from ``built``."""
-    import torch
-
-    from memkit.models.generation import HFBackend
-
     method = get_method("memt")
     rng = random.Random(f"{seed}-{step}")
     pool = [(b, qi) for b in built for qi in range(len(b.memory["conversation"].qa))]
     picked = rng.sample(pool, min(queries, len(pool)))
     learner.model.eval()
-    policy = ModelPolicy(HFBackend(learner.policy, kit.tokenizer), temperature=temperature,
-                         generator=torch.Generator().manual_seed(seed * 100_003 + step))
-    wrap = prompt_wrap("memt", kit.tokenizer, None, "compact")
-    cfg = RolloutConfig(max_context_tokens=3800)
+    policy, wrap = _sampler(learner.policy, kit, temperature, seed * 100_003 + step)
+    cfg = RolloutConfig(max_context_tokens=MAX_CONTEXT_TOKENS)
     t0 = time.perf_counter()
     if arm == "mot":
         trajs = []
@@ -135,7 +131,7 @@ def rl_step(learner, kit, built, arm: str, step: int, queries: int = 4, tree_cfg
         raise ValueError(f"arm must be 'mot' or 'grpo', got {arm!r}")
     rollout_s = time.perf_counter() - t0
     tokens = sum(c.n_output for t in trajs for c in t.calls if c.role == "act")
-    stats = learner.update(trajs, retrieval_units(trajs))
+    stats = learner.update(trajs, mot_units(trajs, None, 0))  # each tree's or chain's retrieval calls
     leaves = [o["reward"] or 0.0 for t in trajs for o in t.info.get("leaf_outcomes", [{"reward": t.reward}])]
     return {"step": step, "arm": arm, "reward": sum(leaves) / max(len(leaves), 1), "rollout_tokens": tokens,
             "rollout_s": rollout_s, **{k: stats[k] for k in ("pg_loss", "kl", "trained_tokens")}}
