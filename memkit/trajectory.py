@@ -22,6 +22,12 @@ from memkit.io import atomic_write_text, read_jsonl
 Span = tuple[int, int]  # [start, end) token indices
 
 
+class ModelError(ValueError):
+    """The model's output asked for something the environment cannot do (an unknown memory id, an
+    empty argument): the rollout engine records the call as an invalid turn. Any other exception
+    raised while applying an output is memkit's own bug and propagates."""
+
+
 @dataclass
 class Segment:
     """A piece of a call's context.

@@ -190,6 +190,70 @@ def test_parsers_never_raise(text):
                 assert p.argument is not None and (p.argument.strip() or p.action == "memory")
 
 
+class Drawn:
+    """A policy whose every output is drawn by hypothesis (the engine's fuzz test)."""
+
+    def __init__(self, draw):
+        self.draw = draw
+
+    def generate_calls(self, states, specs, contexts):
+        return [Generation(ids=TOK.encode(t), logprobs=[0.0] * len(t), text=t)
+                for t in (self.draw(st.one_of(TAGGY, RANDOM_CALLS)) for _ in states)]
+
+
+#: outputs that parse more often than TAGGY: real tags and tool calls around random arguments
+RANDOM_CALLS = st.builds(
+    lambda tag, arg, ids: {"search": f"<think>t</think><search>{arg}</search>",
+                           "answer": f"<think>t</think><answer>{arg}</answer>",
+                           "mem": f"<mem>{arg}</mem><think>t</think><search>{arg}</search>",
+                           "memory": f"<memory>{arg}</memory>",
+                           "tool": '<tool_call>{"name": "wikipedia_search", "arguments": {"query": "%s"}}</tool_call>' % arg,
+                           "prune": f"<prune>{ids}</prune><note>{arg}</note>"}[tag],
+    st.sampled_from(["search", "answer", "mem", "memory", "tool", "prune"]),
+    st.lists(st.sampled_from(list("ab1 ,;.?!<>/\\\"{}") + ["Q1:", "Q2:"]), max_size=12).map("".join),
+    st.lists(st.sampled_from(["r1", "r2", "r9", "x", ""]), max_size=3).map(", ".join))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_engine_turns_any_model_output_into_a_trajectory(data, world, env):
+    """Random outputs through the whole engine (parse, apply, search, memory updates): every format
+    ends each episode with a trajectory; an invalid one carries its reason; nothing raises (a
+    non-ModelError exception while applying an output would: that is a memkit bug)."""
+    tasks = make_tasks(world, 2, k=2, seed=data.draw(st.integers(0, 50)))
+    for name in METHODS:
+        trajs = run_rollouts(get_method(name), tasks, env, Drawn(data.draw), TOK,
+                             RolloutConfig(max_turns=4, max_context_tokens=NO_LIMIT))
+        assert len(trajs) == len(tasks)
+        assert all(t.valid or t.reason for t in trajs), [(t.reason, t.calls[-1].output_text) for t in trajs]
+
+
+def test_engine_keeps_model_errors_apart_from_library_errors(world, env, monkeypatch):
+    """A ModelError while applying an output is an invalid "tool error" turn; any other exception is a
+    memkit bug and surfaces instead of hiding in the invalid rate."""
+    from memkit.trajectory import ModelError
+
+    task = make_tasks(world, 1, k=1, seed=5)
+    search = "<think>look</think><search>some query</search>"
+
+    def refuse(query, *a, **kw):
+        raise ModelError("query names nothing")
+
+    monkeypatch.setattr(env, "search", refuse)
+    monkeypatch.setattr(env, "search_batch", lambda queries, *a, **kw: [refuse(q) for q in queries], raising=False)
+    [t] = run_rollouts(get_method("mem1"), task, env, Scripted([search]), TOK, RolloutConfig(max_turns=3))
+    assert not t.valid and t.reason == "tool error: query names nothing"
+
+    def broken(query, *a, **kw):
+        raise KeyError("a memkit bug")
+
+    monkeypatch.setattr(env, "search", broken)
+    monkeypatch.setattr(env, "search_batch", lambda queries, *a, **kw: [broken(q) for q in queries], raising=False)
+    with pytest.raises(KeyError, match="a memkit bug"):
+        run_rollouts(get_method("mem1"), task, env, Scripted([search]), TOK, RolloutConfig(max_turns=3))
+
+
 # -------------------------------------------------------------------- oracle and contexts
 @pytest.fixture(scope="module")
 def oracle_runs(world, env):

@@ -49,6 +49,17 @@ def test_ci_calls_the_readme_test_command():
     (["eval", "--method", "mem1", "--prompt", "short"], "choose from"),
     (["eval", "--method", "mem1", "--policy", "someorg/not-a-model", "--objectives", "1", "--n-tasks", "1"],
      "offline spec"),
+    # an SFT'd model that was never trained: the error names the command that makes it
+    (["eval", "--method", "mem1", "--policy", "tiny-sft:never-trained", "--objectives", "1", "--n-tasks", "1"],
+     "memkit sft --method mem1"),
+    (["rollout", "--method", "memact", "--policy", "tiny-sft:nope", "--objectives", "1", "--n-tasks", "1"],
+     "memkit sft --method memact"),
+    (["world", "--objectives", "0"], ">= 1"),
+    (["world", "--objectives", "two"], "comma-separated"),
+    (["world", "--n-tasks", "-3"], "positive"),
+    (["train", "--method", "mem1", "--init", "tiny", "--out", "/nonexistent/run", "--resume"], "no checkpoint to resume"),
+    (["reproduce", "--resume", "/nonexistent/run"], "no such run directory"),
+    (["results", "/nonexistent/run"], "summary.json"),
 ])
 def test_cli_bad_input_gives_one_clear_error(argv, fix, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # the hub is unreachable here either way; fail fast

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
+from memkit.trajectory import ModelError
 from memkit.world.schema import Passage
 
 #: the stores an agent can search (eq. 6) and the id prefix of each
@@ -32,7 +33,7 @@ FORMED_TYPES = ("fact", "experience", "persona")
 EVIDENCE_TYPES = (*FORMED_TYPES, "raw")
 
 
-class StoreError(ValueError):
+class StoreError(ModelError):
     """An operation the store cannot run (unknown id or type): the caller's turn is invalid."""
 
 

@@ -6,8 +6,10 @@ executes tools, and retires finished trajectories. It records for every call the
 context ids, generated ids and their log-probs, spans by tag, and the observation, so that
 packing and credit assignment can be done later without re-running anything.
 
-Failure never raises: a malformed output, an over-long context or running out of turns
-ends that trajectory with a recorded reason and the method's format penalty as reward.
+A model's failure never raises: a malformed output, an output the environment cannot run
+(:class:`memkit.trajectory.ModelError`), an over-long context or running out of turns ends that
+trajectory with a recorded reason and the method's format penalty as reward. Any other exception
+while applying an output is memkit's own bug and propagates.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import torch
 
 from memkit.agents.base import AgentState, CallSpec, Env, Method, OracleConfig, Segment
 from memkit.models.generation import Generation  # one output type for oracle and model policies
-from memkit.trajectory import Call, Trajectory
+from memkit.trajectory import Call, ModelError, Trajectory
 
 _TAG_RE = re.compile(r"<(/?)([a-z_]+)>")
 
@@ -309,8 +311,8 @@ def _finish_call(method, env, tokenizer, state, spec, ids, text, tspans, cspans,
     else:
         try:
             obs = method.apply(state, parsed, env)  # may mark a recoverable error on ``parsed``
-        except Exception as e:  # a tool crash is the environment's fault, but it must not kill the batch
-            state.fail(f"tool error: {type(e).__name__}: {e}")
+        except ModelError as e:  # the output asked for the impossible: an invalid turn, the batch goes on
+            state.fail(f"tool error: {e}")
     call_reason = state.reason if not state.valid else (
         None if parsed.ok else f"invalid {spec.role} output: {parsed.error}")
     if spec.role == "act":
