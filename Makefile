@@ -39,9 +39,10 @@ test-fast: setup
 
 # The kit's main job: every notebook in the lab mode (SMOKE=False, memkit.lab) on the tiny model
 # and the synthetic world, real learned numbers in about 1.5 hours on 2 cores -> runs/<time>/REPORT.md.
-# A killed run goes on with `memkit reproduce --resume runs/<time>`.
+# It also judges each paper's claims on the run -> docs/results.md (memkit.results).
+# A killed run goes on with `memkit reproduce --resume runs/<time> --results docs/results.md`.
 reproduce: setup
-	$(MEMKIT) reproduce
+	$(MEMKIT) reproduce --results docs/results.md
 
 # The same in SMOKE mode: every notebook runs end to end in minutes; its learned numbers mean nothing.
 reproduce-smoke: setup

@@ -310,13 +310,15 @@ def _finished_in(run_dir: Path, smoke: bool, model: str, seed: int) -> dict[str,
 def reproduce(smoke: bool = True, model: str = "tiny", notebooks: Sequence[str] | None = None,
               out_root: str | Path = "runs", kernel: str | None = None, *, seed: int = 0,
               notebooks_dir: str | Path | None = None, timeout: float | None = None,
-              resume: str | Path | None = None, stream=None) -> Path:
+              resume: str | Path | None = None, results: str | Path | None = None, stream=None) -> Path:
     """Run the notebooks in order into ``out_root/<timestamp>/`` and write ``REPORT.md`` there.
 
     ``smoke``: SMOKE=True (small sizes, minutes) or the lab mode (SMOKE=False: learned numbers,
     about 1.5 hours on 2 cores from an empty cache; the SFT checkpoints are cached across notebooks
     and runs). ``resume``: an earlier run directory; its notebooks that finished ok are kept and
     the others run again (the report and summary are rewritten after every notebook).
+    ``results``: also write the claims page (:mod:`memkit.results`) there; ``RESULTS.md`` in the
+    run directory is always written.
 
     Returns the run directory. Per notebook a start and a result line go to ``stream``
     (default stdout). Failures are reported in the line and in the report; see
@@ -363,6 +365,10 @@ def reproduce(smoke: bool = True, model: str = "tiny", notebooks: Sequence[str] 
     meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     meta["wall_seconds"] = round(time.perf_counter() - t_all, 1)
     _write_summary(run_dir, runs, meta)
+    from memkit.results import write_results
+
+    for path in [run_dir / "RESULTS.md"] + ([Path(results)] if results else []):
+        write_results([run_dir], path)
     n_bad = sum(not r.ok for r in runs)
     print(f"{len(runs) - n_bad}/{len(runs)} ok in {meta['wall_seconds']:.0f} s; report: {run_dir / 'REPORT.md'}",
           file=stream, flush=True)

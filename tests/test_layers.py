@@ -11,7 +11,7 @@ Layers, bottom to top (a module may import its own layer and the ones below):
     4  rl, sft, pretrain                       training algorithms (take a kit-like object; no assembly)
     5  kit, policies, evaluation, training,    assembly: a kit, policy specs, rollouts/eval, SFT/RL runs,
        lab, conversation_eval, memt_lab        the RL lab's recipes, Mem-T's evaluation and lab
-    6  nb, reproduce, viz                      notebook helpers
+    6  nb, reproduce, results, viz             notebook helpers, the claims page
     7  cli                                     the ``memkit`` command
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ LAYERS = (
     ("agents", "envs", "rollout"),
     ("rl", "sft", "pretrain"),
     ("kit", "policies", "evaluation", "training", "lab", "conversation_eval", "memt_lab"),
-    ("nb", "reproduce", "viz"),
+    ("nb", "reproduce", "results", "viz"),
     ("cli",),
 )
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}

@@ -20,7 +20,23 @@ def add_parser(sub) -> None:
     p.add_argument("--resume", default=None, metavar="RUN_DIR",
                    help="an earlier run directory: keep its notebooks that finished ok, run the rest")
     p.add_argument("--timeout", type=float, default=None, help="per-cell timeout in seconds")
+    p.add_argument("--results", default=None, metavar="PATH",
+                   help="also write the claims page there (make reproduce: docs/results.md); "
+                        "RESULTS.md in the run directory is always written")
     p.set_defaults(func=run)
+    r = sub.add_parser("results", help="judge the papers' claims on earlier reproduce runs: docs/results.md",
+                       description="Regenerate the claims page (memkit.results) from runs of `memkit reproduce`; "
+                                   "a later run directory wins for a notebook that ran ok in several.")
+    r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="runs/<time> directories")
+    r.add_argument("--out", default="docs/results.md", help="where to write the page (default docs/results.md)")
+    r.set_defaults(func=run_results)
+
+
+def run_results(args) -> int:
+    from memkit.results import write_results
+
+    print(f"wrote {write_results(args.run_dirs, args.out)}")
+    return 0
 
 
 def run(args) -> int:
@@ -31,7 +47,7 @@ def run(args) -> int:
         run_dir = reproduce(smoke=args.smoke, model=args.model, notebooks=args.only,
                             out_root=args.out, kernel=args.kernel, seed=args.seed,
                             notebooks_dir=args.notebooks_dir, timeout=args.timeout,
-                            resume=args.resume)
+                            resume=args.resume, results=args.results)
     except (ValueError, FileNotFoundError) as e:
         print(f"memkit reproduce: error: {e}", file=sys.stderr)
         return 2
