@@ -34,7 +34,7 @@ class MemTLab:
     size: str = "smoke"  # conversation size (memkit.world.streams.SIZES)
     train_conversations: int = 300  # ~7,700 teacher retrieval calls to clone
     teacher: OracleConfig = field(default_factory=lambda: OracleConfig(flaw="stop_early", flaw_rate=0.65,
-                                                                       p_wasted_search=0.05))
+                                                                       p_wasted_search=0.05, quote_source=True))
     sft_steps: int = 6000
     sft_seconds: float | None = 900.0
     seed: int = 0

@@ -10,7 +10,7 @@ from memkit.agents.base import OracleConfig
 from memkit.agents.memt import MemT
 from memkit.agents.memt_tools import parse_tool_calls, tool_call
 from memkit.kit import _ByteTokenizer
-from memkit.metrics_locomo import bleu1, locomo_f1, token_f1
+from memkit.metrics_locomo import bleu1, locomo_f1, normalize, token_f1
 from memkit.models.generation import Generation
 from memkit.rollout.engine import OraclePolicy, RolloutConfig
 from memkit.rollout.streams import build_memories, stream_rollouts
@@ -50,6 +50,29 @@ def test_teacher_reaches_f1_095_in_every_category(world, size):
     assert set(scores) == set(CATEGORIES.values())  # every category is asked
     assert min(scores.values()) >= 0.95, scores
     assert all(t.valid for t in trajs)
+
+
+def test_quoting_teacher_answers_from_the_line_it_quotes(world):
+    """`quote_source`: every answer turn first quotes the line of the last retrieval that shows the
+    answer (or says none does), and the teacher's answers and F1 are the same as without quoting."""
+    import json
+    import re
+
+    convs = make_conversations(world, 3, seed=100, size="smoke")
+    plain, quoting = run(convs), run(convs, OracleConfig(quote_source=True))
+    assert [t.reward for t in plain] == [t.reward for t in quoting] and [t.answer for t in plain] == [t.answer for t in quoting]
+    finishes = [(t.calls[-1], t.calls[-2].observation_text if len(t.calls) > 1 else "") for t in quoting
+                if '"finish"' in t.calls[-1].output_text]
+    assert len(finishes) >= 20
+    quoted = 0
+    for call, obs in finishes:
+        m = re.fullmatch(r"<think>(.*)</think><tool_call>(.*)</tool_call>", call.output_text, re.S)
+        assert m, call.output_text
+        answer = json.loads(m.group(2))["arguments"]["answer"]
+        if m.group(1) != "No memory says.":
+            quoted += 1
+            assert m.group(1) in (obs or "") and normalize(answer) in normalize(m.group(1)), (m.group(1), answer)
+    assert quoted >= len(finishes) // 2
 
 
 def test_streams_have_what_makes_locomo_hard(world):

@@ -80,6 +80,10 @@ class OracleConfig:
     """Write a comparison's two values before its winner, in the turn the second one arrives
     ("A founded: 1989; B founded: 1975, so B"), instead of the winner alone. It did not help the
     tiny MEM1 model (measured: docs/findings.md, 'Negative results')."""
+    quote_source: bool = False
+    """Mem-T only: the answer turn first quotes the retrieved memory line that shows the answer
+    (``<think>[f3] ...</think>`` then ``finish``), so a clone copies the answer from a line it has just
+    copied instead of recalling it from its weights."""
 
 
 @dataclass

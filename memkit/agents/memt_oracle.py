@@ -142,6 +142,16 @@ def _memory_lines(obs: str | None) -> list[str]:
     return [ln.strip() for ln in body.split("\n") if ln.strip().startswith("[")]
 
 
+def _finish(answer: str, obs: str | None, cfg) -> str:
+    """The answer turn; with ``cfg.quote_source`` it first quotes the line of ``obs`` that shows the
+    answer (none shows "Not mentioned": the turn says so)."""
+    if not cfg.quote_source:
+        return tool_call("finish", answer=answer)
+    source = next((ln for ln in _memory_lines(obs) if _shows(ln, answer)), None)
+    think = f"{source}" if source else "No memory says."
+    return f"<think>{think}</think>{tool_call('finish', answer=answer)}"
+
+
 def _retrieve(method, state, rng, cfg) -> str:
     o, qa = state.oracle, state.memory["qa"]
     tool_of = {store: name for name, store in SEARCH_TOOLS.items()}
@@ -167,17 +177,17 @@ def _retrieve(method, state, rng, cfg) -> str:
         subject = hops[0].query.split()[0]
         fooled = [ln for ln in _memory_lines(o["hop_seen"]) if subject in ln and qa.adversarial_answer
                   and _shows(ln, qa.adversarial_answer)]
-        return tool_call("finish", answer=qa.adversarial_answer if fooled else NOT_MENTIONED)
+        return _finish(qa.adversarial_answer if fooled else NOT_MENTIONED, o["hop_seen"], cfg)
     if o["hop"] == len(hops):
         answer = hops[-1].answer
         if rng.random() < cfg.p_wrong_answer:
             answer = rng.choice([f.value for f in state.memory["conversation"].facts if f.value != answer] or [answer])
-        return tool_call("finish", answer=answer)
+        return _finish(answer, last, cfg)
     if o["hop"] == 1 and len(hops) > 1 and _flawed(o, state.task.id, "stop_early", rng, cfg):
-        return tool_call("finish", answer=hops[0].answer)
+        return _finish(hops[0].answer, last, cfg)
     hop = hops[o["hop"]]
     if o["misses"] >= 2 or state.max_turns - state.turn <= 1:
-        return tool_call("finish", answer=NOT_MENTIONED)
+        return _finish(NOT_MENTIONED, last, cfg)
     if not o.get("wasted") and rng.random() < cfg.p_wasted_search:
         o["wasted"] = True
         return f"<think>What do I know about this?</think>{tool_call('search_summary', query=state.task.prompt)}"
