@@ -106,10 +106,33 @@ def atomic_dir(path: str | Path, keep_existing: bool = False):
 
 
 def latest_checkpoint(ckpt_dir: str | Path) -> Path | None:
-    """The checkpoint ``ckpt_dir/latest`` names when it is complete (has ``memkit.json``), else
-    None (the layout ``memkit.rl.checkpoint`` writes; ``load_policy`` reads it too)."""
-    pointer = Path(ckpt_dir) / "latest"
-    if not pointer.is_file():
-        return None
-    path = Path(ckpt_dir) / pointer.read_text().strip()
-    return path if (path / "memkit.json").is_file() else None
+    """The checkpoint ``ckpt_dir/latest`` names when it is complete (has ``memkit.json``); else
+    the newest complete ``step-*`` directory (a run killed between writing a checkpoint and
+    ``latest``, or a ``latest`` naming a removed one); None if there is none. The layout is
+    ``memkit.rl.checkpoint``'s; ``load_policy`` reads it too."""
+    ckpt_dir = Path(ckpt_dir)
+    pointer = ckpt_dir / "latest"
+    if pointer.is_file():
+        path = ckpt_dir / pointer.read_text().strip()
+        if (path / "memkit.json").is_file():
+            return path
+    complete = sorted(p for p in ckpt_dir.glob("step-*") if (p / "memkit.json").is_file())
+    return complete[-1] if complete else None
+
+
+#: fault injection for the kill-and-resume tests: ``MEMKIT_KILL_AT=<point>:<n>`` makes the process
+#: SIGKILL itself the n-th time it reaches ``<point>`` (:func:`kill_point`); unset, nothing happens
+KILL_ENV = "MEMKIT_KILL_AT"
+_passes: dict[str, int] = {}
+
+
+def kill_point(name: str) -> None:
+    """A place where a real crash is tested (a checkpoint half written, a log line half appended)."""
+    spec = os.environ.get(KILL_ENV)
+    if not spec or spec.rsplit(":", 1)[0] != name:
+        return
+    _passes[name] = _passes.get(name, 0) + 1
+    if _passes[name] == int(spec.rsplit(":", 1)[1]):
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -424,6 +424,13 @@ def test_tiny_policy_local_round_trip_and_lora(tmp_path):
     assert {n.split(".")[-4] for n in trainable if "lora_A" in n} == {"q_proj", "k_proj", "v_proj", "o_proj"}
     with pytest.raises(ValueError, match="not in this model"):
         load_policy(str(ckpt), lora=LoraSpec(target_modules=("c_attn",)), cache_dir=tmp_path)
+    # the adapters' init is seeded: same seed, same adapters (whatever the global RNG did before)
+    torch.manual_seed(123)
+    adapters = lambda m: {n: p for n, p in m.named_parameters() if "lora_A" in n}  # noqa: E731
+    again = adapters(load_policy(str(ckpt), lora=LoraSpec(r=4, alpha=8), cache_dir=tmp_path).model)
+    assert all(torch.equal(p, again[n]) for n, p in adapters(lo.model).items())
+    other = adapters(load_policy(str(ckpt), lora=LoraSpec(r=4, alpha=8, seed=1), cache_dir=tmp_path).model)
+    assert not any(torch.equal(p, other[n]) for n, p in adapters(lo.model).items())
     out = lo.backend().generate([ids[0].tolist()], 3, temperature=0)[0]  # peft model generates too
     assert len(out.ids) == 3
 

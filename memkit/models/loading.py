@@ -44,6 +44,8 @@ class LoraSpec:
     alpha: int = 32
     dropout: float = 0.0
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    seed: int = 0
+    """Seeds the adapters' initialisation: the same seed gives the same adapters in any process."""
 
 
 @dataclass
@@ -291,4 +293,6 @@ def apply_lora(model, lora: LoraSpec):
                          f"{sorted(n for n in names if n.endswith('proj'))[:8]}")
     cfg = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                      target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
-    return get_peft_model(model, cfg)
+    with torch.random.fork_rng(devices=[]):  # lora_A is drawn from the global RNG: seed it, leave the caller's alone
+        torch.manual_seed(lora.seed)
+        return get_peft_model(model, cfg)

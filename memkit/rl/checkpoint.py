@@ -10,7 +10,10 @@ Layout of ``out_dir``::
     checkpoints/latest              name of the newest *complete* checkpoint
 
 A checkpoint is written to ``.step-N.tmp`` and renamed when complete; ``latest`` is then
-replaced atomically. A crash at any point leaves ``latest`` naming a complete checkpoint.
+replaced atomically. A crash at any point leaves a complete checkpoint to resume from: the one
+``latest`` names, or else the newest complete ``step-*`` (incomplete ones are skipped with a
+message). A log line torn by a crash is dropped on resume, with every row after the checkpoint
+(the logs are rewritten from the checkpoint's history).
 Only the main process writes shared files; every process writes its own RNG state.
 """
 from __future__ import annotations
@@ -19,9 +22,10 @@ import csv
 import io
 import json
 import shutil
+import sys
 from pathlib import Path
 
-from memkit.io import atomic_write_text, latest_checkpoint, replace_dir
+from memkit.io import atomic_write_text, kill_point, latest_checkpoint, replace_dir
 
 
 class RunFiles:
@@ -39,8 +43,12 @@ class RunFiles:
         if not self.main:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
+        line = json.dumps(row) + "\n"
         with open(self.dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(line[:len(line) // 2])
+            f.flush()
+            kill_point("log-append")  # the kill-and-resume test tears this line
+            f.write(line[len(line) // 2:])
         atomic_write_text(self.dir / "metrics.csv", to_csv(history))
 
     def log_eval(self, rows: list[dict]) -> None:
@@ -60,7 +68,19 @@ class RunFiles:
 
     # ------------------------------------------------------------------------- checkpoints
     def latest(self) -> Path | None:
-        return latest_checkpoint(self.ckpt_dir)
+        """The checkpoint to resume from (:func:`memkit.io.latest_checkpoint`); says which
+        incomplete ones it skipped."""
+        path = latest_checkpoint(self.ckpt_dir)
+        skipped = sorted(p.name for p in self.ckpt_dir.glob("*step-*") if p.is_dir() and p != path
+                         and not (p / "memkit.json").is_file()) if self.ckpt_dir.is_dir() else []
+        pointer = self.ckpt_dir / "latest"
+        named = pointer.read_text().strip() if pointer.is_file() else None
+        if named and (path is None or named != path.name) and named not in skipped:
+            skipped.append(f"{named} (named by latest, not on disk)")
+        if skipped and self.main:
+            print(f"memkit: skipped incomplete checkpoint(s) {', '.join(skipped)}; resuming from "
+                  f"{path.name if path else 'nothing'}", file=sys.stderr)
+        return path
 
     def save(self, step: int, meta: dict, model, tokenizer, keep: int) -> Path:
         """Save everything needed to continue exactly; returns the checkpoint directory."""
@@ -75,6 +95,7 @@ class RunFiles:
         if self.main:
             self.acc.unwrap_model(model).save_pretrained(tmp / "policy", state_dict=state_dict)
             tokenizer.save_pretrained(tmp / "policy")
+            kill_point("checkpoint-save")  # the kill-and-resume test stops here: weights written, no memkit.json
             (tmp / "memkit.json").write_text(json.dumps(meta, indent=1, default=str))
         self.acc.wait_for_everyone()
         if self.main:
