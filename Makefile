@@ -5,7 +5,7 @@ MEMKIT  := $(VENV)/bin/memkit
 STAMP   := $(VENV)/.memkit-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-fast reproduce reproduce-smoke browser-deps clean
+.PHONY: setup test test-fast test-fuzz reproduce reproduce-smoke browser-deps clean
 
 setup: $(STAMP)
 
@@ -36,6 +36,10 @@ test: setup browser-deps
 # Unit tests only (no notebook execution, no browser): a few minutes.
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow and not browser" $(PYTEST_ARGS)
+
+# Property tests at depth: every `fuzz` test (parsers, tag spans, HTML escaping, scoring) with 10,000 examples.
+test-fuzz: setup
+	MEMKIT_FUZZ_EXAMPLES=10000 $(PY) -m pytest -q -m fuzz -p no:randomly $(PYTEST_ARGS)
 
 # The kit's main job: every notebook in the lab mode (SMOKE=False, memkit.lab) on the tiny model
 # and the synthetic world, real learned numbers in about 1.5 hours on 2 cores -> runs/<time>/REPORT.md.

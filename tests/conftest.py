@@ -14,6 +14,7 @@ def pytest_configure(config):
     # also declared in pyproject.toml; repeated so a bare `pytest tests/x.py -c /dev/null` works
     config.addinivalue_line("markers", "slow: longer tests (notebooks, training)")
     config.addinivalue_line("markers", "browser: needs /usr/bin/chromium and playwright")
+    config.addinivalue_line("markers", "fuzz: property tests; `make test-fuzz` runs them with 10,000 examples each")
 
 
 @pytest.fixture(scope="session", autouse=True)

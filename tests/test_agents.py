@@ -21,6 +21,7 @@ from memkit.envs import SearchEnv, make_retriever
 from memkit.metrics import exact_match, split_answers
 from memkit.rollout.engine import Generation, OraclePolicy, RolloutConfig, run_rollouts
 from memkit.world import make_tasks, make_world
+from test_fuzz import depth
 
 
 class CharTok:
@@ -178,7 +179,8 @@ TAGGY = st.lists(st.sampled_from(list("<>/{}\":;, \\\nabcr1") + [
     '"query"', '{"name": "wikipedia_search", "arguments": {"query": ']), max_size=30).map("".join)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.fuzz
+@settings(max_examples=depth(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=st.one_of(st.text(max_size=60), TAGGY))
 def test_parsers_never_raise(text):
     for name in METHODS:
@@ -214,8 +216,9 @@ RANDOM_CALLS = st.builds(
     st.lists(st.sampled_from(["r1", "r2", "r9", "x", ""]), max_size=3).map(", ".join))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                  HealthCheck.function_scoped_fixture])
+@pytest.mark.fuzz
+@settings(max_examples=depth(40, fuzz=1000), deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                                  HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_engine_turns_any_model_output_into_a_trajectory(data, world, env):
     """Random outputs through the whole engine (parse, apply, search, memory updates): every format
