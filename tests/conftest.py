@@ -31,6 +31,18 @@ def memkit_cache(tmp_path_factory):
         os.environ.pop("MEMKIT_CACHE", None)
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny matmuls gain nothing from 2 threads, and on a shared 2-core box OpenMP spin-waits
+    made model tests ~10x slower; restore the setting afterwards."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture
 def out_dir(tmp_path, monkeypatch):
     """A fresh OUT_DIR; figures and records written outside the harness also land in tmp."""

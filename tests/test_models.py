@@ -24,14 +24,7 @@ def _texts(seed=0, n=400):
             for _ in range(n)]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matmuls gain nothing from 2 threads, and on a shared 2-core box OpenMP spin-waits
-    made these tests ~10x slower; restore the setting afterwards."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 @pytest.fixture(scope="module")
