@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 
 from memkit.agents import get_method
 from memkit.agents.base import OracleConfig
@@ -38,6 +38,9 @@ class MemTLab:
     sft_steps: int = 6000
     sft_seconds: float | None = 900.0
     seed: int = 0
+    init: str = "base"
+    """Where the clone's SFT starts (``SFTConfig.init``): the pretrained base; SMOKE starts from
+    "scratch" so a fresh cache does not pretrain the base (~8 minutes) for a pipeline check."""
 
 
 def built_stores(kit, n: int, seed: int, size: str, progress: bool = False):
@@ -61,7 +64,7 @@ def clone_retrieval(kit, lab: MemTLab | None = None, progress: bool = True, log=
     teacher-built stores. Returns ``(model, history, n_examples)``."""
     lab = lab or MemTLab()
     method = get_method("memt")
-    cfg = SFTConfig(init="base", steps=lab.sft_steps, max_seconds=lab.sft_seconds, seed=lab.seed, warmup=100)
+    cfg = SFTConfig(init=lab.init, steps=lab.sft_steps, max_seconds=lab.sft_seconds, seed=lab.seed, warmup=100)
     policy = sft_init(cfg, kit, progress=progress)
     wrap = prompt_wrap("memt", kit.tokenizer, None, "compact")
     convs = make_conversations(kit.world, lab.train_conversations, seed=10_000 + lab.seed, size=lab.size)
@@ -145,7 +148,8 @@ def ensure_memt_clone(kit, lab: MemTLab | None = None, progress: bool = True):
     from memkit.sft import save_checkpoint
 
     lab = lab or MemTLab()
-    path = cache_dir() / f"tiny-sft-memt-w{kit.world_seed}-cfg{config_hash(lab)}"
+    key = {k: v for k, v in asdict(lab).items() if not (k == "init" and v == "base")}  # older caches stay valid
+    path = cache_dir() / f"tiny-sft-memt-w{kit.world_seed}-cfg{config_hash(key)}"
     if not (path / "config.json").exists():
         model, history, n = clone_retrieval(kit, lab, progress=progress)
         save_checkpoint(model, kit.tokenizer, path, {"memt_lab": lab, "n_examples": n, "history": history})
