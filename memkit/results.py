@@ -7,8 +7,8 @@ numbers one notebook recorded (:func:`memkit.nb.record_all`) in a run of ``memki
 
 "Shape" because memkit runs a 1.2M-parameter model on a synthetic world: a claim is reproduced
 when the direction and the mechanism hold (a gain outside the seed spread, a curve that rises),
-never the paper's absolute numbers. A SMOKE run is too small to judge learning claims: its
-statuses are printed but the page says so at the top.
+never the paper's absolute numbers. A SMOKE run is too small to judge a claim about learning
+(``Claim.learned``); claims about scripted policies and exact computations are judged on it too.
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ class Claim:
     says: str  # what the paper reports
     notebook: str  # the notebook stem whose records judge it
     judge: Callable[[dict[str, Any]], Verdict]
+    learned: bool = True  # judged on a trained model: a SMOKE run's records do not count
 
 
 def _get(records: dict[str, Any], *keys: str) -> list[Any] | None:
@@ -128,15 +129,15 @@ def _inter_over_intra(r) -> Verdict:
 
 CLAIMS: tuple[Claim, ...] = (
     Claim("MEM1", "Fig. 2", "peak context tokens stay almost constant from 1 to 16 objectives (3.7x less memory than Qwen2.5-14B at 16); full-context baselines grow linearly",
-          "01_rollouts_and_memory_cost", _mem1_flat_peak),
+          "01_rollouts_and_memory_cost", _mem1_flat_peak, learned=False),
     Claim("MEM1", "App. B.7", "one packed forward over the stitched trajectory gives each call's log-probs",
-          "02_mem1_masked_trajectories", _exact_packing),
+          "02_mem1_masked_trajectories", _exact_packing, learned=False),
     Claim("MEM1", "Tab. 5, App. F.1", "RL beats SFT (GPT-4o trajectories) on 2 objectives",
           "02_mem1_masked_trajectories", _positive("rl_em_gain_k2", "RL - SFT EM at k = 2")),
     Claim("MEM1", "Tab. 5", "RL's lead over SFT grows with the number of objectives; SFT collapses at 8-16 (both trained on 2)",
           "02_mem1_masked_trajectories", _mem1_lead_grows),
     Claim("MemSearcher", "Fig. 3", "tokens in context stay flat over turns; ReAct's grow",
-          "03_memsearcher_multicontext_grpo", _flat_context),
+          "03_memsearcher_multicontext_grpo", _flat_context, learned=False),
     Claim("MemSearcher", "Tab. 2", "RL training lifts average EM 14.4 -> 43.8 (3B) and 25.8 -> 48.9 (7B) over the same workflow untrained",
           "03_memsearcher_multicontext_grpo", lambda r: _gain(r, "em_k2_rl", "em_k2_sft_start")),
     Claim("MemSearcher", "Fig. 5", "training and validation reward rise fast for ~25 steps, then slowly",
@@ -148,13 +149,13 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("MemPO", "Fig. 5", "MemPO's memories make the answer more likely than GRPO's",
           "04_mempo_memory_reward", lambda r: _gain(r, "mem_p_mempo", "mem_p_grpo", what="P[ans | mem]")),
     Claim("MemPO", "Tab. 2", "memory formats spend far fewer tokens than ReAct (67.6% / 73.1% fewer for MemPO)",
-          "01_rollouts_and_memory_cost", _tokens_vs_react),
+          "01_rollouts_and_memory_cost", _tokens_vs_react, learned=False),
     Claim("MemAct", "§5, Tab. 1", "RL improves MemAct over its SFT version (multi-objective accuracy 0.485 -> 0.591)",
           "05_memact_dcpo", lambda r: _gain(r, "em_dcpo", "em_start", "em_dcpo_std")),
     Claim("MemAct", "§5", "learned memory actions beat pruning every five turns, which saves context but loses accuracy",
           "05_memact_dcpo", lambda r: _gain(r, "em_dcpo", "em_fixed", "em_dcpo_std", "em_fixed_std")),
     Claim("Mem-T", "Fig. 3", "Mem-T lies on the F1 / token Pareto front: far fewer tokens per query than full context",
-          "00_tour", _memt_tokens),
+          "00_tour", _memt_tokens, learned=False),
     Claim("Mem-T", "Tab. 4", "retrieval optimisation matters: without it overall F1 drops 5.28 (58.65 -> 53.37)",
           "06_memt_tree_backprop", lambda r: _gain(r, "f1_MoT-GRPO", "f1_start", "f1_MoT-GRPO_std", what="F1")),
     Claim("Mem-T", "Tab. 2", "MoT-GRPO beats GRPO from the same start: overall F1 58.65 vs 53.56 (untrained 49.38)",
@@ -172,7 +173,12 @@ def judge_all(records_by_notebook: dict[str, dict[str, Any]]) -> list[dict[str, 
     rows = []
     for c in CLAIMS:
         records = records_by_notebook.get(c.notebook)
-        status, measured = c.judge(records) if records is not None else (NOT_RUN, "-")
+        if records is None:
+            status, measured = NOT_RUN, "-"
+        elif c.learned and records.get("_smoke"):
+            status, measured = NOT_RUN, "SMOKE run only: too small to learn"
+        else:
+            status, measured = c.judge(records)
         rows.append({"paper": c.paper, "source": c.source, "says": c.says, "notebook": c.notebook,
                      "status": status, "measured": measured})
     return rows
@@ -180,7 +186,7 @@ def judge_all(records_by_notebook: dict[str, dict[str, Any]]) -> list[dict[str, 
 
 def records_from_runs(run_dirs: list[str | Path]) -> tuple[dict[str, dict], list[dict]]:
     """The records of every notebook that ran ok in ``run_dirs`` (``summary.json`` of ``memkit
-    reproduce``; a later directory wins) and each run's meta."""
+    reproduce``; a lab run beats a SMOKE run, else a later directory wins) and each run's meta."""
     by_nb, metas = {}, []
     for d in run_dirs:
         path = Path(d) / "summary.json"
@@ -188,23 +194,25 @@ def records_from_runs(run_dirs: list[str | Path]) -> tuple[dict[str, dict], list
             raise FileNotFoundError(f"{path}: not a run of `memkit reproduce` (no summary.json)")
         summary = json.loads(path.read_text(encoding="utf-8"))
         metas.append({"run": Path(d).name, **summary.get("meta", {})})
+        smoke = bool(summary.get("meta", {}).get("smoke"))
         for n in summary.get("notebooks", []):
-            if n.get("ok"):
-                by_nb[n["name"]] = {**n.get("records", {}), "_run": Path(d).name, "_smoke": summary["meta"].get("smoke")}
+            if n.get("ok") and not (smoke and by_nb.get(n["name"], {}).get("_smoke") is False):
+                by_nb[n["name"]] = {**n.get("records", {}), "_run": Path(d).name, "_smoke": smoke}
     return by_nb, metas
 
 
 def render_results(records_by_notebook: dict[str, dict], metas: list[dict]) -> str:
     """``docs/results.md``: the claims table, then the runs it was judged on."""
     rows = judge_all(records_by_notebook)
-    smoke = any(m.get("smoke") for m in metas)
+    smoke = any(v.get("_smoke") for v in records_by_notebook.values())
     lines = ["# Results: the papers' claims beside memkit's measurements", "",
              "Generated by `memkit reproduce` (`make reproduce` writes this file; `memkit results RUN_DIR ...` "
              "regenerates it from earlier runs). Do not edit by hand. \"Shape reproduced\" = the direction and "
              "mechanism hold on the tiny model and the synthetic world, not the paper's absolute numbers; the "
              "3-seed studies and their history are in `docs/findings.md`.", ""]
     if smoke:
-        lines += ["**Judged on a SMOKE run**: sizes too small for the learning claims; run `make reproduce`.", ""]
+        lines += ["Some notebooks come from a **SMOKE run** here: their learning claims say \"not run\" (run "
+                  "`make reproduce`); what they measure on scripted policies is judged.", ""]
     counts = {s: sum(r["status"] == s for r in rows) for s in (REPRODUCED, NOT_REPRODUCED, NOT_APPLICABLE, NOT_RUN)}
     lines += [", ".join(f"{n} {s}" for s, n in counts.items()), "",
               "| paper | source | the paper reports | memkit measured | status | notebook |", "|---|---|---|---|---|---|"]
