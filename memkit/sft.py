@@ -133,17 +133,24 @@ def collect_examples(trajectories, max_len: int) -> tuple[list[tuple[list[int], 
 def make_batch(examples, pad_id: int):
     """Right-padded batch ``(ids, attn, output_mask)``, all ``[B, T]``.
 
-    ``output_mask`` is True on output tokens (the behaviour-cloning loss mask); context tokens
-    are ``attn & ~output_mask``.
+    An example is ``(context_ids, output_ids)`` or ``(context_ids, output_ids, target_mask)`` with
+    one bool per output token (only those are cloned, e.g. Mem-T's kept operations of a formation
+    call; the others count as context). ``output_mask`` is True on the cloned output tokens (the
+    behaviour-cloning loss mask); context tokens are ``attn & ~output_mask``.
     """
-    length = max(len(c) + len(o) for c, o in examples)
+    length = max(len(ex[0]) + len(ex[1]) for ex in examples)
     ids = torch.full((len(examples), length), pad_id, dtype=torch.long)
     output_mask = torch.zeros_like(ids, dtype=torch.bool)
     attn = torch.zeros_like(ids)
-    for i, (c, o) in enumerate(examples):
+    for i, (c, o, *target) in enumerate(examples):
         seq = c + o
         ids[i, : len(seq)] = torch.tensor(seq)
-        output_mask[i, len(c) : len(seq)] = True
+        if target:
+            if len(target[0]) != len(o):
+                raise ValueError(f"example {i}: target_mask has {len(target[0])} entries for {len(o)} output tokens")
+            output_mask[i, len(c) : len(seq)] = torch.tensor(target[0], dtype=torch.bool)
+        else:
+            output_mask[i, len(c) : len(seq)] = True
         attn[i, : len(seq)] = 1
     return ids, attn, output_mask
 

@@ -65,8 +65,8 @@ RETRIEVAL_INSTRUCTION = (
 #: operations it ran ``[op, id, text]`` (raw archiving left out) and the live memories per type after it
 INFO_STORE_OPS, INFO_STORE_SIZES = "store_ops", "store_sizes"
 #: ``Trajectory.info`` key: every memory operation of construction, ``{"call", "op" (the tool),
-#: "memory" (the id it made or touched, None for IGNORE and unevolved candidates), "sources"}``:
-#: what hindsight credit scores (eq. 16-17)
+#: "memory" (the id it made or touched, None for IGNORE and unevolved candidates), "sources",
+#: "tool_index" (which tool call of the call's output it is)}``: what hindsight credit scores (eq. 16-17)
 INFO_MEMORY_OPS = "memory_ops"
 def conversation_task(conv: Conversation) -> Task:
     """The construction phase's task: the conversation, no question yet."""
@@ -194,26 +194,28 @@ class MemT(Method):
             return None
         chunk_ids = [t.dia_id for t in turns]
         cands, writes = [], []  # checked first, written after: an invalid output writes nothing
-        for call in parsed.calls:
+        for index, call in enumerate(parsed.calls):
             name, args = call["name"], call["arguments"]
             named = named_sources(args, chunk_ids, name)
             if name in ("create_fact", "create_experience"):
                 key = "fact" if name == "create_fact" else "experience"
                 cands.append({"type": key, "text": text_arg(args, key), "sources": named,
                               "start_time": text_arg(args, "start_time", False), "end_time": text_arg(args, "end_time", False),
-                              "turn_time": date, "op": name, "x_src": named or chunk_ids})
+                              "turn_time": date, "op": name, "x_src": named or chunk_ids, "tool_index": index})
             elif name == "update_persona":
-                writes.append((name, named, store.set_persona, text_arg(args, "name"), text_arg(args, "profile")))
+                writes.append((name, index, named, store.set_persona, text_arg(args, "name"), text_arg(args, "profile")))
             else:
-                writes.append((name, chunk_ids, store.set_summary, text_arg(args, "content")))
+                writes.append((name, index, chunk_ids, store.set_summary, text_arg(args, "content")))
         call = len(state.calls)
         made = []
-        for name, sources, fn, *a in writes:
+        for name, index, sources, fn, *a in writes:
             made.append(fn(*a, sources, date))
-            m["mem_ops"].append({"call": call, "op": name, "memory": made[-1], "sources": sources or chunk_ids})
+            m["mem_ops"].append({"call": call, "op": name, "memory": made[-1], "sources": sources or chunk_ids,
+                                 "tool_index": index})
         for cand in cands:  # the memory it becomes is filled in by the evolution call that decides on it
             cand["mem_op"] = len(m["mem_ops"])
-            m["mem_ops"].append({"call": call, "op": cand.pop("op"), "memory": None, "sources": cand.pop("x_src")})
+            m["mem_ops"].append({"call": call, "op": cand.pop("op"), "memory": None, "sources": cand.pop("x_src"),
+                                 "tool_index": cand.pop("tool_index")})
         m["pending"].extend(cands)
         return f"\n<information>{len(cands)} candidate memories; wrote {', '.join(made) or 'nothing else'}.</information>\n"
 
@@ -245,7 +247,7 @@ class MemT(Method):
         if name in ("add_item", "update_item"):  # the candidate's formation op made this memory
             m["mem_ops"][cand["mem_op"]]["memory"] = mid
         x_src = m["mem_ops"][cand["mem_op"]]["sources"]  # what its formation op processed
-        m["mem_ops"].append({"call": len(state.calls), "op": name, "memory": mid, "sources": x_src})
+        m["mem_ops"].append({"call": len(state.calls), "op": name, "memory": mid, "sources": x_src, "tool_index": 0})
         return f"\n<information>{obs}</information>\n"
 
     def _retrieve(self, state: AgentState, parsed: Parsed) -> str | None:

@@ -45,9 +45,13 @@ class OraclePolicy:
 
     def generate_calls(self, states, specs, contexts):
         out = []
-        for state in states:
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        for state, spec in zip(states, specs):
             text = self.method.oracle(state, self.rng, self.cfg)
             ids = self.tokenizer.encode(text, add_special_tokens=False)
+            if not spec.stop and eos is not None:  # a call with no stop string ends on EOS: a clone must learn it
+                out.append(Generation(ids=ids + [eos], logprobs=[0.0] * (len(ids) + 1), text=text, finish="eos"))
+                continue
             out.append(Generation(ids=ids, logprobs=[0.0] * len(ids), text=text, finish="stop"))
         return out
 
