@@ -212,3 +212,18 @@ def test_a_learner_update_on_scored_trees_moves_the_policy():
     moved = sum(float((p.detach() - b).abs().sum()) for p, b in zip(model.parameters(), before))
     assert moved > 0 and stats["trained_tokens"] > 0
     assert all(t.reward is not None for t in trees)
+
+
+def test_a_forest_of_queries_grows_the_trees_each_query_grows_alone():
+    from memkit.rollout.trees import grow_forest
+
+    method, tok = MemT(), kit().tokenizer
+    built, conv, _, _ = forest()
+    steady = OraclePolicy(method, tok, OracleConfig(), seed=0)  # no noise: a batch does not change the text
+    alone = [grow_trees(method, built, qi, steady, tok, TreeConfig(3, 2, 2, 0), CFG) for qi in (0, 3)]
+    together = grow_forest(method, [(built, 0), (built, 3)], steady, tok, TreeConfig(3, 2, 2, 0), CFG)
+    for a, b in zip(alone, together):
+        assert a.task_id == b.task_id
+        assert [[(c.output_text, c.parent) for c in t.calls] for t in a.trees] == \
+            [[(c.output_text, c.parent) for c in t.calls] for t in b.trees]
+        assert [len(c) for c in a.chains] == [len(c) for c in b.chains]

@@ -57,28 +57,42 @@ def _step_all(method, states, policy, tokenizer, cfg, wrap, snapshots: dict) -> 
 def grow_trees(method, built, question: int, policy: Policy, tokenizer, tree_cfg: TreeConfig | None = None,
                cfg: RolloutConfig | None = None, wrap=None) -> QueryTrees:
     """The ``G`` trees of question ``question`` of a built Mem-T state (eq. 8-9)."""
+    return grow_forest(method, [(built, question)], policy, tokenizer, tree_cfg, cfg, wrap)[0]
+
+
+def grow_forest(method, jobs, policy: Policy, tokenizer, tree_cfg: TreeConfig | None = None,
+                cfg: RolloutConfig | None = None, wrap=None) -> list[QueryTrees]:
+    """:func:`grow_trees` for every ``(built state, question)`` of ``jobs`` at once: each round's
+    calls of all queries go to the policy as one batch. Pivots are drawn per query as there."""
     tree_cfg, cfg = tree_cfg or TreeConfig(), cfg or RolloutConfig()
     if tree_cfg.trees < 1 or tree_cfg.rounds < 0 or tree_cfg.pivots < 1:
         raise ValueError(f"TreeConfig needs trees >= 1, rounds >= 0, pivots >= 1 (got {tree_cfg})")
-    rng = random.Random(f"trees-{tree_cfg.seed}-{question}")
-    roots = fork(built, tree_cfg.trees)
-    for r in roots:
-        method.start_question(r, question)
-    root_snap = [fork(r, 1)[0] for r in roots]
+    rngs = [random.Random(f"trees-{tree_cfg.seed}-{question}") for _, question in jobs]
+    roots, root_snaps, chains = [], [], []  # per job: its trees' roots, root forks, chains (seed first)
+    for built, question in jobs:
+        r = fork(built, tree_cfg.trees)
+        for s in r:
+            method.start_question(s, question)
+        roots.append(r)
+        root_snaps.append([fork(s, 1)[0] for s in r])
+        chains.append([[s] for s in r])
     snapshots: dict = {}
-    chains = [[r] for r in roots]  # per tree: its chain states, seed first
-    _step_all(method, roots, policy, tokenizer, cfg, wrap, snapshots)
-    n_build = len(built.calls)
+    _step_all(method, [s for r in roots for s in r], policy, tokenizer, cfg, wrap, snapshots)
     for _ in range(tree_cfg.rounds):
-        branches = []
-        for i, tree in enumerate(chains):
-            nodes = list(dict.fromkeys(id(c) for s in tree for c in s.calls[n_build:] if id(c) in snapshots))
-            pool = [None, *nodes]  # None = the root
-            for pivot in rng.sample(pool, min(tree_cfg.pivots, len(pool))):
-                (child,) = fork(root_snap[i] if pivot is None else snapshots[pivot], 1)
-                branches.append((i, child))
-        _step_all(method, [c for _, c in branches], policy, tokenizer, cfg, wrap, snapshots)
-        for i, child in branches:
-            chains[i].append(child)
-    trajs = [[_to_trajectory(method, s, g) for g, s in enumerate(tree)] for tree in chains]
-    return QueryTrees(task_id=trajs[0][0].task_id, trees=[merge_tree(t) for t in trajs], chains=trajs)
+        branches = []  # (job, tree, child)
+        for j, (built, _) in enumerate(jobs):
+            n_build = len(built.calls)
+            for i, tree in enumerate(chains[j]):
+                nodes = list(dict.fromkeys(id(c) for s in tree for c in s.calls[n_build:] if id(c) in snapshots))
+                pool = [None, *nodes]  # None = the root
+                for pivot in rngs[j].sample(pool, min(tree_cfg.pivots, len(pool))):
+                    (child,) = fork(root_snaps[j][i] if pivot is None else snapshots[pivot], 1)
+                    branches.append((j, i, child))
+        _step_all(method, [c for _, _, c in branches], policy, tokenizer, cfg, wrap, snapshots)
+        for j, i, child in branches:
+            chains[j][i].append(child)
+    out = []
+    for job_chains in chains:
+        trajs = [[_to_trajectory(method, s, g) for g, s in enumerate(tree)] for tree in job_chains]
+        out.append(QueryTrees(task_id=trajs[0][0].task_id, trees=[merge_tree(t) for t in trajs], chains=trajs))
+    return out
