@@ -88,7 +88,7 @@ def f1_by_category(trajs) -> dict[str, float]:
 MAX_CONTEXT_TOKENS = 3800
 
 
-def _sampler(model, kit, temperature: float, seed: int):
+def sampler(model, kit, temperature: float, seed: int):
     """``(engine policy, wrap)`` for the tiny ``model``: the compact Mem-T prompt, a seeded generator."""
     import torch
 
@@ -101,7 +101,7 @@ def _sampler(model, kit, temperature: float, seed: int):
 
 def answer_with(model, kit, built, temperature: float = 0.0, seed: int = 0, n: int = 1):
     """Every question of ``built`` answered by ``model`` (greedy by default)."""
-    policy, wrap = _sampler(model, kit, temperature, seed)
+    policy, wrap = sampler(model, kit, temperature, seed)
     return answer_questions(get_method("memt"), built, policy, kit.tokenizer,
                             RolloutConfig(n=n, max_context_tokens=MAX_CONTEXT_TOKENS), wrap)
 
@@ -114,7 +114,7 @@ def rl_step(learner, kit, built, arm: str, step: int, queries: int = 4, tree_cfg
     pool = [(b, qi) for b in built for qi in range(len(b.memory["conversation"].qa))]
     picked = rng.sample(pool, min(queries, len(pool)))
     learner.model.eval()
-    policy, wrap = _sampler(learner.policy, kit, temperature, seed * 100_003 + step)
+    policy, wrap = sampler(learner.policy, kit, temperature, seed * 100_003 + step)
     cfg = RolloutConfig(max_context_tokens=MAX_CONTEXT_TOKENS)
     t0 = time.perf_counter()
     if arm == "mot":

@@ -10,7 +10,8 @@ Layers, bottom to top (a module may import its own layer and the ones below):
     3  agents, envs, rollout                   memory formats, the search env, the engine
     4  rl, sft, pretrain                       training algorithms (take a kit-like object; no assembly)
     5  kit, policies, evaluation, training,    assembly: a kit, policy specs, rollouts/eval, SFT/RL runs,
-       lab, conversation_eval, memt_lab        the RL lab's recipes, Mem-T's evaluation and lab
+       lab, conversation_eval, memt_lab,       the RL lab's recipes, Mem-T's evaluation and lab
+       memt_hindsight                          (retrieval; construction by hindsight SFT)
     6  nb, reproduce, results, viz             notebook helpers, the claims page
     7  cli                                     the ``memkit`` command
 """
@@ -27,7 +28,7 @@ LAYERS = (
     ("models",),
     ("agents", "envs", "rollout"),
     ("rl", "sft", "pretrain"),
-    ("kit", "policies", "evaluation", "training", "lab", "conversation_eval", "memt_lab"),
+    ("kit", "policies", "evaluation", "training", "lab", "conversation_eval", "memt_lab", "memt_hindsight"),
     ("nb", "reproduce", "results", "viz"),
     ("cli",),
 )

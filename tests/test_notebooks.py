@@ -74,7 +74,8 @@ EXPECTATIONS: dict[str, dict] = {
     "06_memt_tree_backprop": {"tree_nodes_min": 6, "perform_by_hand_gap_max": 1e-9, "advantage_by_hand_gap_max": 1e-5,
                               "tree_logprob_gap_max": 1e-4, "tree_tokens_ratio_max": 0.5, "mot_rule_gap_max": 1e-5,
                               "hindsight_ops_min": 5, "hindsight_kept_min": 1, "arms_eq": 4,
-                              "rollout_tokens_min_min": 1},
+                              "rollout_tokens_min_min": 1, "cons_pool_ops_min": 20, "cons_kept_ops_min": 10,
+                              "solution_3_share_trained_max": 0.99},
 }
 
 REQUIRED = {"SMOKE", "MODEL", "SEED", "OUT_DIR"}
@@ -365,7 +366,9 @@ def test_results_page_judges_claims_on_a_reproduce_run(tmp_path):
         "import memkit.nb as nb\n"
         "nb.record_all({'f1_start': 0.30, 'f1_MoT-GRPO': 0.36, 'f1_MoT-GRPO_std': 0.01, 'f1_GRPO': 0.35,\n"
         "               'f1_GRPO_std': 0.02, 'f1_w/o A_intra': 0.35, 'f1_w/o A_intra_std': 0.005,\n"
-        "               'f1_w/o A_inter': 0.30, 'f1_w/o A_inter_std': 0.005})"])
+        "               'f1_w/o A_inter': 0.30, 'f1_w/o A_inter_std': 0.005, 'cons_f1_start': 0.2,\n"
+        "               'cons_f1_hindsight SFT': 0.25, 'cons_f1_hindsight SFT_std': 0.02,\n"
+        "               'cons_f1_w/o hindsight': 0.24, 'cons_f1_w/o hindsight_std': 0.02})"])
     run = reproduce(smoke=False, model="tiny", out_root=tmp_path / "runs", notebooks_dir=nbs,
                     results=tmp_path / "docs" / "results.md", stream=io.StringIO())
     page = (tmp_path / "docs" / "results.md").read_text()
@@ -374,6 +377,8 @@ def test_results_page_judges_claims_on_a_reproduce_run(tmp_path):
     assert "**shape reproduced**" in rows[next(k for k in rows if "retrieval optimisation" in k)]  # +0.06 > 0.01
     assert "**not reproduced**" in rows[next(k for k in rows if "beats GRPO" in k)]  # +0.01 < 0.03 spread
     assert "**shape reproduced**" in rows[next(k for k in rows if "A_inter" in k)]  # drop 0.06 vs 0.01
+    assert "**shape reproduced**" in rows[next(k for k in rows if "construction optimisation" in k)]  # +0.05 > 0.02
+    assert "**not reproduced**" in rows[next(k for k in rows if "worth cloning" in k)]  # +0.01 < 0.04 spread
     assert page.count("**not run**") == sum(c.notebook != "06_memt_tree_backprop" for c in CLAIMS)
     assert "P[ans \\| mem]" in page  # a "|" inside a cell is escaped
     out = tmp_path / "again.md"
