@@ -487,8 +487,8 @@ def test_train_rolls_out_with_the_prompt_sft_used(kit, tmp_path, monkeypatch):
 
 
 def test_readme_train_commands_parse_to_the_notebooks_settings():
-    """The README's `memkit train` lines are what a reader copies to redo notebooks 02 / 03 from
-    the shell: they must parse, validate, and carry the notebooks' settings, not the library's
+    """The `memkit train` lines of the README and docs/reference.md are what a reader copies to
+    redo notebooks 02-05 from the shell: they must parse, validate, and carry the notebooks' settings, not the library's
     large-model defaults (lr 1e-5, T = 1) under which the tiny model barely moves."""
     import ast
     import re
@@ -499,7 +499,8 @@ def test_readme_train_commands_parse_to_the_notebooks_settings():
     from memkit.reproduce import declared_parameters
     from memkit.cli.train import train_config
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text().replace("\\\n", " ")
+    root = Path(__file__).resolve().parents[1]
+    readme = "\n".join((root / p).read_text() for p in ("README.md", "docs/reference.md")).replace("\\\n", " ")
     lines = [ln.split("#")[0] for ln in readme.splitlines() if re.match(r"memkit train --algo", ln)]
     cfgs = {c.method: c for c in (train_config(build_parser().parse_args(shlex.split(ln)[1:])) for ln in lines)}
     assert set(cfgs) == {"mem1", "memsearcher", "mempo", "memact"}
