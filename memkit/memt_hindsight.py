@@ -23,8 +23,9 @@ from dataclasses import asdict, dataclass, field
 
 from memkit.agents import get_method
 from memkit.agents.base import OracleConfig
-from memkit.memt_lab import MAX_CONTEXT_TOKENS, sampler, f1_by_category
-from memkit.policies import prompt_wrap, sft_init
+from memkit.agents.memt import INFO_STORE_OPS
+from memkit.memt_lab import MAX_CONTEXT_TOKENS, cached_clone, clone_examples, f1_by_category, memt_wrap, sampler
+from memkit.policies import sft_init
 from memkit.rl.mot import MoTConfig, construction_ops, hindsight_filter, hindsight_scores, score_query
 from memkit.rollout.engine import OraclePolicy, RolloutConfig, _to_trajectory
 from memkit.rollout.streams import answer_questions, build_memories
@@ -52,14 +53,9 @@ class ConstructionLab:
     init: str = "base"
 
 
-def construction_examples(method, built, max_len: int) -> list[tuple[list[int], list[int]]]:
+def construction_examples(built, max_len: int) -> list[tuple[list[int], list[int]]]:
     """SFT examples ``(context_ids, output_ids)`` from the valid construction calls of built states."""
-    out = []
-    for b in built:
-        for c in b.calls:
-            if c.role in CONSTRUCTION_ROLES and c.valid and c.output_ids and len(c.context_ids) + len(c.output_ids) <= max_len:
-                out.append((c.context_ids, c.output_ids))
-    return out
+    return clone_examples((c for b in built for c in b.calls if c.valid), CONSTRUCTION_ROLES, max_len)
 
 
 def clone_construction(kit, lab: ConstructionLab | None = None, progress: bool = True, log=None):
@@ -70,8 +66,8 @@ def clone_construction(kit, lab: ConstructionLab | None = None, progress: bool =
     policy = sft_init(cfg, kit, progress=progress)
     convs = make_conversations(kit.world, lab.train_conversations, seed=40_000 + lab.seed, size=lab.size)
     built = build_memories(method, convs, OraclePolicy(method, kit.tokenizer, lab.teacher, seed=lab.seed),
-                           kit.tokenizer, RolloutConfig(max_context_tokens=10**9), wrap=_wrap(kit))
-    examples = construction_examples(method, built, cfg.max_len)
+                           kit.tokenizer, RolloutConfig(max_context_tokens=10**9), wrap=memt_wrap(kit))
+    examples = construction_examples(built, cfg.max_len)
     history = train_sft(policy.model, kit.tokenizer, examples, cfg, log=log, progress=progress)
     return policy.model, history, len(examples)
 
@@ -80,21 +76,12 @@ def ensure_construction_clone(kit, lab: ConstructionLab | None = None, progress:
     """The construction clone of ``lab`` (:func:`clone_construction`), cached by its recipe and the
     tokenizer scheme; returns the model."""
     from memkit.io import cache_dir
-    from memkit.models import load_policy
-    from memkit.policies import config_hash
-    from memkit.sft import save_checkpoint
     from memkit.models.tokenizer import TOKENIZER_SCHEME
+    from memkit.policies import config_hash
 
     lab = lab or ConstructionLab()
     path = cache_dir() / f"tiny-sft-memt-cons-w{kit.world_seed}-{TOKENIZER_SCHEME}-cfg{config_hash(asdict(lab))}"
-    if not (path / "config.json").exists():
-        model, history, n = clone_construction(kit, lab, progress=progress)
-        save_checkpoint(model, kit.tokenizer, path, {"construction_lab": lab, "n_examples": n, "history": history})
-    return load_policy(str(path)).model
-
-
-def _wrap(kit):
-    return prompt_wrap("memt", kit.tokenizer, None, "compact")
+    return cached_clone(kit, path, "construction_lab", lab, lambda: clone_construction(kit, lab, progress=progress))
 
 
 def build_with(model, kit, convs, temperature: float = 0.0, seed: int = 0):
@@ -131,7 +118,7 @@ def score_pool(kit, cons_model, retr_model, convs, seed: int = 0, temperature: f
         built = build_with(cons_model, kit, convs, temperature, seed)
     else:
         built = build_memories(method, convs, OraclePolicy(method, kit.tokenizer, teacher, seed=seed), kit.tokenizer,
-                               RolloutConfig(max_context_tokens=10**9), wrap=_wrap(kit))
+                               RolloutConfig(max_context_tokens=10**9), wrap=memt_wrap(kit))
     if reader is None:
         policy, wrap = sampler(retr_model, kit, temperature, seed + 7)
     else:
@@ -218,11 +205,21 @@ def hindsight_sft(model, kit, examples, seconds: float | None, steps: int, lr: f
 
 
 # ---- what a construction policy's stores are worth ----------------------------------------
+def _update_docs(traj, calls=None) -> list[str]:
+    """The documents the UPDATEs of ``traj``'s construction calls wrote (of ``calls`` only, if given)."""
+    ops = traj.info.get(INFO_STORE_OPS, {})
+    return [op[2] for k in (ops if calls is None else map(str, calls)) for op in ops.get(k, []) if op[0] == "update"]
+
+
+def _history_share(docs: list[str]) -> float:
+    return sum(HISTORY_MARK in d for d in docs) / len(docs) if docs else 0.0
+
+
 def update_history_rate(trajs) -> tuple[float, int]:
     """Share of valid ``update_item`` calls whose document keeps earlier values (:data:`HISTORY_MARK`),
     and how many there were."""
-    docs = [op[2] for t in trajs for ops in t.info.get("store_ops", {}).values() for op in ops if op[0] == "update"]
-    return (sum(HISTORY_MARK in d for d in docs) / len(docs) if docs else 0.0), len(docs)
+    docs = [d for t in trajs for d in _update_docs(t)]
+    return _history_share(docs), len(docs)
 
 
 def store_quality(kit, cons_model, retr_model, convs, seed: int = 0) -> dict:
@@ -267,10 +264,6 @@ def run_construction_arms(kit, cons_model, retr_model, train_convs, eval_convs, 
 
 def _kept_history(pool: OpPool, kept: list[int]) -> float:
     """Share of the kept ``update_item`` ops whose document keeps the history."""
-    docs = []
-    for k in kept:
-        op = pool.ops[k]
-        if op["op"] == "update_item":
-            docs += [o[2] for o in pool.trajs[op["conv"]].info["store_ops"].get(str(op["call"]), []) if o[0] == "update"]
-    return sum(HISTORY_MARK in d for d in docs) / len(docs) if docs else 0.0
+    ops = [pool.ops[k] for k in kept if pool.ops[k]["op"] == "update_item"]
+    return _history_share([d for op in ops for d in _update_docs(pool.trajs[op["conv"]], [op["call"]])])
 

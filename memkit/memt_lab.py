@@ -52,11 +52,21 @@ def built_stores(kit, n: int, seed: int, size: str, progress: bool = False):
     return convs, built
 
 
+def memt_wrap(kit):
+    """The compact Mem-T prompt the tiny clones are trained and sampled on."""
+    return prompt_wrap("memt", kit.tokenizer, None, "compact")
+
+
+def clone_examples(calls, roles: tuple[str, ...], max_len: int) -> list[tuple[list[int], list[int]]]:
+    """SFT examples ``(context_ids, output_ids)`` from the ``calls`` of ``roles`` that fit ``max_len``."""
+    return [(c.context_ids, c.output_ids) for c in calls
+            if c.role in roles and c.output_ids and len(c.context_ids) + len(c.output_ids) <= max_len]
+
+
 def retrieval_examples(trajs, max_len: int) -> list[tuple[list[int], list[int]]]:
-    """SFT examples ``(context_ids, output_ids)`` from the retrieval calls of valid trajectories
-    (construction calls are shared by every question of a conversation and not cloned here)."""
-    return [(c.context_ids, c.output_ids) for t in trajs if t.valid for c in t.calls
-            if c.role == "act" and c.output_ids and len(c.context_ids) + len(c.output_ids) <= max_len]
+    """SFT examples from the retrieval calls of valid trajectories (construction calls are shared
+    by every question of a conversation and not cloned here)."""
+    return clone_examples((c for t in trajs if t.valid for c in t.calls), ("act",), max_len)
 
 
 def clone_retrieval(kit, lab: MemTLab | None = None, progress: bool = True, log=None):
@@ -66,7 +76,7 @@ def clone_retrieval(kit, lab: MemTLab | None = None, progress: bool = True, log=
     method = get_method("memt")
     cfg = SFTConfig(init=lab.init, steps=lab.sft_steps, max_seconds=lab.sft_seconds, seed=lab.seed, warmup=100)
     policy = sft_init(cfg, kit, progress=progress)
-    wrap = prompt_wrap("memt", kit.tokenizer, None, "compact")
+    wrap = memt_wrap(kit)
     convs = make_conversations(kit.world, lab.train_conversations, seed=10_000 + lab.seed, size=lab.size)
     trajs = stream_rollouts(method, convs, OraclePolicy(method, kit.tokenizer, lab.teacher, seed=lab.seed),
                             kit.tokenizer, RolloutConfig(max_context_tokens=10**9), wrap=wrap)
@@ -96,7 +106,7 @@ def sampler(model, kit, temperature: float, seed: int):
 
     policy = ModelPolicy(HFBackend(model, kit.tokenizer), temperature=temperature,
                          generator=torch.Generator().manual_seed(seed))
-    return policy, prompt_wrap("memt", kit.tokenizer, None, "compact")
+    return policy, memt_wrap(kit)
 
 
 def answer_with(model, kit, built, temperature: float = 0.0, seed: int = 0, n: int = 1):
@@ -143,16 +153,23 @@ def rl_step(learner, kit, built, arm: str, step: int, queries: int = 4, tree_cfg
 def ensure_memt_clone(kit, lab: MemTLab | None = None, progress: bool = True):
     """The retrieval clone of ``lab`` (:func:`clone_retrieval`), cached by its config; returns the model."""
     from memkit.io import cache_dir
-    from memkit.models import load_policy
     from memkit.policies import config_hash
-    from memkit.sft import save_checkpoint
 
     lab = lab or MemTLab()
     key = {k: v for k, v in asdict(lab).items() if not (k == "init" and v == "base")}  # older caches stay valid
-    path = cache_dir() / f"tiny-sft-memt-w{kit.world_seed}-cfg{config_hash(key)}"
+    return cached_clone(kit, cache_dir() / f"tiny-sft-memt-w{kit.world_seed}-cfg{config_hash(key)}", "memt_lab", lab,
+                        lambda: clone_retrieval(kit, lab, progress=progress))
+
+
+def cached_clone(kit, path, name: str, recipe, make):
+    """The model saved at ``path``; if missing, ``make() -> (model, history, n_examples)`` trains it
+    and it is saved there (atomically) with ``{name: recipe}`` and the history."""
+    from memkit.models import load_policy
+    from memkit.sft import save_checkpoint
+
     if not (path / "config.json").exists():
-        model, history, n = clone_retrieval(kit, lab, progress=progress)
-        save_checkpoint(model, kit.tokenizer, path, {"memt_lab": lab, "n_examples": n, "history": history})
+        model, history, n = make()
+        save_checkpoint(model, kit.tokenizer, path, {name: recipe, "n_examples": n, "history": history})
     return load_policy(str(path)).model
 
 
