@@ -3,7 +3,8 @@
 The stores are built once by the teacher (construction is not what MoT-GRPO's retrieval phase
 trains, §3.2), the questions are answered by the policy. One RL step, for ``queries`` questions:
 
-* ``mot``: G trees per question grown by the policy (:func:`memkit.rollout.trees.grow_trees`),
+* ``mot``: G trees per question grown by the policy, the questions batched
+  (:func:`memkit.rollout.trees.grow_forest`),
   scored (eq. 10-13, :func:`memkit.rl.mot.score_query`), one exact trie row per tree, credit ``mot``;
 * ``grpo``: n independent chains per question, credit ``grpo`` over the chains' F1, n chosen so
   the two arms roll out about as many tokens (the paper's "GRPO at equal rollout tokens").
@@ -22,7 +23,7 @@ from memkit.conversation_eval import summarize_streams
 from memkit.rl.mot import MoTConfig, mot_units, score_query
 from memkit.rollout.engine import ModelPolicy, OraclePolicy, RolloutConfig
 from memkit.rollout.streams import answer_questions, build_memories, stream_rollouts
-from memkit.rollout.trees import TreeConfig, grow_trees
+from memkit.rollout.trees import TreeConfig, grow_forest
 from memkit.sft import SFTConfig, train_sft
 from memkit.world.streams import make_conversations
 
@@ -129,8 +130,9 @@ def rl_step(learner, kit, built, arm: str, step: int, queries: int = 4, tree_cfg
     t0 = time.perf_counter()
     if arm == "mot":
         trajs = []
-        for b, qi in picked:
-            qt = grow_trees(method, b, qi, policy, kit.tokenizer, replace(tree_cfg, seed=seed * 1000 + step), cfg, wrap)
+        tcfg = replace(tree_cfg, seed=seed * 1000 + step)
+        forest = grow_forest(method, picked, policy, kit.tokenizer, tcfg, cfg, wrap)
+        for (b, qi), qt in zip(picked, forest):
             score_query(qt.trees, b.memory["conversation"].qa[qi].evidence, b.memory["store"].sources_of(), mot)
             trajs += qt.trees
     elif arm == "grpo":
