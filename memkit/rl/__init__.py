@@ -4,7 +4,7 @@ MEM1 mask, exact)."""
 from memkit.rl.advantages import (broadcast_to_calls, discounted_returns, gae, grpo_advantages,
                                   masked_whiten)
 from memkit.rl.credit import CREDIT_RULES, CreditBatch, get_credit, register_credit
-from memkit.rl import mot  # noqa: F401  registers the `mot` credit rule
+from memkit.rl import memory_reward, mot, segments  # noqa: F401  register the `mempo`, `mot`, `dcpo` credit rules
 from memkit.rl.losses import (aggregate, entropy_from_logits, kl_penalty, masked_mean, ppo_clip_loss,
                               token_logprobs, value_loss)
 from memkit.rl.packed_forward import model_attention_mask, packed_token_logprobs, packing_gap

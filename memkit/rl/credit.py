@@ -8,18 +8,20 @@ rule (``Method.default_credit``); ``TrainConfig.credit`` / ``memkit train --cred
     multi_context  the same A_i copied to every call of trajectory i (MemSearcher eq. 6-8)
     gae            GAE over each trajectory's trained tokens with critic values (MEM1 §3.2),
                    then whitened over the whole rollout batch (verl)
-    mempo          A_T on every trained token, + A_M (the group-normalised memory reward R_M of
-                   :mod:`memkit.rl.memory_reward`) on each call's ``<mem>`` tokens (MemPO eq. 6-9)
-    dcpo           each sampled segment inherits A(tau) of its trajectory (MemAct eq. 4-6); the
-                   units are segments drawn by :func:`memkit.rl.segments.dcpo_units`
+    mempo          A_T on every trained token, + A_M (the group-normalised memory reward R_M) on
+                   each call's ``<mem>`` tokens (MemPO eq. 6-9): :mod:`memkit.rl.memory_reward`
+    dcpo           each sampled segment inherits A(tau) of its trajectory (MemAct eq. 4-6), the
+                   units drawn by Algorithm 1: :mod:`memkit.rl.segments`
+    mot            A_intra + A_inter on every tree node (Mem-T eq. 10-15): :mod:`memkit.rl.mot`
 
 Every rule has the signature ``rule(cb: CreditBatch, cfg) -> (advantages [B, L], returns [B, L]
 or None)`` on one packed micro-batch, and a loop reference ``<rule>_loop(cb, cfg) -> [B][L]``
 compared in ``tests/test_credit.py`` on real rollouts. ``cfg`` is any object with the knobs a
 rule reads (``TrainConfig``: ``grpo_norm_std``, ``gamma``, ``lam``, ``mem_reward_norm``). Adding a
-paper's credit is one more registered function (MoT-GRPO's ``mot`` lives in :mod:`memkit.rl.mot`
-beside its tree math); a rule that trains other units than whole trajectories (DCPO's segments,
-MoT's trees) names a ``units`` function the update calls first.
+paper's credit is one more registered function; a paper's own rule lives beside its math (the
+last three above, imported by ``memkit.rl`` so the registry always holds them). A rule that trains
+other units than whole trajectories (DCPO's segments, MoT's trees) names a ``units`` function the
+update calls first.
 """
 from __future__ import annotations
 
@@ -30,7 +32,6 @@ import torch
 
 from memkit.rl.advantages import broadcast_to_calls, broadcast_to_calls_loop, gae, gae_loop, grpo_advantages, \
     grpo_advantages_loop
-from memkit.rl.memory_reward import memory_span
 from memkit.rl.packing import PackedBatch
 from memkit.trajectory import Trajectory, TrainingUnit
 
@@ -107,19 +108,19 @@ def get_credit(name: str) -> CreditRule:
 
 
 # ----------------------------------------------------------------------------- grpo
-def _group_advantages(cb: CreditBatch, cfg) -> torch.Tensor:
+def group_advantages(cb: CreditBatch, cfg) -> torch.Tensor:
     """``[N]``: GRPO advantage of every trajectory of the update (eq. 5 of MemSearcher)."""
     return grpo_advantages(cb.rewards, cb.group_ids, norm_std=getattr(cfg, "grpo_norm_std", True))
 
 
-def _group_advantages_loop(cb: CreditBatch, cfg) -> list[float]:
-    """Loop reference for :func:`_group_advantages` (python floats, ``N`` of them)."""
+def group_advantages_loop(cb: CreditBatch, cfg) -> list[float]:
+    """Loop reference for :func:`group_advantages` (python floats, ``N`` of them)."""
     return grpo_advantages_loop(cb.rewards.tolist(), list(cb.group_ids), norm_std=getattr(cfg, "grpo_norm_std", True))
 
 
 def grpo_loop(cb: CreditBatch, cfg) -> list[list[float]]:
     """Loop reference for :func:`grpo`: A_i on every trained token of every row of trajectory i."""
-    a = _group_advantages_loop(cb, cfg)
+    a = group_advantages_loop(cb, cfg)
     m = cb.batch.loss_mask
     return [[a[int(cb.row_traj[b])] * float(m[b, t]) for t in range(m.shape[1])] for b in range(m.shape[0])]
 
@@ -131,7 +132,7 @@ def grpo(cb: CreditBatch, cfg):
     A_i = (R_i - mean_g R) / (std_g R + eps), g = the samples of i's task (``grpo_norm_std=False``:
     R_i - mean_g R, Dr. GRPO). shape: rewards ``[N]`` -> advantages ``[B, L]`` (0 off ``loss_mask``).
     """
-    a = _group_advantages(cb, cfg).to(cb.batch.loss_mask.device)
+    a = group_advantages(cb, cfg).to(cb.batch.loss_mask.device)
     return a[cb.row_traj.to(a.device)].unsqueeze(-1) * cb.batch.loss_mask.to(a.dtype), None
 
 
@@ -160,7 +161,7 @@ def _call_positions(cb: CreditBatch, table: torch.Tensor) -> torch.Tensor:
 
 def multi_context_loop(cb: CreditBatch, cfg) -> list[list[float]]:
     """Loop reference for :func:`multi_context`: per call A_{i,j} = A_i, then each call's tokens."""
-    a = _group_advantages_loop(cb, cfg)
+    a = group_advantages_loop(cb, cfg)
     per_call = {}
     for u_idx, unit in enumerate(cb.units):
         for call in unit.calls:
@@ -179,7 +180,7 @@ def multi_context(cb: CreditBatch, cfg):
     :func:`memkit.rl.advantages.broadcast_to_calls`) -> each call's trained tokens.
     shape: rewards ``[N]`` -> per call ``[sum_u |u|]`` -> advantages ``[B, L]``.
     """
-    a = _group_advantages(cb, cfg).cpu()
+    a = group_advantages(cb, cfg).cpu()
     per_call = broadcast_to_calls(a[cb.unit_traj], [len(u.calls) for u in cb.units])
     pos = _call_positions(cb, _rank_table(cb))
     adv = torch.where(pos >= 0, per_call[pos.clamp(min=0)], torch.zeros((), dtype=per_call.dtype))
@@ -265,136 +266,6 @@ def gae_credit(cb: CreditBatch, cfg):
                           getattr(cfg, "lam", 1.0))
 
 
-# ----------------------------------------------------------------------------- mempo
-def _memories(cb: CreditBatch, cfg) -> tuple[list[tuple[int, int]], list[float], list]:
-    """Every scored memory of the update: (trajectory, call), its R_M, and its normalisation group:
-    the task (``pooled``, eq. 6-8: all (i, t) of the N samples) or (task, turn) (``per_step``)."""
-    per_step = getattr(cfg, "mem_reward_norm", "pooled") == "per_step"
-    if not cb.trajectories:
-        raise ValueError("credit rule 'mempo' needs CreditBatch.trajectories (the update's trajectories)")
-    where, r, keys = [], [], []
-    for i, traj in enumerate(cb.trajectories):
-        for c, call in enumerate(traj.calls):
-            if memory_span(call) is None:
-                continue
-            if call.reward is None:
-                raise ValueError(f"call {c} of {traj.task_id!r} wrote <mem> but has no memory reward; score it with "
-                                 "memkit.rl.memory_reward.score_memories (the update does when the rule says so)")
-            where.append((i, c))
-            r.append(float(call.reward))
-            keys.append((cb.group_ids[i], call.turn) if per_step else cb.group_ids[i])
-    return where, r, keys
-
-
-def mempo_loop(cb: CreditBatch, cfg) -> list[list[float]]:
-    """Loop reference for :func:`mempo`: A_M per memory by python group statistics, then each row
-    walked token by token, counting each call's output position."""
-    a_t = _group_advantages_loop(cb, cfg)
-    where, r, keys = _memories(cb, cfg)
-    a_m = dict(zip(where, grpo_advantages_loop(r, keys, norm_std=getattr(cfg, "grpo_norm_std", True))))
-    b = cb.batch
-    B, L = b.loss_mask.shape
-    out = [[0.0] * L for _ in range(B)]
-    for row in range(B):
-        u = int(b.traj_index[row])
-        i, unit = int(cb.unit_traj[u]), cb.units[u]
-        seen: dict[int, int] = {}
-        for t in range(L):
-            c = int(b.call_ids[row, t])
-            if c < 0:
-                continue
-            o = seen[c] = seen.get(c, -1) + 1  # the o-th output token of call c
-            if b.loss_mask[row, t] > 0:
-                span = memory_span(unit.traj.calls[c])
-                extra = a_m[(i, c)] if span is not None and span[0] <= o < span[1] else 0.0
-                out[row][t] = a_t[i] + extra
-    return out
-
-
-@register_credit("mempo", mempo_loop, needs_memory_reward=True, paper="MemPO eq. 3, 6-9")
-def mempo(cb: CreditBatch, cfg):
-    """MemPO: the trajectory advantage everywhere, plus the memory advantage on ``<mem>`` tokens.
-
-    A^T_i = (R_i - mean_g R) / std_g R                                   (eq. 3)
-    A^M_{i,t} = (R_M(i,t) - mean_G R_M) / std_G R_M, G = all (i', t') of i's task   (eq. 6-8)
-    A_{i,k} = A^T_i + A^M_{i,t} if token k lies in mem_t (tags included), else A^T_i   (eq. 9)
-    ``mem_reward_norm='per_step'``: G = the memories of i's task at the same turn t.
-    shape: rewards ``[N]``, R_M per memory -> advantages ``[B, L]`` (0 off ``loss_mask``).
-    """
-    b = cb.batch
-    a_t = _group_advantages(cb, cfg).cpu()
-    where, r, keys = _memories(cb, cfg)
-    a_m = grpo_advantages(torch.tensor(r), keys, norm_std=getattr(cfg, "grpo_norm_std", True)) if r else None
-    a_m_of = dict(zip(where, a_m.tolist() if a_m is not None else []))
-    # table[u, c, o]: A^M on output token o of call c of unit u when it lies in <mem>, else 0
-    n_out = max((len(u.traj.calls[c].output_ids) for u in cb.units for c in u.calls), default=0)
-    n_call = 1 + max((max(u.calls) for u in cb.units if u.calls), default=0)
-    table = torch.zeros(len(cb.units), n_call, max(n_out, 1))
-    for u_idx, unit in enumerate(cb.units):
-        i = int(cb.unit_traj[u_idx])
-        for c in unit.calls:
-            span = memory_span(unit.traj.calls[c])
-            if span is not None:
-                table[u_idx, c, span[0]:span[1]] = a_m_of[(i, c)]
-    # output position of every token: its rank among its row's tokens of the same call
-    cid = b.call_ids.clamp(min=0)
-    onehot = torch.nn.functional.one_hot(cid, n_call) * (b.call_ids >= 0).unsqueeze(-1)
-    pos = (onehot.cumsum(1).gather(-1, cid.unsqueeze(-1)).squeeze(-1) - 1).clamp(min=0, max=table.shape[2] - 1)
-    extra = table[b.traj_index.unsqueeze(-1).expand_as(cid), cid, pos]
-    mask = b.loss_mask.float()
-    adv = (a_t[cb.row_traj].unsqueeze(-1) + extra) * mask
-    return adv.to(b.loss_mask.device), None
-
-
-# ----------------------------------------------------------------------------- dcpo
-def _dcpo_trajectory_advantages(cb: CreditBatch, cfg, loop: bool = False):
-    """A(tau) of every trajectory (eq. 4): group statistics over all N_traj samples of the prompt
-    (``dcpo_group_stats='all'``, the paper) or over the trajectories with a sampled segment
-    (``'sampled'``, the authors' code; the others get 0 and are not trained)."""
-    keep = [True] * len(cb.group_ids) if cb.trained is None or getattr(cfg, "dcpo_group_stats", "all") == "all" \
-        else [bool(k) for k in cb.trained.tolist()]
-    idx = [i for i, k in enumerate(keep) if k]
-    groups = [cb.group_ids[i] for i in idx]
-    norm = getattr(cfg, "grpo_norm_std", True)
-    if loop:
-        part = grpo_advantages_loop([float(cb.rewards[i]) for i in idx], groups, norm_std=norm)
-        out = [0.0] * len(keep)
-        for i, a in zip(idx, part):
-            out[i] = a
-        return out
-    out = torch.zeros(len(keep))
-    if idx:
-        out[torch.tensor(idx)] = grpo_advantages(cb.rewards[torch.tensor(idx)], groups, norm_std=norm).float()
-    return out
-
-
-def dcpo_loop(cb: CreditBatch, cfg) -> list[list[float]]:
-    """Loop reference for :func:`dcpo`: A(tau) of each row's trajectory on its trained tokens."""
-    a = _dcpo_trajectory_advantages(cb, cfg, loop=True)
-    m = cb.batch.loss_mask
-    return [[a[int(cb.row_traj[b])] if m[b, t] > 0 else 0.0 for t in range(m.shape[1])] for b in range(m.shape[0])]
-
-
-def _dcpo_units(trajs, cfg, seed: int):
-    from memkit.rl.segments import dcpo_units
-
-    return dcpo_units(trajs, getattr(cfg, "dcpo_segments", 12), seed)
-
-
-@register_credit("dcpo", dcpo_loop, units=_dcpo_units, paper="MemAct eq. 4-6, Algorithm 1 (DCPO)")
-def dcpo(cb: CreditBatch, cfg):
-    """DCPO: every sampled segment sigma of trajectory tau inherits tau's advantage.
-
-    A(tau) = (R(tau) - mean(R_u)) / (std(R_u) + eps), R_u the rewards of prompt u's samples   (eq. 4)
-    L = -E_u [ 1/|G(u)| sum_tau sum_{(C, y) in Sigma(tau)} J_clip(y | C, A(tau)) ]           (eq. 5-6)
-    The units (segments, :func:`memkit.rl.segments.dcpo_units`) are the rows; ``agg =
-    'seq-mean-token-mean'`` makes the loss eq. 5-6's sum over segments (N_seg per prompt).
-    shape: rewards ``[N]`` -> advantages ``[B, L]`` (0 off ``loss_mask``).
-    """
-    a = _dcpo_trajectory_advantages(cb, cfg).to(cb.batch.loss_mask.device)
-    return a[cb.row_traj.to(a.device)].unsqueeze(-1) * cb.batch.loss_mask.to(a.dtype), None
-
-
 def record_call_advantages(cb: CreditBatch, advantages: torch.Tensor) -> None:
     """Write each trained call's mean token advantage into ``Call.advantage`` (for viewers and
     notebooks: a per-call number even where a rule assigns per-token credit, as GAE does).
@@ -414,5 +285,5 @@ def record_call_advantages(cb: CreditBatch, advantages: torch.Tensor) -> None:
                 unit.traj.calls[call].advantage = float(sums[k] / counts[k])
 
 
-__all__ = ["CreditBatch", "CreditRule", "CREDIT_RULES", "register_credit", "get_credit", "grpo", "multi_context",
-           "gae_credit", "mempo", "dcpo", "trajectory_gae", "record_call_advantages"]
+__all__ = ["CreditBatch", "CreditRule", "CREDIT_RULES", "register_credit", "get_credit", "group_advantages",
+           "group_advantages_loop", "grpo", "multi_context", "gae_credit", "trajectory_gae", "record_call_advantages"]

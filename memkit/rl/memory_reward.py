@@ -21,6 +21,8 @@ Every probe of a batch of trajectories is one row ``probe context + answer``; th
 (:func:`memkit.rl.packing.pack`, ``separate`` rows or ``mem1_exact``'s prefix trie, where probes of
 one trajectory share the question once) and scored in a few batched forwards, not one per memory.
 :func:`answer_probability_loop` is the one-forward-per-probe reference the tests compare with.
+
+The ``mempo`` credit rule (eq. 3, 6-9) that turns R_M into advantages is registered here too.
 """
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ from dataclasses import dataclass
 import torch
 
 from memkit.agents.oracle import ANSWER_PLAN
+from memkit.rl.advantages import grpo_advantages, grpo_advantages_loop
+from memkit.rl.credit import CreditBatch, group_advantages, group_advantages_loop, register_credit
 from memkit.rl.losses import token_logprobs
 from memkit.rl.packed_forward import packed_attention
 from memkit.rl.packing import pack
@@ -40,7 +44,7 @@ CONTEXTS = ("question", "call")
 BIASES = ("previous", "call", "none")
 OPENERS = ("think", "answer")
 ANSWER_SCORES = ("joint", "per_slot")
-NORMS = ("pooled", "per_step")  # how the credit rule normalises R_M (memkit.rl.credit.mempo)
+NORMS = ("pooled", "per_step")  # how the credit rule normalises R_M (the `mempo` credit rule below)
 PROBE_PACKINGS = ("separate", "mem1_exact")  # exact layouts only: the same P either way
 MEM_TAG = "mem"
 EMPTY_MEMORY = "<mem>\n</mem>"
@@ -242,6 +246,88 @@ def score_memories(model, tokenizer, trajs: list[Trajectory], context: str = "qu
     return list(rows.values())
 
 
+
+# ----------------------------------------------------------------------------- the `mempo` credit rule
+def _memories(cb: CreditBatch, cfg) -> tuple[list[tuple[int, int]], list[float], list]:
+    """Every scored memory of the update: (trajectory, call), its R_M, and its normalisation group:
+    the task (``pooled``, eq. 6-8: all (i, t) of the N samples) or (task, turn) (``per_step``)."""
+    per_step = getattr(cfg, "mem_reward_norm", "pooled") == "per_step"
+    if not cb.trajectories:
+        raise ValueError("credit rule 'mempo' needs CreditBatch.trajectories (the update's trajectories)")
+    where, r, keys = [], [], []
+    for i, traj in enumerate(cb.trajectories):
+        for c, call in enumerate(traj.calls):
+            if memory_span(call) is None:
+                continue
+            if call.reward is None:
+                raise ValueError(f"call {c} of {traj.task_id!r} wrote <mem> but has no memory reward; score it with "
+                                 "memkit.rl.memory_reward.score_memories (the update does when the rule says so)")
+            where.append((i, c))
+            r.append(float(call.reward))
+            keys.append((cb.group_ids[i], call.turn) if per_step else cb.group_ids[i])
+    return where, r, keys
+
+
+def mempo_loop(cb: CreditBatch, cfg) -> list[list[float]]:
+    """Loop reference for :func:`mempo`: A_M per memory by python group statistics, then each row
+    walked token by token, counting each call's output position."""
+    a_t = group_advantages_loop(cb, cfg)
+    where, r, keys = _memories(cb, cfg)
+    a_m = dict(zip(where, grpo_advantages_loop(r, keys, norm_std=getattr(cfg, "grpo_norm_std", True))))
+    b = cb.batch
+    B, L = b.loss_mask.shape
+    out = [[0.0] * L for _ in range(B)]
+    for row in range(B):
+        u = int(b.traj_index[row])
+        i, unit = int(cb.unit_traj[u]), cb.units[u]
+        seen: dict[int, int] = {}
+        for t in range(L):
+            c = int(b.call_ids[row, t])
+            if c < 0:
+                continue
+            o = seen[c] = seen.get(c, -1) + 1  # the o-th output token of call c
+            if b.loss_mask[row, t] > 0:
+                span = memory_span(unit.traj.calls[c])
+                extra = a_m[(i, c)] if span is not None and span[0] <= o < span[1] else 0.0
+                out[row][t] = a_t[i] + extra
+    return out
+
+
+@register_credit("mempo", mempo_loop, needs_memory_reward=True, paper="MemPO eq. 3, 6-9")
+def mempo(cb: CreditBatch, cfg):
+    """MemPO: the trajectory advantage everywhere, plus the memory advantage on ``<mem>`` tokens.
+
+    A^T_i = (R_i - mean_g R) / std_g R                                   (eq. 3)
+    A^M_{i,t} = (R_M(i,t) - mean_G R_M) / std_G R_M, G = all (i', t') of i's task   (eq. 6-8)
+    A_{i,k} = A^T_i + A^M_{i,t} if token k lies in mem_t (tags included), else A^T_i   (eq. 9)
+    ``mem_reward_norm='per_step'``: G = the memories of i's task at the same turn t.
+    shape: rewards ``[N]``, R_M per memory -> advantages ``[B, L]`` (0 off ``loss_mask``).
+    """
+    b = cb.batch
+    a_t = group_advantages(cb, cfg).cpu()
+    where, r, keys = _memories(cb, cfg)
+    a_m = grpo_advantages(torch.tensor(r), keys, norm_std=getattr(cfg, "grpo_norm_std", True)) if r else None
+    a_m_of = dict(zip(where, a_m.tolist() if a_m is not None else []))
+    # table[u, c, o]: A^M on output token o of call c of unit u when it lies in <mem>, else 0
+    n_out = max((len(u.traj.calls[c].output_ids) for u in cb.units for c in u.calls), default=0)
+    n_call = 1 + max((max(u.calls) for u in cb.units if u.calls), default=0)
+    table = torch.zeros(len(cb.units), n_call, max(n_out, 1))
+    for u_idx, unit in enumerate(cb.units):
+        i = int(cb.unit_traj[u_idx])
+        for c in unit.calls:
+            span = memory_span(unit.traj.calls[c])
+            if span is not None:
+                table[u_idx, c, span[0]:span[1]] = a_m_of[(i, c)]
+    # output position of every token: its rank among its row's tokens of the same call
+    cid = b.call_ids.clamp(min=0)
+    onehot = torch.nn.functional.one_hot(cid, n_call) * (b.call_ids >= 0).unsqueeze(-1)
+    pos = (onehot.cumsum(1).gather(-1, cid.unsqueeze(-1)).squeeze(-1) - 1).clamp(min=0, max=table.shape[2] - 1)
+    extra = table[b.traj_index.unsqueeze(-1).expand_as(cid), cid, pos]
+    mask = b.loss_mask.float()
+    adv = (a_t[cb.row_traj].unsqueeze(-1) + extra) * mask
+    return adv.to(b.loss_mask.device), None
+
+
 __all__ = ["Probe", "CONTEXTS", "BIASES", "OPENERS", "NORMS", "PROBE_PACKINGS", "gold_text", "memory_span",
            "previous_memory", "opener_text", "ANSWER_SCORES", "memory_probes", "answer_probability",
-           "answer_probability_loop", "score_memories"]
+           "answer_probability_loop", "score_memories", "mempo", "mempo_loop"]

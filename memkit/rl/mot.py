@@ -31,7 +31,8 @@ from dataclasses import dataclass
 import torch
 
 from memkit.rl.advantages import grpo_advantages_loop
-from memkit.trajectory import Trajectory
+from memkit.rl.credit import register_credit
+from memkit.trajectory import Trajectory, TrainingUnit
 
 _RETRIEVED = re.compile(r"^\[([A-Za-z]+\d+)\] ", re.M)
 COMBINES = ("sum", "sequential")
@@ -261,37 +262,26 @@ def mot_loop(cb, cfg) -> list[list[float]]:
 def mot_units(trajs, cfg, seed: int):
     """One unit per tree: its nodes (the retrieval calls that generated tokens). Packed ``mem1_exact``
     the tree is one prefix-trie row, each shared ancestor computed once."""
-    from memkit.trajectory import TrainingUnit
-
     return [TrainingUnit(t, tuple(i for i, c in enumerate(t.calls) if c.role == "act" and c.output_ids))
             for t in trajs]
 
 
-def _register() -> None:
-    from memkit.rl.credit import CREDIT_RULES, register_credit
+@register_credit("mot", mot_loop, units=mot_units, paper="Mem-T eq. 10-15 (MoT-GRPO)")
+def mot(cb, cfg):
+    """MoT-GRPO: every token of node v gets A_total(v) = A_intra(v) + A_inter(v) (eq. 11-13).
 
-    if "mot" in CREDIT_RULES:
-        return
-
-    @register_credit("mot", mot_loop, units=mot_units, paper="Mem-T eq. 10-15 (MoT-GRPO)")
-    def mot(cb, cfg):
-        """MoT-GRPO: every token of node v gets A_total(v) = A_intra(v) + A_inter(v) (eq. 11-13).
-
-        Trees are the update's trajectories, a query's trees share a group id; node rewards R(v)
-        (eq. 10) come from ``Call.reward`` (:func:`score_query`). shape: node rewards -> ``[B, L]``
-        advantages (0 off ``loss_mask``).
-        """
-        a = _node_table(cb, cfg)
-        b = cb.batch
-        n_call = 1 + max((max(u.calls) for u in cb.units if u.calls), default=0)
-        table = torch.zeros(len(cb.units), n_call)
-        for u_idx, unit in enumerate(cb.units):
-            i = int(cb.unit_traj[u_idx])
-            for c in unit.calls:
-                table[u_idx, c] = a[(i, c)]
-        cid = b.call_ids.clamp(min=0)
-        adv = table[b.traj_index.unsqueeze(-1).expand_as(cid), cid] * b.loss_mask.float()
-        return adv.to(b.loss_mask.device), None
-
-
-_register()
+    Trees are the update's trajectories, a query's trees share a group id; node rewards R(v)
+    (eq. 10) come from ``Call.reward`` (:func:`score_query`). shape: node rewards -> ``[B, L]``
+    advantages (0 off ``loss_mask``).
+    """
+    a = _node_table(cb, cfg)
+    b = cb.batch
+    n_call = 1 + max((max(u.calls) for u in cb.units if u.calls), default=0)
+    table = torch.zeros(len(cb.units), n_call)
+    for u_idx, unit in enumerate(cb.units):
+        i = int(cb.unit_traj[u_idx])
+        for c in unit.calls:
+            table[u_idx, c] = a[(i, c)]
+    cid = b.call_ids.clamp(min=0)
+    adv = table[b.traj_index.unsqueeze(-1).expand_as(cid), cid] * b.loss_mask.float()
+    return adv.to(b.loss_mask.device), None

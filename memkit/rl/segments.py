@@ -22,6 +22,9 @@ Sampling (Algorithm 1, line 31, "trajectory-based round-robin", §3.3.1): exactl
 per prompt. Trajectories are visited in a random order, round after round; a visit takes one of
 the trajectory's segments not taken yet (uniformly), or, once all are taken, any of them (with
 replacement). So every trajectory gets a segment before any gets a second (when N_seg allows).
+
+The ``dcpo`` credit rule (eq. 4-6: every segment inherits its trajectory's advantage) is
+registered here too.
 """
 from __future__ import annotations
 
@@ -30,6 +33,8 @@ from typing import Hashable, Sequence
 
 import torch
 
+from memkit.rl.advantages import grpo_advantages, grpo_advantages_loop
+from memkit.rl.credit import CreditBatch, register_credit
 from memkit.trajectory import Trajectory, TrainingUnit
 
 
@@ -138,5 +143,53 @@ def dcpo_units(trajs: Sequence[Trajectory], n_seg: int, seed: int = 0,
     return units
 
 
+
+# ----------------------------------------------------------------------------- the `dcpo` credit rule
+def _dcpo_trajectory_advantages(cb: CreditBatch, cfg, loop: bool = False):
+    """A(tau) of every trajectory (eq. 4): group statistics over all N_traj samples of the prompt
+    (``dcpo_group_stats='all'``, the paper) or over the trajectories with a sampled segment
+    (``'sampled'``, the authors' code; the others get 0 and are not trained)."""
+    keep = [True] * len(cb.group_ids) if cb.trained is None or getattr(cfg, "dcpo_group_stats", "all") == "all" \
+        else [bool(k) for k in cb.trained.tolist()]
+    idx = [i for i, k in enumerate(keep) if k]
+    groups = [cb.group_ids[i] for i in idx]
+    norm = getattr(cfg, "grpo_norm_std", True)
+    if loop:
+        part = grpo_advantages_loop([float(cb.rewards[i]) for i in idx], groups, norm_std=norm)
+        out = [0.0] * len(keep)
+        for i, a in zip(idx, part):
+            out[i] = a
+        return out
+    out = torch.zeros(len(keep))
+    if idx:
+        out[torch.tensor(idx)] = grpo_advantages(cb.rewards[torch.tensor(idx)], groups, norm_std=norm).float()
+    return out
+
+
+def dcpo_loop(cb: CreditBatch, cfg) -> list[list[float]]:
+    """Loop reference for :func:`dcpo`: A(tau) of each row's trajectory on its trained tokens."""
+    a = _dcpo_trajectory_advantages(cb, cfg, loop=True)
+    m = cb.batch.loss_mask
+    return [[a[int(cb.row_traj[b])] if m[b, t] > 0 else 0.0 for t in range(m.shape[1])] for b in range(m.shape[0])]
+
+
+def _dcpo_units(trajs, cfg, seed: int):
+    return dcpo_units(trajs, getattr(cfg, "dcpo_segments", 12), seed)
+
+
+@register_credit("dcpo", dcpo_loop, units=_dcpo_units, paper="MemAct eq. 4-6, Algorithm 1 (DCPO)")
+def dcpo(cb: CreditBatch, cfg):
+    """DCPO: every sampled segment sigma of trajectory tau inherits tau's advantage.
+
+    A(tau) = (R(tau) - mean(R_u)) / (std(R_u) + eps), R_u the rewards of prompt u's samples   (eq. 4)
+    L = -E_u [ 1/|G(u)| sum_tau sum_{(C, y) in Sigma(tau)} J_clip(y | C, A(tau)) ]           (eq. 5-6)
+    The units (segments, :func:`memkit.rl.segments.dcpo_units`) are the rows; ``agg =
+    'seq-mean-token-mean'`` makes the loss eq. 5-6's sum over segments (N_seg per prompt).
+    shape: rewards ``[N]`` -> advantages ``[B, L]`` (0 off ``loss_mask``).
+    """
+    a = _dcpo_trajectory_advantages(cb, cfg).to(cb.batch.loss_mask.device)
+    return a[cb.row_traj.to(a.device)].unsqueeze(-1) * cb.batch.loss_mask.to(a.dtype), None
+
+
 __all__ = ["segment_calls", "segment_units", "sampler_draws", "sample_segments", "sample_segments_loop",
-           "dcpo_units"]
+           "dcpo_units", "dcpo", "dcpo_loop"]
