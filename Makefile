@@ -28,7 +28,7 @@ browser-deps:
 
 # The full suite: unit tests, notebooks under papermill (SMOKE), nbval, the browser check.
 test: setup browser-deps
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
 	mkdir -p test-artifacts/nbval
 	MEMKIT_RECORD_PATH=$(CURDIR)/test-artifacts/nbval/records.json MEMKIT_FIGURES=$(CURDIR)/test-artifacts/nbval/figures \
 	  $(PY) -m pytest -q --nbval-lax --nbval-current-env -p no:randomly notebooks/
