@@ -284,7 +284,8 @@ def kit():
 def _loop_cfg(out: Path, steps: int, **over) -> TrainConfig:
     kw = dict(algo="ppo", method="mem1", init="tiny", steps=steps, tasks_per_step=2, n_samples=2, micro_batch_size=2,
               lr=1e-3, entropy_coef=0.01, warmup_steps=3, save_every=2, eval_every=2, eval_tasks=2,
-              keep_checkpoints=1, out_dir=str(out))
+              keep_checkpoints=1, max_turns=2, objectives=(1,), eval_objectives=(1,), n_train_tasks=64,
+              out_dir=str(out))  # short episodes from a small pool: what the loop does, not what it learns
     kw.update(over)
     return TrainConfig(**kw)
 
@@ -396,7 +397,8 @@ def test_eval_seed_picks_the_evaluation_tasks(kit, tmp_path, monkeypatch):
     seen, rollout = [], Trainer.rollout
     monkeypatch.setattr(Trainer, "rollout", lambda self, tasks, *a: seen.append(tasks) or rollout(self, tasks, *a))
     for eval_seed in (1000, 3000):
-        cfg = _loop_cfg(tmp_path / str(eval_seed), 1, eval_tasks=2, eval_seed=eval_seed).validate()
+        cfg = _loop_cfg(tmp_path / str(eval_seed), 1, eval_tasks=2, eval_seed=eval_seed,
+                        eval_objectives=(2,)).validate()
         Trainer(cfg, build_tiny(kit.tokenizer, seed=0), kit.tokenizer, kit=kit).evaluate()
     test = [t.prompt for t in make_tasks(kit.world, n=50, k=2, seed=1002, split="test")]
     assert [t.prompt for t in seen[0]] == test[:2]
