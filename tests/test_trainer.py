@@ -418,14 +418,15 @@ def test_cli_train_lora_grpo_smoke(kit, tmp_path, capsys):
     out = tmp_path / "run"
     rc = main(["train", "--algo", "grpo", "--method", "memsearcher", "--init", "tiny", "--lora", "--steps", "1",
                "--tasks-per-step", "2", "--n", "2", "--eval-every", "1", "--eval-tasks", "2", "--out", str(out),
-               "--device", "cpu", "--temperature", "0.5", "--mini-batches", "2", "--method-kwargs", '{"reward_metric": "em"}'])
+               "--device", "cpu", "--temperature", "0.5", "--mini-batches", "2", "--method-kwargs", '{"reward_metric": "em"}',
+               "--max-turns", "2", "--objectives", "1", "--eval-objectives", "1"])
     text = capsys.readouterr().out
     assert rc == 0, text
     assert "step    1" in text and (out / "metrics.csv").is_file() and (out / "eval.jsonl").is_file()
     ckpt = out / "checkpoints" / "step-000001"
     assert (ckpt / "policy" / "adapter_config.json").is_file()
     config = json.loads((ckpt / "memkit.json").read_text())["config"]
-    assert (config["temperature"], config["mini_batches"]) == (0.5, 2)  # the flags reach the run
+    assert (config["temperature"], config["mini_batches"], config["max_turns"]) == (0.5, 2, 2)  # the flags reach the run
     assert config["method_kwargs"] == {"reward_metric": "em"}
 
 
