@@ -246,7 +246,6 @@ def score_memories(model, tokenizer, trajs: list[Trajectory], context: str = "qu
     return list(rows.values())
 
 
-
 # ----------------------------------------------------------------------------- the `mempo` credit rule
 def _memories(cb: CreditBatch, cfg) -> tuple[list[tuple[int, int]], list[float], list]:
     """Every scored memory of the update: (trajectory, call), its R_M, and its normalisation group:

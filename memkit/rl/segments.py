@@ -143,7 +143,6 @@ def dcpo_units(trajs: Sequence[Trajectory], n_seg: int, seed: int = 0,
     return units
 
 
-
 # ----------------------------------------------------------------------------- the `dcpo` credit rule
 def _dcpo_trajectory_advantages(cb: CreditBatch, cfg, loop: bool = False):
     """A(tau) of every trajectory (eq. 4): group statistics over all N_traj samples of the prompt
