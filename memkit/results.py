@@ -108,6 +108,16 @@ def _rises(first: str, last: str, what: str) -> Callable[[dict], Verdict]:
     return judge
 
 
+def _mempo_p_curves(r) -> Verdict:
+    """MemPO Fig. 4: MemPO's P[ans | mem] rises over training while GRPO's falls (first vs last steps)."""
+    v = _get(r, "mem_p_train_first_mempo", "mem_p_train_last_mempo", "mem_p_train_first_grpo", "mem_p_train_last_grpo")
+    if v is None:
+        return NOT_RUN, "-"
+    ok = v[1] > v[0] and v[3] < v[2]
+    return (REPRODUCED if ok else NOT_REPRODUCED), (f"P[ans | mem] first -> last steps: MemPO {v[0]:.3f} -> {v[1]:.3f}, "
+                                                    f"GRPO {v[2]:.3f} -> {v[3]:.3f}")
+
+
 def _memt_tokens(r) -> Verdict:
     v = _get(r, "memt_tokens_ratio_full")
     if v is None:
@@ -145,9 +155,10 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("MemPO", "Fig. 3", "MemPO's memory reward beats vanilla GRPO with the same memory format, other settings equal",
           "04_mempo_memory_reward", lambda r: _gain(r, "em_mempo", "em_grpo", "em_mempo_std", "em_grpo_std")),
     Claim("MemPO", "Fig. 4", "P[ans | mem] of MemPO's memories rises over the first steps while GRPO's falls",
-          "04_mempo_memory_reward", _rises("mem_p_train_first_mempo", "mem_p_train_last_mempo", "P[ans | mem]")),
+          "04_mempo_memory_reward", _mempo_p_curves),
     Claim("MemPO", "Fig. 5", "MemPO's memories make the answer more likely than GRPO's",
-          "04_mempo_memory_reward", lambda r: _gain(r, "mem_p_mempo", "mem_p_grpo", what="P[ans | mem]")),
+          "04_mempo_memory_reward", lambda r: _gain(r, "mem_p_mempo", "mem_p_grpo", "mem_p_mempo_std", "mem_p_grpo_std",
+                                                    what="P[ans | mem]")),
     Claim("MemPO", "Tab. 2", "memory formats spend far fewer tokens than ReAct (67.6% / 73.1% fewer for MemPO)",
           "01_rollouts_and_memory_cost", _tokens_vs_react, learned=False),
     Claim("MemAct", "§5, Tab. 1", "RL improves MemAct over its SFT version (multi-objective accuracy 0.485 -> 0.591)",

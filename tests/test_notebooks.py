@@ -390,6 +390,11 @@ def test_results_page_judges_claims_on_a_reproduce_run(tmp_path):
     verdicts = {r["says"]: r["status"] for r in judge_all({"04_mempo_memory_reward": {
         "em_mempo": 0.5, "em_grpo": 0.4, "em_mempo_std": 0.04, "em_grpo_std": 0.05}})}
     assert verdicts[next(k for k in verdicts if "vanilla GRPO" in k)] == REPRODUCED
+    for grpo_last, status in ((0.15, REPRODUCED), (0.25, NOT_REPRODUCED)):  # Fig. 4 needs GRPO's curve to fall too
+        verdicts = {r["says"]: r["status"] for r in judge_all({"04_mempo_memory_reward": {
+            "mem_p_train_first_mempo": 0.1, "mem_p_train_last_mempo": 0.3,
+            "mem_p_train_first_grpo": 0.2, "mem_p_train_last_grpo": grpo_last}})}
+        assert verdicts[next(k for k in verdicts if "GRPO's falls" in k)] == status
     # a SMOKE run judges what scripted policies show, never a learning claim
     smoke = {r["says"]: r for r in judge_all({"00_tour": {"memt_tokens_ratio_full": 0.3, "_smoke": True},
                                               "06_memt_tree_backprop": {"f1_MoT-GRPO": 0.9, "f1_start": 0.1,
