@@ -107,6 +107,22 @@ def get_credit(name: str) -> CreditRule:
     return CREDIT_RULES[name]
 
 
+def scored_calls(cb: CreditBatch, selects: Callable, fix: str) -> tuple[list[tuple[int, int]], list[float]]:
+    """``(trajectory, call)`` and ``Call.reward`` of every call of the update's trajectories that
+    ``selects(call)``, in order: what a rule that credits single calls (MemPO's memories, MoT's
+    tree nodes) normalises. A selected call without a reward raises, naming ``fix``."""
+    where, r = [], []
+    for i, traj in enumerate(cb.trajectories):
+        for c, call in enumerate(traj.calls):
+            if not selects(call):
+                continue
+            if call.reward is None:
+                raise ValueError(f"call {c} of {traj.task_id!r} has no reward for this credit rule; {fix}")
+            where.append((i, c))
+            r.append(float(call.reward))
+    return where, r
+
+
 # ----------------------------------------------------------------------------- grpo
 def group_advantages(cb: CreditBatch, cfg) -> torch.Tensor:
     """``[N]``: GRPO advantage of every trajectory of the update (eq. 5 of MemSearcher)."""
@@ -285,5 +301,6 @@ def record_call_advantages(cb: CreditBatch, advantages: torch.Tensor) -> None:
                 unit.traj.calls[call].advantage = float(sums[k] / counts[k])
 
 
-__all__ = ["CreditBatch", "CreditRule", "CREDIT_RULES", "register_credit", "get_credit", "group_advantages",
-           "group_advantages_loop", "grpo", "multi_context", "gae_credit", "trajectory_gae", "record_call_advantages"]
+__all__ = ["CreditBatch", "CreditRule", "CREDIT_RULES", "register_credit", "get_credit", "scored_calls",
+           "group_advantages", "group_advantages_loop", "grpo", "multi_context", "gae_credit", "trajectory_gae",
+           "record_call_advantages"]

@@ -33,7 +33,7 @@ import torch
 
 from memkit.agents.oracle import ANSWER_PLAN
 from memkit.rl.advantages import grpo_advantages, grpo_advantages_loop
-from memkit.rl.credit import CreditBatch, group_advantages, group_advantages_loop, register_credit
+from memkit.rl.credit import CreditBatch, group_advantages, group_advantages_loop, register_credit, scored_calls
 from memkit.rl.losses import token_logprobs
 from memkit.rl.packed_forward import packed_attention
 from memkit.rl.packing import pack
@@ -253,17 +253,10 @@ def _memories(cb: CreditBatch, cfg) -> tuple[list[tuple[int, int]], list[float],
     per_step = getattr(cfg, "mem_reward_norm", "pooled") == "per_step"
     if not cb.trajectories:
         raise ValueError("credit rule 'mempo' needs CreditBatch.trajectories (the update's trajectories)")
-    where, r, keys = [], [], []
-    for i, traj in enumerate(cb.trajectories):
-        for c, call in enumerate(traj.calls):
-            if memory_span(call) is None:
-                continue
-            if call.reward is None:
-                raise ValueError(f"call {c} of {traj.task_id!r} wrote <mem> but has no memory reward; score it with "
-                                 "memkit.rl.memory_reward.score_memories (the update does when the rule says so)")
-            where.append((i, c))
-            r.append(float(call.reward))
-            keys.append((cb.group_ids[i], call.turn) if per_step else cb.group_ids[i])
+    where, r = scored_calls(cb, lambda call: memory_span(call) is not None,
+                            "a call that wrote <mem> needs its memory reward: score it with "
+                            "memkit.rl.memory_reward.score_memories (the update does when the rule says so)")
+    keys = [(cb.group_ids[i], cb.trajectories[i].calls[c].turn) if per_step else cb.group_ids[i] for i, c in where]
     return where, r, keys
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from memkit.rl.advantages import grpo_advantages_loop
-from memkit.rl.credit import register_credit
+from memkit.rl.credit import register_credit, scored_calls
 from memkit.trajectory import Trajectory, TrainingUnit
 
 _RETRIEVED = re.compile(r"^\[([A-Za-z]+\d+)\] ", re.M)
@@ -232,16 +232,9 @@ def hindsight_filter(ops: list[dict], scores: list[float], keep: float = 0.5) ->
 def _node_table(cb, cfg, loop: bool = False) -> dict[tuple[int, int], float]:
     """A_total of every node of the update's tree trajectories: ``{(trajectory, call): A}``. Trees
     are the trajectories, queries their ``group_ids``; node rewards are read from ``Call.reward``."""
-    where, r = [], []
-    for i, traj in enumerate(cb.trajectories):
-        for c, call in enumerate(traj.calls):
-            if call.role != "act":
-                continue
-            if call.reward is None:
-                raise ValueError(f"node {c} of {traj.task_id!r} has no node reward; score the trees with "
-                                 "memkit.rl.mot.score_query before the update")
-            where.append((i, c))
-            r.append(float(call.reward))
+    where, r = scored_calls(cb, lambda call: call.role == "act",
+                            "a tree node needs its node reward: score the trees with memkit.rl.mot.score_query "
+                            "before the update")
     mot_cfg = MoTConfig(alpha=getattr(cfg, "mot_alpha", 0.5), combine=getattr(cfg, "mot_combine", "sum"),
                         intra=getattr(cfg, "mot_intra", True), inter=getattr(cfg, "mot_inter", True))
     trees, queries = [i for i, _ in where], [cb.group_ids[i] for i, _ in where]
