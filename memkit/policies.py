@@ -23,8 +23,6 @@ from memkit.rollout.engine import ModelPolicy, OraclePolicy
 from memkit.sft import SFTConfig
 from memkit.world.splits import SPLIT_SCHEME
 
-POLICY_SPECS = ("oracle", "tiny", "tiny-sft", "tiny-sft:<tag>", "smollm2-135m", "<local checkpoint dir or memkit train run dir>", "<HF model id>")
-
 
 # ---- where `memkit sft` caches its models -------------------------------------------------------
 def config_hash(obj) -> str:

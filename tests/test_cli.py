@@ -147,3 +147,29 @@ def test_every_documented_command_line_parses():
             train_config(args)
         elif args.command == "sft":
             config_from_args(SFTConfig, args)
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["world", "--help"], ["eval", "--help"], ["eval", "--n", "5"],
+                                  ["rollout", "--method", "nope"], ["reproduce", "--help"], ["results", "--help"],
+                                  ["nope"]])
+def test_help_and_argument_errors_import_no_torch(argv):
+    """``memkit --help`` and these commands' own errors build only their subcommand's flags: no torch,
+    no transformers (the start-up that made ``memkit --help`` take 6 s). Timed in no test: the import
+    set is what decides it."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom memkit.cli import main\ntry:\n    main(%r)\nexcept SystemExit as e:\n    code = e.code\n"
+            "print('HEAVY', sorted(m for m in ('torch', 'transformers') if m in sys.modules))" % (argv,))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "HEAVY []" in out.stdout, (argv, out.stdout[-500:], out.stderr[-500:])
+
+
+def test_eval_n_names_the_two_counts(capsys):
+    from memkit.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["eval", "--n", "5"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--n-tasks" in err and "--n-conversations" in err and "ambiguous" not in err

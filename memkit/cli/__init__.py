@@ -7,11 +7,12 @@ error inside memkit itself is a bug, not bad input: it keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
-from memkit.cli import evaluate, pretrain, reproduce, rollout, sft, train, world
-
-SUBCOMMANDS = (world, rollout, evaluate, pretrain, sft, reproduce, train)
+#: subcommand -> the module under memkit.cli that holds its ``HELP``, ``add_arguments(sp)`` and ``run(args)``
+SUBCOMMANDS = {"world": "world", "rollout": "rollout", "eval": "evaluate", "pretrain": "pretrain", "sft": "sft",
+               "reproduce": "reproduce", "results": "results", "train": "train"}
 
 #: how to install the optional packages memkit imports only when a feature needs them
 INSTALL_HINTS = {
@@ -28,18 +29,28 @@ def install_hint(module: str) -> str:
     return INSTALL_HINTS.get(top, f"pip install {top.replace('_', '-')}")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The ``memkit`` parser. ``only``: give just that subcommand its flags (the others keep their
+    name and help line), so ``memkit --help`` and a command's own errors never import the config
+    dataclasses (and torch) of the other commands; None builds every subcommand's flags."""
     p = argparse.ArgumentParser(prog="memkit", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
-    for command in SUBCOMMANDS:
-        command.add_parser(sub)
+    for name, module_name in SUBCOMMANDS.items():
+        module = importlib.import_module(f"memkit.cli.{module_name}")
+        sp = sub.add_parser(name, help=module.HELP, allow_abbrev=False)
+        if only is None or only == name:
+            module.add_arguments(sp)
+            sp.set_defaults(func=module.run)
     return p
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # the top-level parser has no option that takes a value: the first word is the subcommand
+    command = next((a for a in argv if not a.startswith("-")), "")
+    args = build_parser(only=command).parse_args(argv)
     from memkit.cpu import keep_freed_memory
 
-    args = build_parser().parse_args(argv)
     keep_freed_memory()  # reuse freed tensor memory instead of page-faulting it back (memkit.cpu)
     try:
         return args.func(args) or 0

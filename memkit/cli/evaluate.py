@@ -1,6 +1,7 @@
 """``memkit eval``: evaluate methods at several objective counts and print the table."""
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from memkit.cli.args import methods, positive
@@ -8,11 +9,13 @@ from memkit.cli.rollout import add_context_options, add_policy
 from memkit.cli.world import add_common
 
 
-def add_parser(sub) -> None:
+HELP = "evaluate methods at several objective counts and print the table"
+
+
+def add_arguments(sp) -> None:
     from memkit.agents import METHODS
     from memkit.world.streams import SIZES
 
-    sp = sub.add_parser("eval", help="evaluate methods at several objective counts and print the table")
     add_common(sp, objectives="1,2,4,8")
     sp.add_argument("--method", type=methods, default=list(METHODS), help="comma-separated: " + ", ".join(METHODS))
     add_policy(sp)
@@ -25,7 +28,16 @@ def add_parser(sub) -> None:
                          help="size of the synthetic conversations (full: ~20 sessions, ~300 turns, like LoCoMo)")
     streams.add_argument("--n-conversations", type=positive, default=4, help="synthetic conversations to evaluate on")
     streams.add_argument("--locomo", default=None, help="a LoCoMo JSON file (data/locomo10.json) instead of synthetic ones")
-    sp.set_defaults(func=run)
+    sp.add_argument("--n", action=NotAnEvalFlag, help=argparse.SUPPRESS)
+
+
+class NotAnEvalFlag(argparse.Action):
+    """``memkit eval --n``: rollout's and train's ``--n`` is a group size, which eval has not; the
+    error names the two counts eval has, instead of argparse's "ambiguous option"."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error("--n is not an eval flag: --n-tasks N sets the tasks per objective count, "
+                     "--n-conversations N the Mem-T conversations (--method memt)")
 
 
 def run_streams(args, kit) -> None:

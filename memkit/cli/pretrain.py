@@ -12,14 +12,15 @@ import time
 from memkit.cli.args import add_config_flags, add_max_minutes, config_from_args
 
 
-def add_parser(sub) -> None:
+HELP = "pretrain the tiny base (world passages + copy/extract text; cached, resumable)"
+
+
+def add_arguments(sp) -> None:
     from memkit.pretrain import PretrainConfig
 
-    sp = sub.add_parser("pretrain", description=__doc__.splitlines()[0],
-                        help="pretrain the tiny base (world passages + copy/extract text; cached, resumable)")
+    sp.description = __doc__.splitlines()[0]
     add_config_flags(sp, PretrainConfig)
     add_max_minutes(sp, PretrainConfig.max_seconds, zero="no budget: exactly --steps, reproducible")
-    sp.set_defaults(func=run)
 
 
 def run(args) -> int:

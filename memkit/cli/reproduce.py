@@ -3,14 +3,16 @@ from __future__ import annotations
 
 import sys
 
+HELP = "run every notebook with papermill and write a report"
 
-def add_parser(sub) -> None:
+
+def add_arguments(p) -> None:
     from memkit.reproduce import __doc__ as doc
 
-    p = sub.add_parser("reproduce", help="run every notebook with papermill and write a report",
-                       description=doc.split("\n\n")[0])
+    p.description = doc.split("\n\n")[0]
     p.add_argument("--smoke", action="store_true",
-                   help="SMOKE=True: small sizes, minutes (default: the lab mode, SMOKE=False, about 1.5 hours on 2 cores)")
+                   help="SMOKE=True: small sizes, minutes (default: the lab mode, SMOKE=False, hours on 2 cores "
+                        "from an empty cache: docs/reference.md, 'The lab mode')")
     p.add_argument("--model", default="tiny", help="MODEL parameter: tiny, smollm2-135m, HF id/path")
     p.add_argument("--seed", type=int, default=0, help="SEED parameter (default 0)")
     p.add_argument("--only", nargs="+", metavar="NAME", help="notebook stems or unique prefixes")
@@ -23,20 +25,6 @@ def add_parser(sub) -> None:
     p.add_argument("--results", default=None, metavar="PATH",
                    help="also write the claims page there (make reproduce: docs/results.md); "
                         "RESULTS.md in the run directory is always written")
-    p.set_defaults(func=run)
-    r = sub.add_parser("results", help="judge the papers' claims on earlier reproduce runs: docs/results.md",
-                       description="Regenerate the claims page (memkit.results) from runs of `memkit reproduce`; "
-                                   "a later run directory wins for a notebook that ran ok in several.")
-    r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="runs/<time> directories")
-    r.add_argument("--out", default="docs/results.md", help="where to write the page (default docs/results.md)")
-    r.set_defaults(func=run_results)
-
-
-def run_results(args) -> int:
-    from memkit.results import write_results
-
-    print(f"wrote {write_results(args.run_dirs, args.out)}")
-    return 0
 
 
 def run(args) -> int:

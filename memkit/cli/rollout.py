@@ -5,10 +5,12 @@ from memkit.cli.args import methods, positive
 from memkit.cli.world import add_common
 
 
-def add_parser(sub) -> None:
+HELP = "roll out a method and write JSONL traces"
+
+
+def add_arguments(sp) -> None:
     from memkit.agents import METHODS
 
-    sp = sub.add_parser("rollout", help="roll out a method and write JSONL traces")
     add_common(sp)
     sp.add_argument("--method", type=lambda s: methods(s, streams=False)[0], required=True, help=", ".join(METHODS))
     add_policy(sp)
@@ -18,12 +20,14 @@ def add_parser(sub) -> None:
     sp.add_argument("--retriever", default="bm25", help="bm25 or dense")
     sp.add_argument("--out", default="traces.jsonl")
     add_context_options(sp)
-    sp.set_defaults(func=run)
+
+
+#: the policy specs :func:`memkit.policies.resolve_policy` reads (the ``--policy`` help lists them)
+POLICY_SPECS = ("oracle", "tiny", "tiny-sft", "tiny-sft:<tag>", "smollm2-135m",
+                "<local checkpoint dir or memkit train run dir>", "<HF model id>")
 
 
 def add_policy(sp) -> None:
-    from memkit.policies import POLICY_SPECS
-
     sp.add_argument("--policy", default="oracle", help="policy: " + ", ".join(POLICY_SPECS))
 
 

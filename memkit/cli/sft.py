@@ -10,11 +10,13 @@ import time
 from memkit.cli.args import add_config_flags, add_max_minutes, config_from_args, ints
 
 
-def add_parser(sub) -> None:
+HELP = "behaviour-clone the oracle into the tiny model (cached checkpoint)"
+
+
+def add_arguments(sp) -> None:
     from memkit.sft import SFTConfig
 
-    sp = sub.add_parser("sft", help="behaviour-clone the oracle into the tiny model (cached checkpoint)",
-                        description=__doc__.splitlines()[0])
+    sp.description = __doc__.splitlines()[0]
     add_config_flags(sp, SFTConfig, required={"method"}, aliases={"oracle.show_comparison": ["--show-comparison"]})
     add_max_minutes(sp, SFTConfig.max_seconds, zero="no budget: exactly --steps, reproducible")
     sp.add_argument("--eval-tasks", type=int, default=100, help="held-out tasks to evaluate after training (0 = skip)")
@@ -22,7 +24,6 @@ def add_parser(sub) -> None:
     sp.add_argument("--tag", default=None,
                     help="cache tag of the checkpoint (default: 'default' for the default --objectives / --n-tasks / "
                          "--seed, else one naming them, e.g. k1-2-3-n4000-s0); load it as --policy tiny-sft:TAG")
-    sp.set_defaults(func=run)
 
 
 def run(args) -> int:

@@ -15,15 +15,16 @@ from memkit.cli.args import Computed, add_config_flags, add_max_minutes, config_
 ALIASES = {"n_samples": ["--n"], "out_dir": ["--out"]}
 
 
-def add_parser(sub) -> None:
+HELP = "RL-train a policy (GRPO or PPO) on a method's tasks"
+
+
+def add_arguments(sp) -> None:
     from memkit.rl.config import TrainConfig
 
-    sp = sub.add_parser("train", help="RL-train a policy (GRPO or PPO) on a method's tasks",
-                        description=__doc__.splitlines()[0])
+    sp.description = __doc__.splitlines()[0]
     add_config_flags(sp, TrainConfig, required={"method"}, aliases=ALIASES, defaults={"out_dir": Computed("runs/<method>-<algo>")})
     add_max_minutes(sp, TrainConfig.max_seconds)
     sp.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
-    sp.set_defaults(func=run)
 
 
 def train_config(args):

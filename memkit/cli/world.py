@@ -6,16 +6,17 @@ from pathlib import Path
 from memkit.cli.args import ints
 
 
-def add_parser(sub) -> None:
+HELP = "write the synthetic corpus and tasks as JSONL"
+
+
+def add_arguments(sp) -> None:
     from memkit.world.splits import SPLITS, TRAIN
 
-    sp = sub.add_parser("world", help="write the synthetic corpus and tasks as JSONL")
     add_common(sp)
     sp.add_argument("--out", default="world", help="output directory")
     sp.add_argument("--split", choices=("all", *SPLITS, TRAIN), default="all",
                     help="questions the tasks draw (memkit.world.question_split): sft = behaviour cloning's, "
                          "rl = RL's, train = both, test = the held-out ones no training task asks")
-    sp.set_defaults(func=run)
 
 
 def add_common(sp, objectives: str = "2") -> None:
