@@ -5,7 +5,7 @@ MEMKIT  := $(VENV)/bin/memkit
 STAMP   := $(VENV)/.memkit-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-fast test-fuzz reproduce reproduce-smoke browser-deps clean
+.PHONY: setup test test-fast test-fuzz test-nbval reproduce reproduce-smoke browser-deps clean
 
 setup: $(STAMP)
 
@@ -26,9 +26,14 @@ browser-deps:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
 	  || echo "chromium not installed: the browser test will be skipped"; }
 
-# The full suite: unit tests, notebooks under papermill (SMOKE), nbval, the browser check.
+# The full suite: unit tests, every notebook executed once under papermill (SMOKE): its recorded
+# numbers and nbval's output check of tagged cells on that one execution, the browser check.
 test: setup browser-deps
 	$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
+
+# nbval itself over the committed notebooks (executes each notebook again; make test already checks
+# the same on its papermill runs: tests/nbtools.py, output_check_problems).
+test-nbval: setup
 	mkdir -p test-artifacts/nbval
 	MEMKIT_RECORD_PATH=$(CURDIR)/test-artifacts/nbval/records.json MEMKIT_FIGURES=$(CURDIR)/test-artifacts/nbval/figures \
 	  $(PY) -m pytest -q --nbval-lax --nbval-current-env -p no:randomly notebooks/

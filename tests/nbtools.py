@@ -11,7 +11,8 @@ from memkit.reproduce import execute_notebook
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS_DIR = REPO / "notebooks"
-# cells with these tags may keep outputs in committed notebooks (nbval --nbval-lax checks them)
+# cells with these tags may keep outputs in committed notebooks; the smoke run compares them
+# (output_check_problems: nbval's --nbval-lax check on the smoke run's own execution)
 OUTPUT_CHECK_TAGS = {"nbval-check-output", "nbval-check"}
 
 DEFAULT_PARAMS = 'SMOKE = True\nMODEL = "tiny"\nSEED = 0\nOUT_DIR = "out"\n'
@@ -100,4 +101,43 @@ def check_expectations(records: dict[str, Any], expectations: dict[str, Any]) ->
             target, tol = bound
             if not abs(v - target) <= tol:
                 problems.append(f"{name} = {v:.6g}, expected {target} +- {tol}")
+    return problems
+
+
+def _comparable(outputs) -> list:
+    """What nbval compares of a cell's outputs, its own way: streams coalesced (``\\r``/``\\b``
+    applied) and keyed by stream name; results and displays by their ``text/plain``; errors by name."""
+    from nbval.plugin import coalesce_streams, transform_streams_for_comparison
+
+    out = []
+    for o in transform_streams_for_comparison(coalesce_streams(nbformat.from_dict(list(outputs)))):
+        if o["output_type"] == "stream":
+            out.append({k: v for k, v in o.items() if k != "output_type"})
+        elif o["output_type"] == "error":
+            out.append({"error": o["ename"]})
+        else:
+            out.append({"text/plain": o.get("data", {}).get("text/plain")})
+    return out
+
+
+def output_check_problems(committed: str | Path, executed: str | Path) -> list[str]:
+    """nbval's output check, done on an execution that already ran: every code cell of the committed
+    notebook tagged in :data:`OUTPUT_CHECK_TAGS` must have produced the outputs it was committed with.
+
+    ``make test`` executes each notebook once (the papermill SMOKE run) and checks both its recorded
+    numbers and these outputs, where nbval over ``notebooks/`` would execute every notebook again;
+    untagged cells need only run without error, which papermill already enforces (``--nbval-lax``).
+    papermill's injected-parameters cell is skipped when pairing cells.
+    """
+    ref = [c for c in nbformat.read(str(committed), as_version=4).cells if c.cell_type == "code"]
+    run = [c for c in nbformat.read(str(executed), as_version=4).cells if c.cell_type == "code"
+           and "injected-parameters" not in c.get("metadata", {}).get("tags", [])]
+    if len(ref) != len(run):
+        return [f"{Path(executed).name}: {len(run)} code cells executed, the committed notebook has {len(ref)}"]
+    problems = []
+    for i, (want, got) in enumerate(zip(ref, run)):
+        if OUTPUT_CHECK_TAGS & set(want.get("metadata", {}).get("tags", [])):
+            if _comparable(want.outputs) != _comparable(got.outputs):
+                problems.append(f"code cell {i}: outputs {_comparable(got.outputs)!r}, committed "
+                                f"{_comparable(want.outputs)!r}")
     return problems

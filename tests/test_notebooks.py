@@ -1,10 +1,10 @@
 """Notebook contract: static checks (fast), papermill smoke runs with recorded-number checks (slow),
 and tests of the harness itself (memkit.nb, memkit.reproduce) on small notebooks built here.
 
-nbval over the committed notebooks is run by .ci/run, not from here (it would execute every
-notebook a second time):
-    MEMKIT_RECORD_PATH=$(mktemp -d)/nbval.json MEMKIT_FIGURES=$(mktemp -d) \
-        python -m pytest --nbval-lax --nbval-current-env notebooks/
+One execution per notebook serves both kinds of check: the SMOKE run's records are checked against
+EXPECTATIONS, and its executed cells against the committed outputs of cells tagged
+``nbval-check-output`` (nbtools.output_check_problems, nbval's ``--nbval-lax`` check). ``make
+test-nbval`` still runs nbval itself, which executes every notebook again.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import nbformat
 import papermill
 import pytest
 from nbtools import (NOTEBOOKS_DIR, check_expectations, code_cells_with_outputs, make_notebook,
-                     run_notebook)
+                     output_check_problems, run_notebook)
 
 from memkit import nb as mnb
 from memkit.cli import main
@@ -174,7 +174,7 @@ def test_notebook_smoke_run(path, out_dir, tmp_path):
         pytest.fail(f"{path.name} has no EXPECTATIONS entry; add one in tests/test_notebooks.py")
     records = run_notebook(path, {"SMOKE": True, "MODEL": "tiny", "SEED": 0,
                                   "OUT_DIR": str(out_dir)}, tmp_path / "executed")
-    problems = check_expectations(records, exp)
+    problems = check_expectations(records, exp) + output_check_problems(path, tmp_path / "executed" / path.name)
     assert not problems, f"{path.name}:\n  " + "\n  ".join(problems)
     # every claim docs/results.md judges on this notebook finds the records it reads
     unjudged = [r["says"] for r in judge_all({path.stem: records}) if r["notebook"] == path.stem and r["status"] == NOT_RUN]
@@ -202,6 +202,24 @@ def test_output_check_finds_outputs(tmp_path):
     for c in nb.cells[1:]:
         c.outputs = [nbformat.v4.new_output("execute_result", {"text/plain": "2"}, execution_count=1)]
     assert code_cells_with_outputs(nb) == [1]  # the tagged cell (index 2) may keep its output
+
+
+def test_output_check_catches_a_changed_output(tmp_path):
+    """The smoke run's output check (nbval's, on the same execution) fails when a tagged cell's
+    output changes, passes when it is as committed, and ignores untagged cells and papermill's
+    injected-parameters cell."""
+    p = make_notebook(tmp_path / "o.ipynb", ["print('a'); print('b')", "1 + 1", "3 * 3"],
+                      tags={0: ["nbval-check-output"], 1: ["nbval-check-output"]})
+    nb = nbformat.read(str(p), as_version=4)
+    nb.cells[1].outputs = [nbformat.v4.new_output("stream", name="stdout", text="a\nb\n")]
+    nb.cells[2].outputs = [nbformat.v4.new_output("execute_result", {"text/plain": "2"}, execution_count=1)]
+    nbformat.write(nb, str(p))
+    run_notebook(p, {"SEED": 3}, tmp_path / "exec")
+    assert output_check_problems(p, tmp_path / "exec" / "o.ipynb") == []
+    nb.cells[2].outputs[0]["data"]["text/plain"] = "3"
+    nbformat.write(nb, str(p))
+    problems = output_check_problems(p, tmp_path / "exec" / "o.ipynb")
+    assert len(problems) == 1 and "code cell 2" in problems[0], problems
 
 
 def test_check_expectations_fails_when_it_should():
