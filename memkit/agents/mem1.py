@@ -80,7 +80,12 @@ def last_step_segments(state: AgentState, output_kind: str) -> list[Segment]:
 
 
 def turns_left_hint(state: AgentState) -> str:
-    """Alg. 1 line 18, counted after the current turn."""
+    """Alg. 1 line 18's hint, written after turn ``state.turn`` (counted from 0, as Alg. 1's t).
+
+    Alg. 1 prints "You have {T - t} turns left"; this returns the turns left *after* the current
+    one, ``T - t - 1``, as MEM1's released rollout does (``num_turns_left = max_turns - step - 1``
+    in ``Mem1/train/rollout/llm_agent/generation_think.py``). A declared deviation
+    (``docs/deviations.md``, 'Notebook 02', item 8)."""
     left = max(state.max_turns - state.turn - 1, 0)
     return f"You have {left} turn{'s' if left != 1 else ''} left.\n"
 
