@@ -47,7 +47,8 @@ test-fuzz: setup
 	MEMKIT_FUZZ_EXAMPLES=10000 $(PY) -m pytest -q -m fuzz -p no:randomly $(PYTEST_ARGS)
 
 # The kit's main job: every notebook in the lab mode (SMOKE=False, memkit.lab) on the tiny model
-# and the synthetic world, real learned numbers in about 1.5 hours on 2 cores -> runs/<time>/REPORT.md.
+# and the synthetic world, real learned numbers in 2.5-3 hours on 2 cores from an empty cache (about 1.5
+# with the clones cached; REPORT.md's minutes table names the clones each notebook trained) -> runs/<time>/.
 # It also judges each paper's claims on the run -> docs/results.md (memkit.results).
 # A killed run goes on with `memkit reproduce --resume runs/<time> --results docs/results.md`.
 reproduce: setup

@@ -1,7 +1,8 @@
 """Run the notebooks end to end with papermill and write a report: ``memkit reproduce``.
 
 Two modes: SMOKE (``--smoke``: small sizes, what ``make test`` runs, minutes) and the lab
-(``SMOKE = False``: the RL lab of :mod:`memkit.lab`, real learned numbers in about 1.5 hours on 2 cores).
+(``SMOKE = False``: the RL lab of :mod:`memkit.lab`, real learned numbers; 2.5-3 hours on 2 cores from an
+empty cache, about 1.5 hours with the clones cached).
 Each notebook runs in a fresh kernel of *this* Python environment with its ``parameters``
 cell overridden (only the parameters it declares: ``SMOKE``, ``MODEL``, ``SEED``,
 ``OUT_DIR``). Its executed copy, its record sidecar and its OUT_DIR go into
@@ -36,6 +37,7 @@ class NotebookRun:
     record_path: Path
     records: dict[str, Any] = field(default_factory=dict)
     error: str | None = None  # "ErrorName: message" when not ok
+    trained: list[str] = field(default_factory=list)  # checkpoints this run added to the cache
 
     @property
     def status(self) -> str:
@@ -258,15 +260,29 @@ def _fmt(v: Any) -> str:
     return s.replace("|", "\\|").replace("\n", " ")
 
 
+def cache_checkpoints() -> set[str]:
+    """The finished checkpoints in memkit's cache (directories holding ``memkit.json``), relative
+    to it: the difference before and after a notebook names the models that notebook trained."""
+    from memkit.io import cache_dir
+
+    root = cache_dir()
+    return {p.parent.relative_to(root).as_posix() for p in root.rglob("memkit.json")}
+
+
 def render_report(runs: list[NotebookRun], meta: dict[str, Any]) -> str:
+    """REPORT.md: the minutes of each notebook and the cache checkpoints it had to train (a run from
+    an empty cache pays for every clone once, in the first notebook that needs it), then each
+    notebook's recorded numbers."""
     n_ok = sum(r.ok for r in runs)
     lines = ["# memkit reproduce", ""]
     lines += [f"- {k}: `{v}`" for k, v in meta.items()]
     lines += [f"- result: **{n_ok}/{len(runs)} notebooks ok**", "",
-              "| notebook | status | seconds | recorded numbers |", "|---|---|---:|---|"]
+              "| notebook | status | minutes | trained into the cache |", "|---|---|---:|---|"]
     for r in runs:
-        nums = "<br>".join(f"{k} = {_fmt(v)}" for k, v in sorted(r.records.items())) or "-"
-        lines.append(f"| {r.name} | {r.status} | {r.seconds:.1f} | {nums} |")
+        lines.append(f"| {r.name} | {r.status} | {r.seconds / 60:.1f} | "
+                     f"{'<br>'.join(f'`{t}`' for t in r.trained) or '-'} |")
+    lines.append(f"| **total** | {n_ok}/{len(runs)} ok | **{sum(r.seconds for r in runs) / 60:.1f}** | "
+                 f"{sum(len(r.trained) for r in runs)} checkpoints |")
     for r in runs:
         lines += ["", f"## {r.name}: {r.status} ({r.seconds:.1f} s)", "",
                   f"executed notebook: `{r.executed_path.name}`, records: `{r.record_path.name}`, "
@@ -284,7 +300,7 @@ def _write_summary(run_dir: Path, runs: list[NotebookRun], meta: dict[str, Any])
     atomic_write_text(run_dir / "REPORT.md", render_report(runs, meta))
     summary = {"meta": meta, "notebooks": [
         {"name": r.name, "ok": r.ok, "seconds": round(r.seconds, 3), "error": r.error,
-         "records": r.records} for r in runs]}
+         "trained": r.trained, "records": r.records} for r in runs]}
     atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
 
 
@@ -303,7 +319,8 @@ def _finished_in(run_dir: Path, smoke: bool, model: str, seed: int) -> dict[str,
                          f"seed={meta.get('seed')}; resume it with the same --smoke/--model/--seed "
                          "or start a new run without --resume")
     return {n["name"]: NotebookRun(n["name"], True, n["seconds"], run_dir / f"{n['name']}.ipynb",
-                                   run_dir / f"{n['name']}.record.json", n.get("records", {}))
+                                   run_dir / f"{n['name']}.record.json", n.get("records", {}),
+                                   trained=n.get("trained", []))
             for n in summary.get("notebooks", []) if n.get("ok")}
 
 
@@ -314,8 +331,8 @@ def reproduce(smoke: bool = True, model: str = "tiny", notebooks: Sequence[str] 
     """Run the notebooks in order into ``out_root/<timestamp>/`` and write ``REPORT.md`` there.
 
     ``smoke``: SMOKE=True (small sizes, minutes) or the lab mode (SMOKE=False: learned numbers,
-    about 1.5 hours on 2 cores from an empty cache; the SFT checkpoints are cached across notebooks
-    and runs). ``resume``: an earlier run directory; its notebooks that finished ok are kept and
+    hours on 2 cores from an empty cache, docs/reference.md 'The lab mode'; the SFT checkpoints are
+    cached across notebooks and runs, and the report names the ones each notebook trained). ``resume``: an earlier run directory; its notebooks that finished ok are kept and
     the others run again (the report and summary are rewritten after every notebook).
     ``results``: also write the claims page (:mod:`memkit.results`) there; ``RESULTS.md`` in the
     run directory is always written.
@@ -352,12 +369,14 @@ def reproduce(smoke: bool = True, model: str = "tiny", notebooks: Sequence[str] 
         print(f"[{i}/{len(paths)}] {p.stem:<{width}}  running ({time.strftime('%H:%M:%S')})", file=stream, flush=True)
         params = {"SMOKE": smoke, "MODEL": model, "SEED": seed,
                   "OUT_DIR": str((run_dir / p.stem).resolve())}
+        cached = cache_checkpoints()
         try:
             r = execute_notebook(p, run_dir, params, strict=False, kernel=kernel_name,
                                  timeout=timeout)
         except Exception as e:  # unreadable notebook, bad parameters cell
             r = NotebookRun(p.stem, False, 0.0, run_dir / f"{p.stem}.ipynb",
                             run_dir / f"{p.stem}.record.json", {}, f"{type(e).__name__}: {e}")
+        r.trained = sorted(cache_checkpoints() - cached)
         runs.append(r)
         line = f"[{i}/{len(paths)}] {r.name:<{width}}  {r.status:<6} {r.seconds:7.1f} s"
         print(line + (f"  {r.error}" if r.error else ""), file=stream, flush=True)

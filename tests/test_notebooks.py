@@ -355,7 +355,7 @@ def test_reproduce_reports_failure_and_continues(tmp_path, out_dir):
     assert "ZeroDivisionError: no luck" in lines[2]
     report = (run / "REPORT.md").read_text()
     assert "2/3 notebooks ok" in report and "| 01_fails | FAILED |" in report
-    assert "before = 1.5" in report and "seed = 3" in report
+    assert "| before | 1.5 |" in report and "| seed | 3 |" in report
     rec = mnb.load_records(run / "00_ok.record.json")
     assert rec["params"]["MODEL"] == "m1" and rec["params"]["OUT_DIR"] == str((run / "00_ok").resolve())
     assert (run / "01_fails.ipynb").exists()  # executed copy kept for debugging
@@ -373,7 +373,29 @@ def test_reproduce_reports_failure_and_continues(tmp_path, out_dir):
     text = out.getvalue()
     assert text.count("kept from the resumed run") == 2 and re.search(r"01_fails\s+running", text)
     report = (run / "REPORT.md").read_text()
-    assert "3/3 notebooks ok" in report and "before = 2.5" in report and "seed = 3" in report
+    assert "3/3 notebooks ok" in report and "| before | 2.5 |" in report and "| seed | 3 |" in report
+
+
+@pytest.mark.slow
+def test_reproduce_names_the_checkpoints_each_notebook_trained(tmp_path, monkeypatch):
+    """The report's minutes table says which notebook paid for which cached model: a checkpoint
+    that appears in the cache during a notebook is listed on its row, one already there is not."""
+    cache = tmp_path / "cache"
+    (cache / "sft" / "old").mkdir(parents=True)
+    (cache / "sft" / "old" / "memkit.json").write_text("{}")
+    monkeypatch.setenv("MEMKIT_CACHE", str(cache))  # the kernel inherits it
+    nbs = tmp_path / "nbs"
+    make_notebook(nbs / "00_trains.ipynb", [
+        "from memkit.io import cache_dir\nd = cache_dir() / 'sft' / 'new'\nd.mkdir(parents=True)\n"
+        "(d / 'memkit.json').write_text('{}')"])
+    make_notebook(nbs / "01_reads.ipynb", ["x = 1"])
+    run = reproduce(smoke=True, out_root=tmp_path / "runs", notebooks_dir=nbs, stream=io.StringIO())
+    rows = {ln.split(" | ")[0].strip("| "): ln for ln in (run / "REPORT.md").read_text().splitlines()
+            if ln.startswith("| 0")}
+    assert "`sft/new`" in rows["00_trains"] and "old" not in rows["00_trains"]
+    assert rows["01_reads"].rstrip().endswith("| - |")
+    summary = json.loads((run / "summary.json").read_text())
+    assert [n["trained"] for n in summary["notebooks"]] == [["sft/new"], []]
 
 
 def test_results_page_judges_claims_on_a_reproduce_run(tmp_path):
