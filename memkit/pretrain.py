@@ -34,7 +34,7 @@ import signal
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -43,65 +43,12 @@ from memkit.cpu import all_cores
 from memkit.io import atomic_dir
 from memkit.models import build_tiny
 from memkit.sft import AttentionProbe, lr_shape, save_checkpoint, sft_uses_bf16
+from memkit.train.config import PretrainConfig
 from memkit.world.generator import ATTR_BY_NAME, ATTRS, SUBJECT, make_world
 
 COPY_KINDS = ("extract", "lookup", "repeat")
 #: the base reads world ``world_seed + TEXT_WORLD_OFFSET``, never the task world itself
 TEXT_WORLD_OFFSET = 1000
-
-
-@dataclass
-class PretrainConfig:
-    """Every knob of the tiny base's pretraining (``memkit pretrain`` has one flag per field)."""
-
-    seq_len: int = 256
-    """Tokens per packed training sequence (documents are cut at row ends)."""
-    batch_size: int = 16
-    """Sequences per optimizer step."""
-    steps: int = 20000
-    """Optimizer steps, a cap: the time budget (``max_seconds``) usually ends the run first."""
-    lr: float = 4e-3
-    """Peak learning rate (AdamW), SFT's measured peak for this model."""
-    warmup: int = 200
-    """Linear warmup steps."""
-    schedule: str = field(default="wsd", metadata={"choices": ("wsd", "cosine")})
-    """After warmup: "wsd" (held, then a linear decay over the last decay_fraction of the run) or
-    "cosine" (:func:`memkit.sft.lr_shape`)."""
-    decay_fraction: float = 0.2
-    """wsd only: share of the run (steps or wall time) spent decaying to 0."""
-    max_seconds: float | None = 480.0
-    """Wall-clock budget of the training (all sessions of a resumed run together): the schedule
-    runs on max(step/steps, elapsed/budget) and training stops when either ends (None = by steps)."""
-    copy_fraction: float = 0.7
-    """Share of documents that are copy/extract text; the rest are world passages."""
-    heldout_passages: int = 16
-    """Passages of the task world (never trained on) for the held-out perplexity."""
-    seed: int = 0
-    """Seeds the model's init and the data stream."""
-    world_seed: int = 0
-    """The task world: its tokenizer is used; its text is not (see TEXT_WORLD_OFFSET)."""
-    bf16: bool | None = None
-    """bfloat16 autocast (weights and AdamW stay float32); None = CUDA with bf16, float32 on CPUs
-    (:func:`memkit.sft.sft_uses_bf16`)."""
-    cpu_attention: str = field(default="auto", metadata={"choices": ("auto", "eager", "sdpa")})
-    """Attention kernel of CPU training: "eager", "sdpa" or "auto" = time both on the first steps of
-    each session and keep the faster (:class:`memkit.sft.AttentionProbe`). Same numbers to ~1e-5;
-    an exact resume needs a fixed kernel."""
-    log_every: int = 50
-    """Log a row (mean loss since the last row) every N steps."""
-    checkpoint_every_seconds: float = 60.0
-    """Save a resumable checkpoint this often (an interrupted run loses at most this much)."""
-
-    def __post_init__(self):
-        lr_shape(self)  # an unknown schedule fails here
-        if not 0.0 <= self.copy_fraction <= 1.0:
-            raise ValueError(f"copy_fraction={self.copy_fraction} must be in [0, 1]")
-        if self.cpu_attention not in ("auto", *AttentionProbe.KERNELS):
-            raise ValueError(f"cpu_attention={self.cpu_attention!r}; use 'auto', 'eager' or 'sdpa'")
-        if self.seq_len < 8 or min(self.batch_size, self.warmup, self.steps, self.log_every) < 1:
-            raise ValueError("seq_len must be >= 8; batch_size, warmup, steps and log_every >= 1")
-        if self.heldout_passages < 0:
-            raise ValueError(f"heldout_passages={self.heldout_passages} must be >= 0")
 
 
 #: Fields that change how a run is watched, not the base it trains (left out of its cache key).

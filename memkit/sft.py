@@ -33,87 +33,13 @@ import math
 import random
 import statistics
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from memkit.agents import METHODS
-from memkit.agents.base import OracleConfig
 from memkit.io import atomic_dir
 from memkit.models.loading import decoder_and_head
-
-
-@dataclass
-class SFTConfig:
-    """Every knob of behaviour cloning (``memkit sft`` has one flag per field)."""
-
-    method: str = field(default="mem1", metadata={"choices": METHODS})
-    """Memory format whose oracle is cloned (``memkit.agents.METHODS``)."""
-    method_kwargs: dict = field(default_factory=dict)
-    """Keyword arguments of the format (``get_method``), e.g. memact ``{"schedule": "window"}``."""
-    objectives: tuple[int, ...] = (1, 2)
-    """Questions per training task (k values)."""
-    n_tasks: int = 4000
-    """Oracle tasks to clone (~15k calls); more data does not help in the 10-minute budget
-    (measured: docs/findings.md, 'SFT recipe')."""
-    steps: int = 4000
-    """Optimizer steps, a cap: the 10-minute budget (``max_seconds``) usually ends the run first."""
-    batch_size: int = 16
-    """Sequences per optimizer step. The copying skill comes with sequences seen, not optimizer
-    steps, so smaller batches do not buy it sooner (measured: docs/findings.md, 'SFT recipe')."""
-    lr: float = 4e-3
-    """Peak learning rate (AdamW); twice as high diverges (measured: docs/findings.md, 'SFT recipe')."""
-    warmup: int = 200
-    """Linear warmup steps."""
-    schedule: str = field(default="wsd", metadata={"choices": ("wsd", "cosine")})
-    """After warmup: "wsd" (warmup-stable-decay: lr held, then a linear decay over the last
-    decay_fraction of the run) or "cosine". wsd keeps the peak rate until the late-arriving
-    copying skill has formed (measured: docs/findings.md, 'SFT recipe')."""
-    decay_fraction: float = 0.2
-    """wsd only: share of the run (steps or wall time) spent decaying to 0."""
-    max_len: int = 768
-    """Sequences longer than this are dropped (counted in the log)."""
-    context_weight: float = 1.0
-    """w_ctx: LM loss on context tokens (0 = output-only SFT, see the module doc)."""
-    context_fraction: float = 0.5
-    """Share of context tokens scored by L_ctx each step (a fresh random subset per batch, an
-    unbiased estimate of L_ctx). Half is as good as all of them and cheaper; a quarter is worse
-    (measured: docs/findings.md, 'SFT recipe')."""
-    bf16: bool | None = None
-    """bfloat16 autocast for the forward/backward (weights and AdamW stay float32). None = GPUs
-    with bf16, float32 on CPUs (:func:`sft_uses_bf16`; measured: docs/findings.md, 'SFT recipe')."""
-    max_seconds: float | None = 600.0
-    """Wall-clock budget (``training.train_sft_model``: data + training): the schedule runs on
-    max(step/steps, elapsed/budget) and training stops when either ends (machine-dependent; None =
-    by steps). The default is `memkit sft`'s 10 minutes, so a notebook that trains the default
-    model gets the same one as the command line."""
-    k_docs: int = 1
-    """Passages per search in the cloned trajectories (and the model's later rollouts): the papers
-    retrieve 3; one keeps the tiny model's contexts ~1.6x shorter at unchanged oracle EM (the
-    oracle re-searches when the top passage misses)."""
-    init: str = "scratch"
-    """Where SFT starts: "scratch" (a fresh random tiny model seeded by seed), "base" (the pretrained
-    tiny base of `memkit pretrain` with its default flags, trained first if missing: SFT then only
-    learns the format), or a policy spec / checkpoint directory to continue from, e.g. tiny-sft:TAG
-    (the same minutes of more SFT, RL's baseline). It must use the kit's tokenizer."""
-    seed: int = 0
-    """Seeds the training tasks, the oracle's imperfections and the model's init ("scratch")."""
-    world_seed: int = 0
-    """Synthetic world the tasks come from."""
-    oracle: OracleConfig = field(default_factory=lambda: OracleConfig(p_wasted_search=0.05, p_drop_fact=0.05))
-    """Imperfection knobs of the cloned oracle (mistakes left in the data so RL has room)."""
-    log_every: int = 50
-    """Log a row every N steps."""
-    cpu_attention: str = field(default="auto", metadata={"choices": ("auto", "eager", "sdpa")})
-    """Attention kernel of CPU training: "eager", "sdpa" (same numbers, tested to 1e-5) or "auto" =
-    time both on the first steps and keep the faster (:class:`AttentionProbe`). Which wins depends
-    on the CPU (measured: docs/findings.md, 'SFT recipe')."""
-
-    def __post_init__(self):
-        lr_shape(self)  # an unknown schedule fails here, not after the data is built
-        if self.cpu_attention not in ("auto", *AttentionProbe.KERNELS):
-            raise ValueError(f"cpu_attention={self.cpu_attention!r}; use 'auto', 'eager' or 'sdpa'")
+from memkit.train.config import ATTENTION_KERNELS, SFTConfig, lr_shape
 
 
 def collect_examples(trajectories, max_len: int) -> tuple[list[tuple[list[int], list[int]]], int]:
@@ -237,7 +163,7 @@ class AttentionProbe:
     slower kernel's share of ``2 * rounds`` steps.
     """
 
-    KERNELS = ("eager", "sdpa")
+    KERNELS = ATTENTION_KERNELS
 
     def __init__(self, warmup: int = 2, rounds: int = 4):
         self.warmup, self.rounds = warmup, rounds
@@ -269,24 +195,6 @@ class AttentionProbe:
         elif self.done(step):
             model.set_attn_implementation(self.faster())
         return kernel
-
-
-def lr_shape(cfg: SFTConfig):
-    """The learning-rate factor after warmup as a function of run progress ``f`` in [0, 1].
-
-    * ``cosine``: ``(1 + cos(pi f)) / 2``;
-    * ``wsd`` (warmup-stable-decay): 1 until ``f = 1 - d``, then ``(1 - f) / d`` down to 0
-      (``d = cfg.decay_fraction``). It keeps the full learning rate for longer, which is what a
-      short run needs here: the copying heads form late (see the module doc).
-    """
-    if cfg.schedule == "cosine":
-        return lambda f: 0.5 * (1 + math.cos(math.pi * f))
-    if cfg.schedule == "wsd":
-        d = cfg.decay_fraction
-        if not 0.0 < d <= 1.0:
-            raise ValueError(f"decay_fraction={d} must be in (0, 1]; 0.2 decays over the last fifth of the run")
-        return lambda f: min(1.0, (1.0 - f) / d)
-    raise ValueError(f"unknown SFT schedule {cfg.schedule!r}; use 'wsd' or 'cosine'")
 
 
 def train_sft(model, tokenizer, examples, cfg: SFTConfig, log=None, progress: bool = True) -> list[dict]:

@@ -151,11 +151,15 @@ def test_every_documented_command_line_parses():
 
 @pytest.mark.parametrize("argv", [["--help"], ["world", "--help"], ["eval", "--help"], ["eval", "--n", "5"],
                                   ["rollout", "--method", "nope"], ["reproduce", "--help"], ["results", "--help"],
-                                  ["nope"]])
+                                  ["nope"], ["train", "--help"], ["train", "--method", "nope"],
+                                  ["train", "--method", "mem1", "--steps", "0"], ["train", "--method", "mem1", "--lr", "-1"],
+                                  ["sft", "--help"], ["sft", "--method", "mem1", "--decay-fraction", "0"],
+                                  ["sft", "--method", "mem1", "--tag", "a/b"], ["pretrain", "--copy-fraction", "2"]])
 def test_help_and_argument_errors_import_no_torch(argv):
-    """``memkit --help`` and these commands' own errors build only their subcommand's flags: no torch,
-    no transformers (the start-up that made ``memkit --help`` take 6 s). Timed in no test: the import
-    set is what decides it."""
+    """``memkit --help`` and every command's argument errors build only their subcommand's flags from
+    torch-free configs (memkit.rl.config, memkit.train.config) and check them before anything heavy
+    loads: no torch, no transformers (the start-up that made ``memkit --help`` take 6 s). Timed in
+    no test: the import set is what decides it. (A bad ``--credit`` loads the rule registry.)"""
     import subprocess
     import sys
 

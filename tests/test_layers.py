@@ -8,7 +8,7 @@ Layers, bottom to top (a module may import its own layer and the ones below):
        metrics_locomo
     2  models                                  policies, generation
     3  agents, envs, rollout                   memory formats, the search env, the engine
-    4  rl, sft, pretrain                       training algorithms (take a kit-like object; no assembly)
+    4  rl, sft, pretrain, train                training algorithms (take a kit-like object; no assembly)
     5  kit, policies, evaluation, training,    assembly: a kit, policy specs, rollouts/eval, SFT/RL runs,
        lab, conversation_eval, memt_lab,       the RL lab's recipes, Mem-T's evaluation and lab
        memt_hindsight                          (retrieval; construction by hindsight SFT)
@@ -27,7 +27,7 @@ LAYERS = (
     ("world", "retrieval", "metrics", "metrics_locomo"),
     ("models",),
     ("agents", "envs", "rollout"),
-    ("rl", "sft", "pretrain"),
+    ("rl", "sft", "pretrain", "train"),
     ("kit", "policies", "evaluation", "training", "lab", "conversation_eval", "memt_lab", "memt_hindsight"),
     ("nb", "reproduce", "results", "viz"),
     ("cli",),

@@ -16,7 +16,7 @@ HELP = "pretrain the tiny base (world passages + copy/extract text; cached, resu
 
 
 def add_arguments(sp) -> None:
-    from memkit.pretrain import PretrainConfig
+    from memkit.train.config import PretrainConfig
 
     sp.description = __doc__.splitlines()[0]
     add_config_flags(sp, PretrainConfig)
@@ -24,12 +24,14 @@ def add_arguments(sp) -> None:
 
 
 def run(args) -> int:
+    from memkit.train.config import PretrainConfig
+
+    cfg = config_from_args(PretrainConfig, args)  # a bad value is named before torch loads
     from memkit.cpu import busy_cpu_note
     from memkit.kit import load_kit
     from memkit.policies import base_checkpoint_path, ensure_base
-    from memkit.pretrain import PretrainConfig, partial_path
+    from memkit.pretrain import partial_path
 
-    cfg = config_from_args(PretrainConfig, args)
     path = base_checkpoint_path(cfg)
     t0 = time.perf_counter()
     if (path / "memkit.json").is_file():

@@ -14,7 +14,7 @@ HELP = "behaviour-clone the oracle into the tiny model (cached checkpoint)"
 
 
 def add_arguments(sp) -> None:
-    from memkit.sft import SFTConfig
+    from memkit.train.config import SFTConfig
 
     sp.description = __doc__.splitlines()[0]
     add_config_flags(sp, SFTConfig, required={"method"}, aliases={"oracle.show_comparison": ["--show-comparison"]})
@@ -26,18 +26,26 @@ def add_arguments(sp) -> None:
                          "--seed, else one naming them, e.g. k1-2-3-n4000-s0); load it as --policy tiny-sft:TAG")
 
 
+def check_tag(tag: str | None) -> str | None:
+    """A cache tag becomes part of a directory name: letters, digits, '-', '_' and '.' only."""
+    if tag is not None and not all(c.isalnum() or c in "-_." for c in tag):
+        raise ValueError(f"--tag {tag!r}: use letters, digits, '-', '_' or '.' (it becomes part of a directory name)")
+    return tag
+
+
 def run(args) -> int:
+    from memkit.train.config import SFTConfig
+
+    cfg = config_from_args(SFTConfig, args)  # a bad value is named before torch loads
+    check_tag(args.tag)
     from memkit.cpu import busy_cpu_note
     from memkit.evaluation import evaluate
     from memkit.kit import load_kit
     from memkit.policies import sft_checkpoint_path, sft_tag
-    from memkit.sft import SFTConfig, budget_note
+    from memkit.sft import budget_note
     from memkit.training import train_sft_model
 
-    cfg = config_from_args(SFTConfig, args)
-    tag = args.tag or sft_tag(cfg)
-    if not all(c.isalnum() or c in "-_." for c in tag):
-        raise ValueError(f"--tag {tag!r}: use letters, digits, '-', '_' or '.' (it becomes part of a directory name)")
+    tag = check_tag(args.tag or sft_tag(cfg))
     kit = load_kit(cfg.world_seed)
     note = busy_cpu_note() if cfg.max_seconds else None
     if note:

@@ -39,9 +39,9 @@ def train_config(args):
 
 
 def run(args) -> int:
+    cfg = train_config(args)  # a bad value is named before the trainer (torch) loads
     from memkit.training import train
 
-    cfg = train_config(args)
 
     def log(r):
         print(f"step {r['step']:4d}  reward {r['reward_mean']:.3f}  EM {r['em']:.3f}  kl {r['kl']:.4f}  "

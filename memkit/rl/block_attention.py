@@ -21,8 +21,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-#: attention paths of a 2D-masked packed forward (``TrainConfig.attention``)
-ATTENTION_PATHS = ("auto", "dense", "blocks", "flex")
+from memkit.rl.choices import ATTENTION_PATHS  # noqa: F401  the paths this module implements (``TrainConfig.attention``)
+
 #: query tokens per block of the ``blocks`` path: larger blocks gather more keys per query,
 #: smaller ones make more, smaller matmuls (64 was the fastest on CPU at k = 8)
 BLOCK = 64

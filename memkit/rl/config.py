@@ -9,16 +9,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
-import torch
-
 from memkit.agents import METHODS, STREAM_METHODS
 from memkit.agents.base import PROMPTS
-from memkit.rl.block_attention import ATTENTION_PATHS
-from memkit.rl.losses import AGG_MODES, KL_KINDS
-from memkit.rl.mot import COMBINES as MOT_COMBINES
-from memkit.rl.memory_reward import BIASES as MEM_BIASES, CONTEXTS as MEM_CONTEXTS, NORMS as MEM_NORMS, \
-    OPENERS as MEM_OPENERS, PROBE_PACKINGS, ANSWER_SCORES as MEM_SCORES
-from memkit.rl.packing import MODES as PACKING_MODES
+from memkit.rl.choices import (AGG_MODES, ATTENTION_PATHS, KL_KINDS, MEM_BIASES, MEM_CONTEXTS, MEM_NORMS, MEM_OPENERS,
+                                MEM_SCORES, MOT_COMBINES, PACKING_MODES, PROBE_PACKINGS)
 from memkit.world.splits import TRAINING_SPLITS
 from memkit.world.task_sets import EVAL_SEEDS
 
@@ -287,15 +281,6 @@ class TrainConfig:
             bad("method_kwargs", f"{e} (see memkit.agents.{self.method})")
         if self.packing != "auto" and self.packing not in PACKING_MODES:
             bad("packing", f"choose auto or one of {PACKING_MODES}")
-        from memkit.rl.credit import CREDIT_RULES
-
-        if self.credit != "auto" and self.credit not in CREDIT_RULES:
-            bad("credit", f"choose auto or one of {sorted(CREDIT_RULES)}")
-        rule = CREDIT_RULES[self.resolved_credit()]
-        if rule.needs_values != (ALGO_CREDIT[self.algo] == "gae"):
-            bad("credit", f"rule {rule.name!r} {'needs' if rule.needs_values else 'trains without'} a critic, "
-                          f"which algo={self.algo!r} {'does not train' if rule.needs_values else 'trains'}: pick a "
-                          "critic-free rule with grpo, gae with ppo, or credit='auto'")
         if self.prompt not in PROMPTS:
             bad("prompt", "choose auto, paper or compact")
         if self.agg not in AGG_MODES:
@@ -312,9 +297,6 @@ class TrainConfig:
         for name in ("eval_every", "save_every", "eval_tasks", "warmup_steps"):
             if int(getattr(self, name)) < 0:
                 bad(name, "must be >= 0 (0 turns it off)")
-        if rule.needs_groups and self.n_samples < 2:
-            bad("n_samples", f"credit rule {rule.name!r} normalises within a group of samples per task: set "
-                             "n_samples >= 2 (e.g. 4), or use algo='ppo' (gae)")
         if not self.objectives or min(self.objectives) < 1:
             bad("objectives", "give question counts >= 1, e.g. (2,)")
         if self.max_seconds is not None and self.max_seconds <= 0:
@@ -335,8 +317,11 @@ class TrainConfig:
             bad("device", "choose auto, cpu or cuda")
         if self.attention not in ATTENTION_PATHS:
             bad("attention", f"choose one of {ATTENTION_PATHS}")
-        if self.attention == "flex" and (self.device == "cpu" or not torch.cuda.is_available()):
-            bad("attention", "flex_attention has no backward on CPU; use auto or blocks")
+        if self.attention == "flex":
+            import torch
+
+            if self.device == "cpu" or not torch.cuda.is_available():
+                bad("attention", "flex_attention has no backward on CPU; use auto or blocks")
         for name, choices in (("mem_reward_context", MEM_CONTEXTS), ("mem_reward_bias", MEM_BIASES),
                               ("mem_reward_opener", MEM_OPENERS), ("mem_reward_score", MEM_SCORES),
                               ("mem_reward_norm", MEM_NORMS), ("mem_reward_packing", PROBE_PACKINGS),
@@ -347,6 +332,19 @@ class TrainConfig:
             bad("dcpo_segments", "give N_seg >= 1 segments per prompt, or 0 for every segment once")
         if self.mixed_precision not in PRECISIONS:
             bad("mixed_precision", "choose no, bf16 or fp16")
+        # last: the registry loads the rules (and torch), so every other bad value is named without it
+        from memkit.rl.credit import CREDIT_RULES
+
+        if self.credit != "auto" and self.credit not in CREDIT_RULES:
+            bad("credit", f"choose auto or one of {sorted(CREDIT_RULES)}")
+        rule = CREDIT_RULES[self.resolved_credit()]
+        if rule.needs_values != (ALGO_CREDIT[self.algo] == "gae"):
+            bad("credit", f"rule {rule.name!r} {'needs' if rule.needs_values else 'trains without'} a critic, "
+                          f"which algo={self.algo!r} {'does not train' if rule.needs_values else 'trains'}: pick a "
+                          "critic-free rule with grpo, gae with ppo, or credit='auto'")
+        if rule.needs_groups and self.n_samples < 2:
+            bad("n_samples", f"credit rule {rule.name!r} normalises within a group of samples per task: set "
+                             "n_samples >= 2 (e.g. 4), or use algo='ppo' (gae)")
         return self
 
     def to_dict(self) -> dict:

@@ -17,8 +17,7 @@ import math
 
 import torch
 
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
-KL_KINDS = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
+from memkit.rl.choices import AGG_MODES, KL_KINDS  # noqa: F401  the aggregations and estimators below
 
 
 # ----------------------------------------------------------------------------- aggregation

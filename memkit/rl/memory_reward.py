@@ -33,19 +33,15 @@ import torch
 
 from memkit.agents.oracle import ANSWER_PLAN
 from memkit.rl.advantages import grpo_advantages, grpo_advantages_loop
-from memkit.rl.credit import CreditBatch, group_advantages, group_advantages_loop, register_credit, scored_calls
+from memkit.rl.choices import (MEM_BIASES as BIASES, MEM_CONTEXTS as CONTEXTS, MEM_NORMS as NORMS,  # noqa: F401
+                              MEM_OPENERS as OPENERS, MEM_SCORES as ANSWER_SCORES, PROBE_PACKINGS)
+from memkit.rl.credit.registry import CreditBatch, group_advantages, group_advantages_loop, register_credit, scored_calls
 from memkit.rl.losses import token_logprobs
 from memkit.rl.packed_forward import packed_attention
 from memkit.rl.packing import pack
 from memkit.rollout.engine import token_char_ends
 from memkit.trajectory import Call, Trajectory, TrainingUnit
 
-CONTEXTS = ("question", "call")
-BIASES = ("previous", "call", "none")
-OPENERS = ("think", "answer")
-ANSWER_SCORES = ("joint", "per_slot")
-NORMS = ("pooled", "per_step")  # how the credit rule normalises R_M (the `mempo` credit rule below)
-PROBE_PACKINGS = ("separate", "mem1_exact")  # exact layouts only: the same P either way
 MEM_TAG = "mem"
 EMPTY_MEMORY = "<mem>\n</mem>"
 

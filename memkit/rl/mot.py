@@ -31,11 +31,11 @@ from dataclasses import dataclass
 import torch
 
 from memkit.rl.advantages import grpo_advantages_loop
-from memkit.rl.credit import register_credit, scored_calls
+from memkit.rl.choices import MOT_COMBINES as COMBINES  # noqa: F401  A_intra + A_inter, or sequential
+from memkit.rl.credit.registry import register_credit, scored_calls
 from memkit.trajectory import Trajectory, TrainingUnit
 
 _RETRIEVED = re.compile(r"^\[([A-Za-z]+\d+)\] ", re.M)
-COMBINES = ("sum", "sequential")
 
 
 def retrieved_ids(observation: str | None) -> list[str]:

@@ -64,9 +64,9 @@ from typing import NamedTuple
 
 import torch
 
+from memkit.rl.choices import PACKING_MODES as MODES  # noqa: F401  the three packings pack() builds
 from memkit.trajectory import Call, Trajectory, TrainingUnit, as_unit
 
-MODES = ("separate", "mem1_mask", "mem1_exact")
 
 
 @dataclass

@@ -34,7 +34,7 @@ from typing import Hashable, Sequence
 import torch
 
 from memkit.rl.advantages import grpo_advantages, grpo_advantages_loop
-from memkit.rl.credit import CreditBatch, register_credit
+from memkit.rl.credit.registry import CreditBatch, register_credit
 from memkit.trajectory import Trajectory, TrainingUnit
 
 
