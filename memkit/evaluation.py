@@ -20,8 +20,11 @@ from memkit.world.task_sets import DEFAULT_KINDS, held_out_tasks
 def rollout(method_name: str, tasks, kit, policy: str = "oracle", n: int = 1, max_turns: int | None = None,
             temperature: float = 0.0, seed: int = 0, oracle_cfg: OracleConfig | None = None,
             max_context_tokens: int | None = None, progress: bool = False, method_kwargs: dict | None = None,
-            prompt: str = "auto", k_docs: int | None = None, sample_seeds=None):
+            prompt: str = "auto", k_docs: int | None = None, sample_seeds=None, backend=None):
     """Roll out ``n`` trajectories per task with a policy spec; returns trajectories.
+
+    ``backend``: a rollout-backend factory (:mod:`memkit.models.backend`) for a model policy; None
+    = the loaded model's own (memkit's HF loop unless it was given another).
 
     ``sample_seeds``: one seed per trajectory (task-major) for batch-invariant sampling
     (:class:`RolloutConfig`); None = one stream seeded by ``seed``.
@@ -32,11 +35,11 @@ def rollout(method_name: str, tasks, kit, policy: str = "oracle", n: int = 1, ma
     trained with (:func:`memkit.models.trained_k_docs`, e.g. 1 for the SFT'd tiny model), else the kit's.
     """
     method = get_method(method_name, **(method_kwargs or {}))
-    engine_policy, tok, wrap, loaded = resolve_policy(policy, method, kit, temperature, seed, oracle_cfg)
+    engine_policy, tok, wrap, loaded = resolve_policy(policy, method, kit, temperature, seed, oracle_cfg, backend)
     env = kit.env_for(k_docs if k_docs is not None else trained_k_docs(getattr(loaded, "model", None)))
     wrap = prompt_wrap(method.name, tok, wrap, prompt, oracle=isinstance(policy, str) and policy == "oracle")
     if max_context_tokens is None:  # the model's window; the oracle has none
-        model = getattr(getattr(engine_policy, "backend", None), "model", None)
+        model = getattr(loaded, "model", None)
         max_context_tokens = model.config.max_position_embeddings - 256 if model is not None else 10**9
     cfg = RolloutConfig(n=n, max_turns=max_turns, max_context_tokens=max_context_tokens, seed=seed,
                         sample_seeds=sample_seeds)
@@ -44,13 +47,14 @@ def rollout(method_name: str, tasks, kit, policy: str = "oracle", n: int = 1, ma
 
 
 def evaluate(method_name: str, kit, objectives=(1, 2, 4, 8), n_tasks: int = 50, policy: str = "oracle",
-             seed: int = 1000, kinds=DEFAULT_KINDS, **rollout_kw):
+             seed: int = 1000, kinds=DEFAULT_KINDS, backend=None, **rollout_kw):
     """Run :func:`memkit.world.held_out_tasks` at each objective count; returns
     ``{k: (summary_dict, trajectories)}``.
 
-    The summary is :func:`memkit.metrics.summarize`'s plus EM by question kind (``em_by_kind``)."""
+    The summary is :func:`memkit.metrics.summarize`'s plus EM by question kind (``em_by_kind``).
+    ``backend``: the rollout-backend factory of a model policy (:func:`rollout`)."""
     results = {}
-    policy = load_spec(policy, method_name, kit, seed)  # once for every k
+    policy = load_spec(policy, method_name, kit, seed, backend)  # once for every k
     for k in objectives:
         tasks = held_out_tasks(kit.world, n_tasks, k, seed, kinds)
         t0 = time.perf_counter()

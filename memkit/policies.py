@@ -126,26 +126,35 @@ def sft_spec_path(spec: str, method: str, world_seed: int = 0) -> Path:
         raise FileNotFoundError(f"no SFT'd tiny model for method {method!r} at {path}; train it first with {how}")
     return path
 
-def load_spec(spec, method_name: str, kit, seed: int = 0):
+def load_spec(spec, method_name: str, kit, seed: int = 0, backend=None):
     """A policy spec as a loaded :class:`memkit.models.LoadedModel`, to load a model once for many
-    rollouts ("tiny" builds a new random model, seeded by ``seed``, on every load). "oracle" and
-    already loaded policies pass through unchanged."""
-    if not isinstance(spec, str) or spec == "oracle":
+    rollouts ("tiny" builds a new random model, seeded by ``seed``, on every load). "oracle" passes
+    through unchanged; an already loaded policy too, unless ``backend`` (a factory,
+    :mod:`memkit.models.backend`) differs from its own: then a copy that rolls out with it."""
+    if not isinstance(spec, str):
+        if backend is not None and spec is not None and spec.backend_factory is not backend:
+            return replace(spec, backend_factory=backend)
+        return spec
+    if spec == "oracle":
         return spec
     if spec == "tiny-sft" or spec.startswith("tiny-sft:"):
         spec = str(sft_spec_path(spec, method_name, kit.world_seed))
-    return fresh_tiny(kit, seed) if spec == "tiny" else load_policy(spec)
+    loaded = fresh_tiny(kit, seed) if spec == "tiny" else load_policy(spec)
+    loaded.backend_factory = backend
+    return loaded
 
 
 def resolve_policy(spec: str, method, kit, temperature: float = 0.0, seed: int = 0,
-                   oracle_cfg: OracleConfig | None = None):
+                   oracle_cfg: OracleConfig | None = None, backend=None):
     """Return ``(engine_policy, tokenizer, wrap, loaded)``; ``loaded`` is the models.LoadedModel or None.
 
     ``spec`` is a policy spec string or an already loaded :class:`memkit.models.LoadedModel` (reused
-    as is, e.g. to roll out many batches without reloading the model: :func:`load_spec`)."""
+    as is, e.g. to roll out many batches without reloading the model: :func:`load_spec`).
+    ``backend``: the rollout-backend factory of a model policy (None: the loaded model's own, by
+    default memkit's HF loop)."""
     if spec == "oracle":  # a loaded LoadedModel never equals the string
         return OraclePolicy(method, kit.tokenizer, oracle_cfg, seed=seed), kit.tokenizer, None, None
-    return _model_policy(load_spec(spec, method.name, kit, seed), temperature, seed)
+    return _model_policy(load_spec(spec, method.name, kit, seed, backend), temperature, seed)
 
 
 def _model_policy(loaded, temperature: float, seed: int):

@@ -74,10 +74,12 @@ class TrainResult:
     path: Path | None  # last checkpoint directory (policy/ inside loads with load_policy)
 
 
-def train(cfg: TrainConfig, kit: Kit | None = None, progress=True, log=None, resume: bool = False) -> TrainResult:
+def train(cfg: TrainConfig, kit: Kit | None = None, progress=True, log=None, resume: bool = False,
+          backend=None) -> TrainResult:
     """Run ``cfg.steps`` RL steps or ``cfg.max_seconds`` (continuing ``cfg.out_dir`` when ``resume``).
 
-    ``progress``: a tqdm bar (main process); ``log``: called with every step row.
+    ``progress``: a tqdm bar (main process); ``log``: called with every step row; ``backend``: the
+    rollout-backend factory (:mod:`memkit.models.backend`; None = memkit's HF loop).
     """
     cfg.validate()
     init_spec(cfg, kit.world_seed if kit is not None else cfg.world_seed)  # fail fast on a missing checkpoint
@@ -85,7 +87,7 @@ def train(cfg: TrainConfig, kit: Kit | None = None, progress=True, log=None, res
     kit = kit if kit is not None else load_kit(cfg.world_seed)
     model, tok, wrap = load_init(cfg, kit)
     wrap = prompt_wrap(cfg.method, tok, wrap, cfg.prompt)  # the prompt the SFT'd model learned
-    trainer = Trainer(cfg, model, tok, wrap, kit, acc)
+    trainer = Trainer(cfg, model, tok, wrap, kit, acc, backend=backend)
     if resume:
         trainer.resume()
     trainer.run(progress=progress, log=log)

@@ -167,6 +167,14 @@ class HFBackend:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    def sync_weights(self, model) -> None:
+        """The rollout-backend protocol's sync (:mod:`memkit.models.backend`): this loop decodes with
+        the training model itself, so an optimizer step is seen at once; only a different model
+        object (e.g. a reloaded one) is pointed at. Nothing is copied."""
+        if model is not self.model:
+            self.model, self._growable = model, None
+            self.max_positions = getattr(model.config, "max_position_embeddings", None)
+
     def _check(self, prompts, max_new_tokens, temperature, top_p):
         if isinstance(prompts, (str, bytes)) or (prompts and isinstance(prompts[0], int)):
             raise TypeError("generate(prompts=...) wants a list of token-id lists, e.g. [tokenizer.encode(text)]")

@@ -57,16 +57,29 @@ class LoadedModel:
     tokenizer: object
     spec: str
     wrap: Callable[[list[Segment]], list[Segment]]
+    backend_factory: Callable | None = None
+    """``(model, tokenizer) -> RolloutBackend`` (:mod:`memkit.models.backend`); None = memkit's HF loop."""
     _backend: object = field(default=None, init=False, repr=False, compare=False)
+    _backend_model: object = field(default=None, init=False, repr=False, compare=False)
 
     def backend(self):
-        """The :class:`~memkit.models.generation.HFBackend` over this policy (one per policy, so
-        its caches and ``stats`` carry over from one rollout to the next)."""
-        from memkit.models.generation import HFBackend
+        """The rollout backend over this policy, built once by ``backend_factory`` (so its caches and
+        ``stats`` carry over from one rollout to the next) and synced when ``model`` is replaced;
+        after training ``model`` in place, call :meth:`sync_backend`."""
+        from memkit.models.backend import check_backend, hf_backend
 
-        if self._backend is None or self._backend.model is not self.model:
-            self._backend = HFBackend(self.model, self.tokenizer)
+        if self._backend is None:
+            self._backend = check_backend((self.backend_factory or hf_backend)(self.model, self.tokenizer))
+            self._backend_model = self.model
+        elif self._backend_model is not self.model:
+            self.sync_backend()
         return self._backend
+
+    def sync_backend(self) -> None:
+        """Hand the current weights to the backend (a no-op copy for the HF loop, which shares them)."""
+        if self._backend is not None:
+            self._backend.sync_weights(self.model)
+            self._backend_model = self.model
 
     @property
     def chat(self) -> bool:

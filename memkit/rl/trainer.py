@@ -15,6 +15,10 @@ the step's tasks (all samples of a task on the same process, so GRPO groups are 
 loss is normalised over the *global* mini-batch (:func:`memkit.rl.critic.loss_weights`), so
 1 process x 8 trajectories, 4 micro-batches x 2 and 2 processes x 4 give the same update.
 
+Rollouts go through a rollout backend (:mod:`memkit.models.backend`; memkit's HF loop by default)
+that the loop hands the new weights after every update and after a resume (``sync_weights``), so an
+engine with its own copy of the weights samples from the policy being trained.
+
 Determinism: the step's tasks and the rollout sampler are seeded from (seed, step, process),
 so a resumed run continues exactly. Dropout is kept off (eval mode) during RL, as in verl.
 """
@@ -39,11 +43,14 @@ class Trainer(Learner):
     """:class:`~memkit.rl.update.Learner` + the loop: tasks, rollouts, logs, eval, checkpoints.
 
     ``kit``: anything with ``world`` (the tasks' world) and ``env_for(k_docs)`` (the search env),
-    e.g. :func:`memkit.kit.load_kit`'s. ``task_pool``: the training tasks (default below)."""
+    e.g. :func:`memkit.kit.load_kit`'s. ``task_pool``: the training tasks (default below).
+    ``backend``: the rollout-backend factory ``(model, tokenizer) -> RolloutBackend``; None = memkit's
+    HF decode loop (:func:`memkit.models.backend.hf_backend`)."""
 
     def __init__(self, cfg: TrainConfig, model, tokenizer, wrap=None, kit=None, accelerator=None,
-                 task_pool: list | None = None):
+                 task_pool: list | None = None, backend=None):
         super().__init__(cfg, model, tokenizer, wrap, accelerator)
+        self.backend_factory, self._backend = backend, None
         self.kit, self.method = kit, None
         if kit is not None:
             from memkit.agents import STREAM_METHODS, get_method
@@ -77,15 +84,28 @@ class Trainer(Learner):
         pool = self.task_pool
         return rng.sample(pool, n) if n <= len(pool) else rng.choices(pool, k=n)
 
+    @property
+    def backend(self):
+        """This process's rollout backend over the policy (built on first use by the factory)."""
+        if self._backend is None:
+            from memkit.models.backend import check_backend, hf_backend
+
+            self._backend = check_backend((self.backend_factory or hf_backend)(self.policy, self.tokenizer))
+        return self._backend
+
+    def sync_backend(self) -> None:
+        """Hand the policy's current weights to the rollout backend (after an update, after a resume)."""
+        if self._backend is not None:
+            self._backend.sync_weights(self.policy)
+
     def rollout(self, tasks, n: int, temperature: float, seed: int) -> list[Trajectory]:
         """Roll out ``n`` samples of each task with the current policy on this process."""
-        from memkit.models import HFBackend
         from memkit.rollout.engine import ModelPolicy, RolloutConfig, run_rollouts
 
         if not tasks:
             return []
         gen = torch.Generator().manual_seed(seed)
-        policy = ModelPolicy(HFBackend(self.policy, self.tokenizer), temperature=temperature,
+        policy = ModelPolicy(self.backend, temperature=temperature,
                              top_p=self.cfg.top_p if temperature > 0 else 1.0, generator=gen)
         rc = RolloutConfig(n=n, max_turns=self.cfg.max_turns,  # None: the method's per-task limit
                            max_context_tokens=self.cfg.max_context_tokens, seed=seed)
@@ -107,6 +127,7 @@ class Trainer(Learner):
         trajs = self.rollout(local, cfg.n_samples, cfg.temperature, (cfg.seed * 1_000_003 + self.step) * 64 + self.rank)
         t1 = time.perf_counter()
         stats = self.update(trajs)
+        self.sync_backend()  # the next rollout (this step's eval included) samples from the updated policy
         t2 = time.perf_counter()
         self.step += 1
         row = {"step": self.step, **self._rollout_stats(trajs), **stats,
@@ -219,6 +240,7 @@ class Trainer(Learner):
             raise ValueError(f"cannot resume {path}: config differs in {diff} (checkpoint, now); use the "
                              "checkpoint's values or a new out_dir")
         self.files.load(path)
+        self.sync_backend()  # the loaded weights, for a backend built before the resume
         self.step, self.history, self.eval_history = meta["step"], meta["history"], meta["eval_history"]
         self.files.rewrite_logs(self.history, self.eval_history)
         self.last_checkpoint = path
