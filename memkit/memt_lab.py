@@ -1,7 +1,9 @@
 """Mem-T in the RL lab: the tiny model clones the teacher's retrieval, then RL trains it on trees.
 
 The stores are built once by the teacher (construction is not what MoT-GRPO's retrieval phase
-trains, §3.2), the questions are answered by the policy. One RL step, for ``queries`` questions:
+trains, §3.2), the questions are answered by the policy. RL runs through the one trainer
+(:class:`~memkit.rl.trainer.Trainer` with :class:`~memkit.rl.plans.TreePlan`); this module keeps the
+lab's recipe: the clone, the arms and their sizes. One RL step, for ``queries`` questions:
 
 * ``mot``: G trees per question grown by the policy, the questions batched
   (:func:`memkit.rollout.trees.grow_forest`),
@@ -11,19 +13,16 @@ trains, §3.2), the questions are answered by the policy. One RL step, for ``que
 """
 from __future__ import annotations
 
-import random
-import time
-from collections import defaultdict
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 
 from memkit.agents import get_method
 from memkit.agents.base import OracleConfig
 from memkit.policies import prompt_wrap, sft_init
 from memkit.conversation_eval import summarize_streams
-from memkit.rl.mot import MoTConfig, mot_units, score_query
+from memkit.rl.plans import MAX_CONTEXT_TOKENS, TreePlan
 from memkit.rollout.engine import ModelPolicy, OraclePolicy, RolloutConfig
-from memkit.rollout.streams import answer_questions, build_memories, stream_rollouts
-from memkit.rollout.trees import TreeConfig, grow_forest
+from memkit.rollout.streams import answer_questions, stream_rollouts, teacher_built_stores
+from memkit.rollout.trees import TreeConfig
 from memkit.sft import SFTConfig, train_sft
 from memkit.world.streams import make_conversations
 
@@ -45,12 +44,9 @@ class MemTLab:
 
 
 def built_stores(kit, n: int, seed: int, size: str, progress: bool = False):
-    """``n`` conversations (seeds ``seed..``) and their stores built by the perfect teacher."""
-    method = get_method("memt")
-    convs = make_conversations(kit.world, n, seed=seed, size=size)
-    built = build_memories(method, convs, OraclePolicy(method, kit.tokenizer), kit.tokenizer,
-                           RolloutConfig(max_context_tokens=10**9), progress=progress)
-    return convs, built
+    """``n`` conversations (seeds ``seed..``) and their stores built by the perfect teacher
+    (:func:`memkit.rollout.streams.teacher_built_stores`)."""
+    return teacher_built_stores(get_method("memt"), kit.world, kit.tokenizer, n, seed, size, progress)
 
 
 def memt_wrap(kit):
@@ -95,8 +91,6 @@ def f1_by_category(trajs) -> dict[str, float]:
     return out
 
 
-#: the context limit of the lab's rollouts (the tiny model's 4,096 positions, less room to answer)
-MAX_CONTEXT_TOKENS = 3800
 
 
 def sampler(model, kit, temperature: float, seed: int):
@@ -115,41 +109,6 @@ def answer_with(model, kit, built, temperature: float = 0.0, seed: int = 0, n: i
     policy, wrap = sampler(model, kit, temperature, seed)
     return answer_questions(get_method("memt"), built, policy, kit.tokenizer,
                             RolloutConfig(n=n, max_context_tokens=MAX_CONTEXT_TOKENS), wrap)
-
-
-def rl_step(learner, kit, built, arm: str, step: int, queries: int = 4, tree_cfg: TreeConfig = TreeConfig(3, 1, 2),
-            chains: int = 7, temperature: float = 1.0, seed: int = 0, mot: MoTConfig = MoTConfig()) -> dict:
-    """One RL step of ``arm`` ("mot" or "grpo") on ``queries`` questions drawn from ``built``."""
-    method = get_method("memt")
-    rng = random.Random(f"{seed}-{step}")
-    pool = [(b, qi) for b in built for qi in range(len(b.memory["conversation"].qa))]
-    picked = rng.sample(pool, min(queries, len(pool)))
-    learner.model.eval()
-    policy, wrap = sampler(learner.policy, kit, temperature, seed * 100_003 + step)
-    cfg = RolloutConfig(max_context_tokens=MAX_CONTEXT_TOKENS)
-    t0 = time.perf_counter()
-    if arm == "mot":
-        trajs = []
-        tcfg = replace(tree_cfg, seed=seed * 1000 + step)
-        forest = grow_forest(method, picked, policy, kit.tokenizer, tcfg, cfg, wrap)
-        for (b, qi), qt in zip(picked, forest):
-            score_query(qt.trees, b.memory["conversation"].qa[qi].evidence, b.memory["store"].sources_of(), mot)
-            trajs += qt.trees
-    elif arm == "grpo":
-        by_state: dict[int, list[int]] = defaultdict(list)
-        for b, qi in picked:
-            by_state[id(b)].append(qi)
-        states = [b for b in built if id(b) in by_state]
-        trajs = answer_questions(method, states, policy, kit.tokenizer, replace(cfg, n=chains), wrap,
-                                 questions=[by_state[id(b)] for b in states])
-    else:
-        raise ValueError(f"arm must be 'mot' or 'grpo', got {arm!r}")
-    rollout_s = time.perf_counter() - t0
-    tokens = sum(c.n_output for t in trajs for c in t.calls if c.role == "act")
-    stats = learner.update(trajs, mot_units(trajs, None, 0))  # each tree's or chain's retrieval calls
-    leaves = [o["reward"] or 0.0 for t in trajs for o in t.info.get("leaf_outcomes", [{"reward": t.reward}])]
-    return {"step": step, "arm": arm, "reward": sum(leaves) / max(len(leaves), 1), "rollout_tokens": tokens,
-            "rollout_s": rollout_s, **{k: stats[k] for k in ("pg_loss", "kl", "trained_tokens")}}
 
 
 def ensure_memt_clone(kit, lab: MemTLab | None = None, progress: bool = True):
@@ -182,22 +141,28 @@ ARMS = {"MoT-GRPO": ("mot", {}), "GRPO": ("grpo", {"credit": "grpo"}),
 
 def run_arm(kit, start, built, eval_built, arm: str, steps: int, seed: int, lr: float = 3e-4, queries: int = 4,
             tree_cfg: TreeConfig = TreeConfig(3, 1, 2), chains: int = 7, temperature: float = 1.0, log=None):
-    """Train a copy of ``start`` for ``steps`` RL steps of arm ``arm`` (:data:`ARMS`); returns
-    ``(step rows, F1 by category after)``."""
+    """Train a copy of ``start`` for ``steps`` RL steps of arm ``arm`` (:data:`ARMS`) through the
+    :class:`~memkit.rl.trainer.Trainer` (Mem-T's :class:`~memkit.rl.plans.TreePlan` over ``built``):
+    ``queries`` questions a step, ``tree_cfg.trees`` trees each (MoT-GRPO arms) or ``chains`` chains
+    (GRPO, about as many rollout tokens). Returns ``(step rows, F1 by category after)``."""
     import copy
 
     from memkit.rl.config import TrainConfig
-    from memkit.rl.update import Learner
+    from memkit.rl.trainer import Trainer
 
     kind, over = ARMS[arm]
     cfg = TrainConfig(method="memt", packing="mem1_exact", lr=lr, warmup_steps=0, seed=seed, mini_batches=1,
-                      micro_batch_size=4, **over).validate()
-    learner = Learner(cfg, copy.deepcopy(start), kit.tokenizer)
+                      micro_batch_size=4, steps=steps, tasks_per_step=queries, temperature=temperature,
+                      n_samples=tree_cfg.trees if kind == "mot" else chains, mot_rounds=tree_cfg.rounds,
+                      mot_pivots=tree_cfg.pivots, eval_every=0, **over)
+    plan = TreePlan(built, eval_built)
+    trainer = Trainer(cfg, copy.deepcopy(start), kit.tokenizer, memt_wrap(kit), kit, plan=plan)
     rows = []
     for step in range(steps):
-        row = rl_step(learner, kit, built, kind, step, queries, tree_cfg, chains, temperature, seed,
-                      MoTConfig(intra=cfg.mot_intra, inter=cfg.mot_inter))
-        rows.append({**row, "arm": arm, "rollout": kind, "seed": seed})
+        r = trainer.train_step()
+        rows.append({"step": step, "arm": arm, "rollout": kind, "seed": seed, "reward": r["leaf_reward"],
+                     "rollout_tokens": r["rollout_tokens"], "rollout_s": r["seconds_rollout"],
+                     **{k: r[k] for k in ("pg_loss", "kl", "trained_tokens")}})
         if log:
             log(rows[-1])
-    return rows, f1_by_category(answer_with(learner.policy.eval(), kit, eval_built))
+    return rows, f1_by_category(plan.answer(trainer, eval_built))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from memkit.agents import STREAM_METHODS
 from memkit.cpu import all_cores
 from memkit.evaluation import rollout
 from memkit.kit import Kit, load_kit
@@ -82,16 +83,30 @@ def train(cfg: TrainConfig, kit: Kit | None = None, progress=True, log=None, res
     rollout-backend factory (:mod:`memkit.models.backend`; None = memkit's HF loop).
     """
     cfg.validate()
-    init_spec(cfg, kit.world_seed if kit is not None else cfg.world_seed)  # fail fast on a missing checkpoint
+    streams = cfg.method in STREAM_METHODS
+    if not (streams and cfg.init == "tiny-sft"):
+        init_spec(cfg, kit.world_seed if kit is not None else cfg.world_seed)  # fail fast on a missing checkpoint
     acc = make_accelerator(cfg)
     kit = kit if kit is not None else load_kit(cfg.world_seed)
-    model, tok, wrap = load_init(cfg, kit)
+    model, tok, wrap = _stream_init(cfg, kit, progress) if streams and cfg.init == "tiny-sft" else load_init(cfg, kit)
     wrap = prompt_wrap(cfg.method, tok, wrap, cfg.prompt)  # the prompt the SFT'd model learned
     trainer = Trainer(cfg, model, tok, wrap, kit, acc, backend=backend)
     if resume:
         trainer.resume()
     trainer.run(progress=progress, log=log)
     return TrainResult(trainer.history, trainer.eval_history, trainer.policy, getattr(trainer, "last_checkpoint", None))
+
+
+def _stream_init(cfg: TrainConfig, kit: Kit, progress: bool):
+    """Mem-T's ``tiny-sft``: the RL lab's retrieval clone (:func:`memkit.memt_lab.ensure_memt_clone`,
+    cached; trained on first use), LoRA-wrapped if asked -> ``(model, tokenizer, wrap)``."""
+    from memkit.memt_lab import ensure_memt_clone
+    from memkit.models import LoraSpec, apply_lora, identity_wrap
+
+    model = ensure_memt_clone(kit, progress=progress)
+    if cfg.lora:
+        model = apply_lora(model, LoraSpec(r=cfg.lora_r, alpha=cfg.lora_alpha, seed=cfg.seed))
+    return model, kit.tokenizer, identity_wrap
 
 
 # ---- arms x seeds ------------------------------------------------------------------------------------

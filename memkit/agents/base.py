@@ -121,6 +121,9 @@ class Method(ABC):
     default_packing: str = "separate"
     #: the group-relative credit rule RL uses for it (``memkit.rl.credit``); PPO always uses ``gae``
     default_credit: str = "grpo"
+    #: how the trainer rolls it out (``memkit.rl.plans.PLANS``): ``chains`` = n independent episodes
+    #: per task; ``trees`` = questions over built memory stores, as operation trees or chains
+    rollout_plan: str = "chains"
 
     def new_state(self, task: Task, max_turns: int = 12) -> AgentState:
         return AgentState(task=task, max_turns=max_turns)

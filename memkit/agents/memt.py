@@ -86,6 +86,7 @@ class MemT(Method):
     format_penalty = 0.0  # eq. 10: the format indicator zeroes the reward
     default_credit = "mot"  # MoT-GRPO: node rewards and tree advantages (memkit.rl.mot)
     default_packing = "mem1_exact"  # a tree's retrieval calls extend their parent's: one exact trie row per tree
+    rollout_plan = "trees"  # questions over teacher-built stores, grown as operation trees (memkit.rl.plans)
 
     def __init__(self, retriever: str = "bm25", top_k: int = 5, related_k: int = 5, max_steps: int = 6):
         if top_k < 1 or related_k < 1 or max_steps < 1:

@@ -1,6 +1,7 @@
 """``memkit train``: RL (GRPO or PPO) on a method's synthetic tasks.
 
     memkit train --algo grpo --method memsearcher --steps 100
+    memkit train --method memt --steps 20 --tasks-per-step 4 --n 3   # MoT-GRPO trees over teacher-built stores
     memkit train --algo ppo --method mem1 --packing mem1_mask --lora --out runs/mem1-ppo
     memkit train ... --out runs/mem1-ppo --resume          # continue from the latest checkpoint
 
@@ -42,7 +43,6 @@ def run(args) -> int:
     cfg = train_config(args)  # a bad value is named before the trainer (torch) loads
     from memkit.training import train
 
-
     def log(r):
         print(f"step {r['step']:4d}  reward {r['reward_mean']:.3f}  EM {r['em']:.3f}  kl {r['kl']:.4f}  "
               f"entropy {r['entropy']:.3f}  clip {r['clip_frac']:.3f}  peak {r['peak_tokens']:.0f}  "
@@ -53,7 +53,10 @@ def run(args) -> int:
 
     if dist.is_available() and dist.is_initialized():  # torchrun / accelerate launch: tear the process
         dist.destroy_process_group()  # group down now; gloo's threads can abort a rank at interpreter exit
-    for e in result.eval_history[-len(cfg.eval_objectives):]:
-        print(f"eval step {e['step']} k={e['k']}: EM {e['em']:.3f}  F1 {e['f1']:.3f}  invalid {e['invalid_rate']:.2f}")
+    last = [e for e in result.eval_history if e["step"] == result.eval_history[-1]["step"]] if result.eval_history else []
+    for e in last:  # wiki tasks: a row per objective count; Mem-T: one row over every held-out question
+        where = f" k={e['k']}" if "k" in e else f" ({e['questions']} questions)" if "questions" in e else ""
+        em = f"EM {e['em']:.3f}  " if "em" in e else ""
+        print(f"eval step {e['step']}{where}: {em}F1 {e['f1']:.3f}  invalid {e['invalid_rate']:.2f}")
     print(f"logs in {cfg.out_dir}/metrics.csv; checkpoint {result.path}")
     return 0

@@ -41,8 +41,9 @@ class TrainConfig:
     """Keyword arguments of ``get_method`` (e.g. memsearcher ``memory_budget_words``)."""
     init: str = "tiny-sft"
     """Initial policy: ``tiny-sft`` (cached SFT checkpoint of ``method``; make it with
-    ``memkit sft --method M``), ``tiny-sft:<tag>`` (a variant ``memkit sft`` saved under that tag),
-    ``tiny`` (random init), ``smollm2-135m``, a checkpoint dir or a hub id."""
+    ``memkit sft --method M``; for ``memt`` the RL lab's retrieval clone, trained on first use),
+    ``tiny-sft:<tag>`` (a variant ``memkit sft`` saved under that tag), ``tiny`` (random init),
+    ``smollm2-135m``, a checkpoint dir or a hub id."""
     prompt: str = field(default="auto", metadata={"choices": PROMPTS})
     """Instruction in each context: ``paper`` | ``compact`` | ``auto`` (compact for tiny models,
     as ``memkit sft`` trains them; paper for chat models) — see ``policies.prompt_wrap``."""
@@ -207,6 +208,11 @@ class TrainConfig:
     """Keep A_intra (eq. 11); False is the paper's "w/o A_intra" ablation."""
     mot_inter: bool = True
     """Keep A_inter (eq. 12); False is the paper's "w/o A_inter" ablation."""
+    mot_rounds: int = 1
+    """MoT-GRPO's trees (``memkit.rl.plans.TreePlan``): M expansion rounds after each tree's seed chain
+    (eq. 9); the trees per question are ``n_samples`` (G)."""
+    mot_pivots: int = 2
+    """N_v pivot nodes per tree and round (Mem-T §4.1: 3; the lab: 2)."""
 
     # ---- evaluation, logging, checkpoints --------------------------------------------------
     eval_every: int = 10
@@ -288,7 +294,7 @@ class TrainConfig:
         if self.kl_kind not in KL_KINDS:
             bad("kl_kind", f"choose one of {KL_KINDS}")
         for name in ("steps", "tasks_per_step", "n_samples", "ppo_epochs", "mini_batches", "micro_batch_size",
-                     "row_groups", "n_train_tasks", "keep_checkpoints"):
+                     "row_groups", "n_train_tasks", "keep_checkpoints", "mot_pivots"):
             if int(getattr(self, name)) < 1:
                 bad(name, "must be >= 1")
         if self.eval_seed not in EVAL_SEEDS or self.eval_seed + max(self.eval_objectives, default=0) not in EVAL_SEEDS:
@@ -328,6 +334,8 @@ class TrainConfig:
                               ("dcpo_group_stats", DCPO_GROUP_STATS), ("mot_combine", MOT_COMBINES)):
             if getattr(self, name) not in choices:
                 bad(name, f"choose one of {choices}")
+        if self.mot_rounds < 0:
+            bad("mot_rounds", "must be >= 0 (0: each tree is its seed chain only)")
         if self.dcpo_segments < 0:
             bad("dcpo_segments", "give N_seg >= 1 segments per prompt, or 0 for every segment once")
         if self.mixed_precision not in PRECISIONS:

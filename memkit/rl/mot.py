@@ -121,6 +121,13 @@ class MoTConfig:
     eps: float = 1e-6
 
 
+def mot_config(cfg) -> MoTConfig:
+    """The :class:`MoTConfig` of a trainer config's ``mot_*`` knobs (``TrainConfig``; any object with
+    them, defaults for those it lacks): one reading for the node rewards and the advantages."""
+    return MoTConfig(alpha=getattr(cfg, "mot_alpha", 0.5), combine=getattr(cfg, "mot_combine", "sum"),
+                     intra=getattr(cfg, "mot_intra", True), inter=getattr(cfg, "mot_inter", True))
+
+
 def tree_advantages(rewards: torch.Tensor, tree_ids, query_ids, cfg: MoTConfig = MoTConfig()) -> torch.Tensor:
     """Eq. 11-13 (or Tree-GRPO's sequential rule) for a flat batch of nodes.
 
@@ -235,8 +242,7 @@ def _node_table(cb, cfg, loop: bool = False) -> dict[tuple[int, int], float]:
     where, r = scored_calls(cb, lambda call: call.role == "act",
                             "a tree node needs its node reward: score the trees with memkit.rl.mot.score_query "
                             "before the update")
-    mot_cfg = MoTConfig(alpha=getattr(cfg, "mot_alpha", 0.5), combine=getattr(cfg, "mot_combine", "sum"),
-                        intra=getattr(cfg, "mot_intra", True), inter=getattr(cfg, "mot_inter", True))
+    mot_cfg = mot_config(cfg)
     trees, queries = [i for i, _ in where], [cb.group_ids[i] for i, _ in where]
     a = tree_advantages_loop(r, trees, queries, mot_cfg) if loop else tree_advantages(torch.tensor(r), trees, queries,
                                                                                       mot_cfg).tolist()

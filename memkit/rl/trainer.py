@@ -36,7 +36,7 @@ from memkit.rl.checkpoint import RunFiles
 from memkit.rl.config import RESUME_KEYS, TrainConfig
 from memkit.rl.update import Learner, make_accelerator
 from memkit.trajectory import Trajectory
-from memkit.world.task_sets import held_out_tasks, training_tasks
+from memkit.world.task_sets import training_tasks
 
 
 class Trainer(Learner):
@@ -45,22 +45,21 @@ class Trainer(Learner):
     ``kit``: anything with ``world`` (the tasks' world) and ``env_for(k_docs)`` (the search env),
     e.g. :func:`memkit.kit.load_kit`'s. ``task_pool``: the training tasks (default below).
     ``backend``: the rollout-backend factory ``(model, tokenizer) -> RolloutBackend``; None = memkit's
-    HF decode loop (:func:`memkit.models.backend.hf_backend`)."""
+    HF decode loop (:func:`memkit.models.backend.hf_backend`). ``plan``: how a step rolls out
+    (:mod:`memkit.rl.plans`); None = the one the method declares (``Method.rollout_plan``: chains of
+    wiki tasks, or Mem-T's trees over teacher-built stores)."""
 
     def __init__(self, cfg: TrainConfig, model, tokenizer, wrap=None, kit=None, accelerator=None,
-                 task_pool: list | None = None, backend=None):
+                 task_pool: list | None = None, backend=None, plan=None):
         super().__init__(cfg, model, tokenizer, wrap, accelerator)
         self.backend_factory, self._backend = backend, None
-        self.kit, self.method = kit, None
+        self.kit, self.method, self.plan = kit, None, plan
         if kit is not None:
-            from memkit.agents import STREAM_METHODS, get_method
-
-            if cfg.method in STREAM_METHODS:
-                raise ValueError(f"the training loop rolls out wiki tasks; {cfg.method} reads conversation streams: "
-                                 "grow and score its trees (memkit.rollout.trees, memkit.rl.mot) and call "
-                                 "Learner.update on them")
+            from memkit.agents import get_method
+            from memkit.rl.plans import PLANS
 
             self.method = get_method(cfg.method, **cfg.method_kwargs)
+            self.plan = plan or PLANS[self.method.rollout_plan]()
         self.step, self.history, self.eval_history = 0, [], []
         self.files = RunFiles(cfg.out_dir, self.acc) if cfg.out_dir else None
         self.last_checkpoint: Path | None = None
@@ -123,14 +122,16 @@ class Trainer(Learner):
         if self.step == 0 and cfg.eval_every and cfg.eval_at_start and not self.eval_history:
             self.evaluate()
         t0 = time.perf_counter()
-        local = self.step_tasks(self.step)[self.rank::self.world]
-        trajs = self.rollout(local, cfg.n_samples, cfg.temperature, (cfg.seed * 1_000_003 + self.step) * 64 + self.rank)
+        if self.plan is None:
+            raise ValueError("this Trainer has no kit; pass kit=memkit.kit.load_kit() to roll out")
+        local = self.plan.tasks(self, self.step)[self.rank::self.world]
+        trajs, units = self.plan.rollout(self, local, self.step)
         t1 = time.perf_counter()
-        stats = self.update(trajs)
+        stats = self.update(trajs, units)
         self.sync_backend()  # the next rollout (this step's eval included) samples from the updated policy
         t2 = time.perf_counter()
         self.step += 1
-        row = {"step": self.step, **self._rollout_stats(trajs), **stats,
+        row = {"step": self.step, **self._rollout_stats(trajs), **self.plan.stats(trajs), **stats,
                "seconds_rollout": t1 - t0, "seconds_update": t2 - t1, "seconds": t2 - t0}
         self.history.append(row)
         if self.files:
@@ -194,26 +195,18 @@ class Trainer(Learner):
                 "n_trajectories": int(tot[0])}
 
     def evaluate(self) -> list[dict]:
-        """Greedy rollouts on :func:`memkit.world.held_out_tasks` of seed base ``cfg.eval_seed``, main process."""
-        from memkit.metrics import em_by_kind, summarize
-
+        """The plan's greedy held-out evaluation (main process): for wiki tasks,
+        :func:`memkit.world.held_out_tasks` of seed base ``cfg.eval_seed`` at each ``eval_objectives``."""
         rows = []
         if self.acc.is_main_process and self.cfg.eval_tasks:
-            for k in self.cfg.eval_objectives:
-                tasks = held_out_tasks(self.kit.world, self.cfg.eval_tasks, k, self.cfg.eval_seed)
-                trajs = self.rollout(tasks, 1, 0.0, self.cfg.eval_seed + k)
-                s = summarize(trajs)
-                rows.append({"step": self.step, "k": k, "reward_mean": sum(t.reward for t in trajs) / len(trajs),
-                             **{key: s[key] for key in ("em", "f1", "peak_tokens", "context_tokens", "invalid_rate",
-                                                         "tool_calls", "memory_actions")},
-                             **em_by_kind(trajs, tasks), **self._memory_probability(trajs)})
+            rows = self.plan.evaluate(self)
             self.eval_history += rows
             if self.files:
                 self.files.log_eval(rows)
         self.acc.wait_for_everyone()
         return rows
 
-    def _memory_probability(self, trajs) -> dict:
+    def memory_probability(self, trajs) -> dict:
         """``mem_p``: mean P[ans | q, mem_t] over the ``<mem>`` of greedy held-out trajectories (MemPO
         Fig. 4's quantity, for any credit rule); {} when the format writes none."""
         rows = self._memory_rows(trajs, "none", "separate")

@@ -54,6 +54,19 @@ def stream_rollouts(method, conversations: Sequence[Conversation], policy: Polic
     return answer_questions(method, built, policy, tokenizer, cfg, wrap, progress=progress)
 
 
+def teacher_built_stores(method, world, tokenizer, n: int, seed: int, size: str, progress: bool = False):
+    """``n`` synthetic conversations (seeds ``seed..``, :func:`memkit.world.streams.make_conversations`)
+    and their memories built by the perfect scripted teacher: the stores Mem-T's retrieval phase is
+    trained and evaluated on (construction is not what MoT-GRPO's retrieval phase trains, §3.2)."""
+    from memkit.rollout.engine import OraclePolicy
+    from memkit.world.streams import make_conversations
+
+    convs = make_conversations(world, n, seed=seed, size=size)
+    built = build_memories(method, convs, OraclePolicy(method, tokenizer), tokenizer,
+                           RolloutConfig(max_context_tokens=10**9), progress=progress)
+    return convs, built
+
+
 def _copy_failed(state):
     import copy
 

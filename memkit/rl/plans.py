@@ -1,0 +1,151 @@
+"""How the trainer rolls out one step: each method declares a plan (``Method.rollout_plan``) and
+:class:`~memkit.rl.trainer.Trainer` runs it, so one loop trains all five papers.
+
+    plan.tasks(trainer, step) -> list                 # the step's global work, a function of (seed, step)
+    plan.rollout(trainer, local, step) -> (trajectories, training units or None)
+    plan.evaluate(trainer) -> list[dict]              # greedy held-out rows (main process)
+
+* :class:`ChainPlan` (``chains``): wiki tasks, ``n_samples`` independent episodes per task (a GRPO
+  group; PPO's trajectories). ReAct, MEM1, MemSearcher, MemPO, MemAct.
+* :class:`TreePlan` (``trees``): Mem-T's retrieval phase (§3.2). Questions over memory stores the
+  scripted teacher built once; with credit ``mot`` every question grows G = ``n_samples`` operation
+  trees (eq. 8-9: a seed chain, then ``mot_rounds`` rounds of ``mot_pivots`` branches), scored by
+  node rewards (eq. 10-13); with another rule (the paper's GRPO baseline) ``n_samples`` chains.
+
+Every plan samples through the trainer's rollout backend (:mod:`memkit.models.backend`).
+"""
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from dataclasses import dataclass, replace
+
+import torch
+
+from memkit.rl.mot import mot_config, mot_units, score_query
+from memkit.rollout.engine import ModelPolicy, RolloutConfig
+from memkit.rollout.streams import answer_questions, teacher_built_stores
+from memkit.rollout.trees import TreeConfig, grow_forest
+from memkit.world.task_sets import held_out_tasks
+
+
+class ChainPlan:
+    """Wiki tasks (:meth:`Trainer.step_tasks`), ``n_samples`` chains each; held-out tasks at every
+    ``eval_objectives`` count for evaluation."""
+
+    def tasks(self, trainer, step: int) -> list:
+        return trainer.step_tasks(step)
+
+    def rollout(self, trainer, local: list, step: int):
+        cfg = trainer.cfg
+        seed = (cfg.seed * 1_000_003 + step) * 64 + trainer.rank
+        return trainer.rollout(local, cfg.n_samples, cfg.temperature, seed), None
+
+    def stats(self, trajs) -> dict:
+        return {}
+
+    def evaluate(self, trainer) -> list[dict]:
+        from memkit.metrics import em_by_kind, summarize
+
+        cfg, rows = trainer.cfg, []
+        for k in cfg.eval_objectives:
+            tasks = held_out_tasks(trainer.kit.world, cfg.eval_tasks, k, cfg.eval_seed)
+            trajs = trainer.rollout(tasks, 1, 0.0, cfg.eval_seed + k)
+            s = summarize(trajs)
+            rows.append({"step": trainer.step, "k": k, "reward_mean": sum(t.reward for t in trajs) / len(trajs),
+                         **{key: s[key] for key in ("em", "f1", "peak_tokens", "context_tokens", "invalid_rate",
+                                                     "tool_calls", "memory_actions")},
+                         **em_by_kind(trajs, tasks), **trainer.memory_probability(trajs)})
+        return rows
+
+
+#: the context limit of Mem-T's rollouts on the tiny model (its 4,096 positions, less room to answer)
+MAX_CONTEXT_TOKENS = 3800
+
+
+@dataclass
+class TreePlan:
+    """Mem-T's retrieval phase over teacher-built stores (module doc).
+
+    ``built`` / ``eval_built``: the training and held-out stores (built states of
+    :func:`memkit.rollout.streams.build_memories`); None = built by the teacher on first use from
+    the trainer's kit: ``n_train_tasks`` conversations (seeds 20,000 + seed ..) and ``eval_tasks``
+    (seeds 30,000 + seed ..) of ``size``. A step draws ``tasks_per_step`` questions (seeded by
+    (seed, step)); evaluation answers every held-out question greedily.
+    """
+
+    built: list | None = None
+    eval_built: list | None = None
+    size: str = "smoke"
+    max_context_tokens: int = MAX_CONTEXT_TOKENS
+
+    def _stores(self, trainer) -> None:
+        cfg, kit = trainer.cfg, trainer.kit
+        if self.built is None:
+            self.built = teacher_built_stores(trainer.method, kit.world, kit.tokenizer, cfg.n_train_tasks,
+                                              20_000 + cfg.seed, self.size)[1]
+        if self.eval_built is None:
+            self.eval_built = teacher_built_stores(trainer.method, kit.world, kit.tokenizer, cfg.eval_tasks,
+                                                   30_000 + cfg.seed, self.size)[1]
+
+    def tasks(self, trainer, step: int) -> list:
+        """``(built state, question index)`` pairs drawn without replacement from every stored question."""
+        self._stores(trainer)
+        pool = [(b, qi) for b in self.built for qi in range(len(b.memory["conversation"].qa))]
+        return random.Random(f"{trainer.cfg.seed}-{step}").sample(pool, min(trainer.cfg.tasks_per_step, len(pool)))
+
+    def _policy(self, trainer, temperature: float, seed: int) -> ModelPolicy:
+        trainer.model.eval()
+        return ModelPolicy(trainer.backend, temperature=temperature, top_p=1.0,
+                           generator=torch.Generator().manual_seed(seed))
+
+    def rollout(self, trainer, local: list, step: int):
+        cfg, method = trainer.cfg, trainer.method
+        policy = self._policy(trainer, cfg.temperature, cfg.seed * 100_003 + step)
+        rc = RolloutConfig(max_context_tokens=self.max_context_tokens)
+        if cfg.resolved_credit() == "mot":
+            tree_cfg = TreeConfig(trees=cfg.n_samples, rounds=cfg.mot_rounds, pivots=cfg.mot_pivots,
+                                  seed=cfg.seed * 1000 + step)
+            trajs, mot = [], mot_config(cfg)
+            for (b, qi), qt in zip(local, grow_forest(method, local, policy, trainer.tokenizer, tree_cfg, rc,
+                                                      trainer.wrap)):
+                score_query(qt.trees, b.memory["conversation"].qa[qi].evidence, b.memory["store"].sources_of(), mot)
+                trajs += qt.trees
+        else:  # the paper's GRPO baseline: independent chains per question
+            by_state: dict[int, list[int]] = defaultdict(list)
+            for b, qi in local:
+                by_state[id(b)].append(qi)
+            states = [b for b in self.built if id(b) in by_state]
+            trajs = answer_questions(method, states, policy, trainer.tokenizer, replace(rc, n=cfg.n_samples),
+                                     trainer.wrap, questions=[by_state[id(b)] for b in states])
+        return trajs, mot_units(trajs, None, 0)  # each tree's or chain's retrieval calls
+
+    def stats(self, trajs) -> dict:
+        """``leaf_reward``: the mean reward of every leaf (a chain is its own leaf), the training signal
+        of Fig. 5; ``rollout_tokens``: the retrieval tokens sampled (the equal-tokens comparison)."""
+        leaves = [o["reward"] or 0.0 for t in trajs for o in t.info.get("leaf_outcomes", [{"reward": t.reward}])]
+        return {"leaf_reward": sum(leaves) / max(len(leaves), 1),
+                "rollout_tokens": sum(c.n_output for t in trajs for c in t.calls if c.role == "act")}
+
+    def evaluate(self, trainer) -> list[dict]:
+        self._stores(trainer)
+        trajs = self.answer(trainer, self.eval_built)
+        n = max(len(trajs), 1)
+        row = {"step": trainer.step, "f1": sum(float(t.reward or 0.0) for t in trajs) / n,
+               "invalid_rate": sum(not t.valid for t in trajs) / n, "questions": len(trajs)}
+        for cat in sorted({t.info["category"] for t in trajs}):
+            scores = [float(t.reward or 0.0) for t in trajs if t.info["category"] == cat]
+            row[f"f1_{cat}"] = sum(scores) / len(scores)
+        return [row]
+
+    def answer(self, trainer, built, temperature: float = 0.0, seed: int = 0) -> list:
+        """Every question of ``built`` answered by the trainer's policy (greedy by default)."""
+        policy = self._policy(trainer, temperature, seed)
+        return answer_questions(trainer.method, built, policy, trainer.tokenizer,
+                                RolloutConfig(max_context_tokens=self.max_context_tokens), trainer.wrap)
+
+
+#: ``Method.rollout_plan`` -> the plan the Trainer builds for it
+PLANS = {"chains": ChainPlan, "trees": TreePlan}
+
+__all__ = ["ChainPlan", "TreePlan", "PLANS", "MAX_CONTEXT_TOKENS"]
