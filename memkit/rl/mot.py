@@ -32,7 +32,7 @@ import torch
 
 from memkit.rl.advantages import grpo_advantages_loop
 from memkit.rl.choices import MOT_COMBINES as COMBINES  # noqa: F401  A_intra + A_inter, or sequential
-from memkit.rl.credit.registry import register_credit, scored_calls
+from memkit.rl.credit.registry import call_values_to_tokens, register_credit, scored_calls
 from memkit.trajectory import Trajectory, TrainingUnit
 
 _RETRIEVED = re.compile(r"^\[([A-Za-z]+\d+)\] ", re.M)
@@ -273,14 +273,4 @@ def mot(cb, cfg):
     (eq. 10) come from ``Call.reward`` (:func:`score_query`). shape: node rewards -> ``[B, L]``
     advantages (0 off ``loss_mask``).
     """
-    a = _node_table(cb, cfg)
-    b = cb.batch
-    n_call = 1 + max((max(u.calls) for u in cb.units if u.calls), default=0)
-    table = torch.zeros(len(cb.units), n_call)
-    for u_idx, unit in enumerate(cb.units):
-        i = int(cb.unit_traj[u_idx])
-        for c in unit.calls:
-            table[u_idx, c] = a[(i, c)]
-    cid = b.call_ids.clamp(min=0)
-    adv = table[b.traj_index.unsqueeze(-1).expand_as(cid), cid] * b.loss_mask.float()
-    return adv.to(b.loss_mask.device), None
+    return call_values_to_tokens(cb, _node_table(cb, cfg)), None

@@ -5,7 +5,7 @@ update looks it up by name and never branches on the algorithm. Each method decl
 rule (``Method.default_credit``); ``TrainConfig.credit`` / ``memkit train --credit`` override it.
 
     grpo           A_i = (R_i - mean_g R) / std_g R on every trained token of trajectory i
-    multi_context  the same A_i copied to every call of trajectory i (MemSearcher eq. 6-8)
+    multi_context  A_i copied to every call of trajectory i (MemSearcher eq. 6-8): grpo itself, by name
     gae            GAE over each trajectory's trained tokens with critic values (MEM1 §3.2),
                    then whitened over the whole rollout batch (verl)
     mempo          A_T on every trained token, + A_M (the group-normalised memory reward R_M) on
@@ -30,8 +30,7 @@ from typing import Callable, Hashable, Sequence
 
 import torch
 
-from memkit.rl.advantages import broadcast_to_calls, broadcast_to_calls_loop, gae, gae_loop, grpo_advantages, \
-    grpo_advantages_loop
+from memkit.rl.advantages import gae, gae_loop, grpo_advantages, grpo_advantages_loop
 from memkit.rl.packing import PackedBatch
 from memkit.trajectory import Trajectory, TrainingUnit
 
@@ -153,6 +152,29 @@ def grpo(cb: CreditBatch, cfg):
 
 
 # ----------------------------------------------------------------------------- multi_context
+def multi_context_loop(cb: CreditBatch, cfg) -> list[list[float]]:
+    """MemSearcher's multi-context GRPO as the paper writes it: A_i (eq. 5), copied to each call j of
+    trajectory i, A_{i,j} = A_i (eq. 8), then to each call's trained tokens."""
+    a = group_advantages_loop(cb, cfg)
+    per_call = {}
+    for u_idx, unit in enumerate(cb.units):
+        for call in unit.calls:
+            per_call[(u_idx, call)] = a[int(cb.unit_traj[u_idx])]
+    b = cb.batch
+    B, L = b.loss_mask.shape
+    return [[per_call[(int(b.traj_index[r]), int(b.call_ids[r, t]))] if b.loss_mask[r, t] > 0 else 0.0
+             for t in range(L)] for r in range(B)]
+
+
+# Copying A_i to every call and every call's tokens is what ``grpo`` does to every trained token of
+# trajectory i, whatever the packing: the rule is ``grpo`` itself, kept under MemSearcher's name
+# (its formats default to it, one call per row); its loop reference above is eq. 8 step by step, and
+# tests/test_credit.py checks the two agree on real rollouts.
+register_credit("multi_context", multi_context_loop, paper="MemSearcher eq. 6-8 (multi-context GRPO)")(grpo)
+multi_context = grpo
+
+
+# ----------------------------------------------------------------------------- per-call values and tokens
 def _rank_table(cb: CreditBatch) -> torch.Tensor:
     """``[U, C]`` long: flat index (units in order, each unit's calls in order, as
     ``broadcast_to_calls`` lays them out) of call c of unit u; -1 where u does not train c."""
@@ -175,32 +197,18 @@ def _call_positions(cb: CreditBatch, table: torch.Tensor) -> torch.Tensor:
     return torch.where(trained, pos, torch.full_like(pos, -1))
 
 
-def multi_context_loop(cb: CreditBatch, cfg) -> list[list[float]]:
-    """Loop reference for :func:`multi_context`: per call A_{i,j} = A_i, then each call's tokens."""
-    a = group_advantages_loop(cb, cfg)
-    per_call = {}
-    for u_idx, unit in enumerate(cb.units):
-        for call in unit.calls:
-            per_call[(u_idx, call)] = a[int(cb.unit_traj[u_idx])]
+def call_values_to_tokens(cb: CreditBatch, values: dict[tuple[int, int], float]) -> torch.Tensor:
+    """``[B, L]``: every trained token gets ``values[(trajectory, call)]`` of the call it belongs to
+    (0 off ``loss_mask``), for rules that give each call its own advantage (MoT-GRPO's nodes)."""
     b = cb.batch
-    B, L = b.loss_mask.shape
-    return [[per_call[(int(b.traj_index[r]), int(b.call_ids[r, t]))] if b.loss_mask[r, t] > 0 else 0.0
-             for t in range(L)] for r in range(B)]
-
-
-@register_credit("multi_context", multi_context_loop, paper="MemSearcher eq. 6-8 (multi-context GRPO)")
-def multi_context(cb: CreditBatch, cfg):
-    """Multi-context GRPO: the trajectory's group-normalised advantage copied to each of its calls.
-
-    A_i (eq. 5) -> A_{i,j} = A_i for every call j of trajectory i (eq. 8,
-    :func:`memkit.rl.advantages.broadcast_to_calls`) -> each call's trained tokens.
-    shape: rewards ``[N]`` -> per call ``[sum_u |u|]`` -> advantages ``[B, L]``.
-    """
-    a = group_advantages(cb, cfg).cpu()
-    per_call = broadcast_to_calls(a[cb.unit_traj], [len(u.calls) for u in cb.units])
-    pos = _call_positions(cb, _rank_table(cb))
-    adv = torch.where(pos >= 0, per_call[pos.clamp(min=0)], torch.zeros((), dtype=per_call.dtype))
-    return adv.to(cb.batch.loss_mask.device), None
+    n_call = 1 + max((max(u.calls) for u in cb.units if u.calls), default=0)
+    table = torch.zeros(len(cb.units), n_call)
+    for u_idx, unit in enumerate(cb.units):
+        i = int(cb.unit_traj[u_idx])
+        for c in unit.calls:
+            table[u_idx, c] = values[(i, c)]
+    cid = b.call_ids.clamp(min=0)
+    return (table[b.traj_index.unsqueeze(-1).expand_as(cid), cid] * b.loss_mask.float()).to(b.loss_mask.device)
 
 
 # ----------------------------------------------------------------------------- gae
@@ -302,5 +310,6 @@ def record_call_advantages(cb: CreditBatch, advantages: torch.Tensor) -> None:
 
 
 __all__ = ["CreditBatch", "CreditRule", "CREDIT_RULES", "register_credit", "get_credit", "scored_calls",
+           "call_values_to_tokens",
            "group_advantages", "group_advantages_loop", "grpo", "multi_context", "gae_credit", "trajectory_gae",
            "record_call_advantages"]
