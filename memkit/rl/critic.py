@@ -68,9 +68,3 @@ def loss_weights(loss_mask: torch.Tensor, agg: str, n_tokens: float, n_rows: flo
     if agg == "seq-mean-token-mean":
         return m / (m.sum(-1, keepdim=True).clamp(min=1.0) * max(n_rows, 1.0))
     raise ValueError(f"unknown aggregation {agg!r}")
-
-
-def weighted_sum(aggregated: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Turn ``fn(..., mask=weights, agg="seq-mean-token-sum")`` (= sum(w l) / live rows) back into
-    ``sum(w l)``: multiply by the number of rows with any weight (``aggregate`` divides by it)."""
-    return aggregated * (weights.sum(-1) > 0).sum().clamp(min=1)

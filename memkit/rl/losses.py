@@ -74,22 +74,14 @@ def aggregate_loop(values, mask, mode: str = "token-mean") -> float:
 
 
 # ----------------------------------------------------------------------------- policy loss
-def ppo_clip_loss(logp, old_logp, advantages, mask, clip_low: float = 0.2, clip_high: float | None = None,
-                  agg: str = "token-mean", clip_ratio_c: float | None = None):
-    """PPO clipped surrogate (Schulman et al. 2017), per token, then :func:`aggregate`.
+def ppo_clip_terms(logp, old_logp, advantages, mask, clip_low: float = 0.2, clip_high: float | None = None,
+                   clip_ratio_c: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO's clipped surrogate per token, and its metrics as sums over ``mask``'s tokens.
 
-    logp, old_logp, advantages, mask: ``[B, L]`` (token aligned). ``clip_high`` defaults to
-    ``clip_low`` (symmetric); a larger ``clip_high`` is DAPO's clip-higher.
-
-        r_t   = exp(logp_t - old_logp_t)               (log-ratio clamped to [-20, 20])
-        l_t   = max(-A_t r_t, -A_t clip(r_t, 1 - eps_low, 1 + eps_high))
-        dual clip (``clip_ratio_c`` = c > 1, Ye et al. 2019), only where A_t < 0:
-        l_t   = min(l_t, -A_t c)
-        loss  = aggregate(l, mask, agg)
-
-    Returns ``(loss, stats)``; stats (detached scalars): ``clip_frac`` (share of masked tokens
-    where the clipped term is the active one), ``approx_kl`` = mean(old_logp - logp) (verl's
-    ``ppo_kl``), ``ratio_mean``, ``clip_frac_lower`` (dual clip active).
+    shape: logp, old_logp, advantages, mask ``[B, L]`` -> ``l`` ``[B, L]`` (the ``l_t`` of
+    :func:`ppo_clip_loss`, to be weighted by the caller) and ``{"clip_frac", "clip_frac_lower",
+    "approx_kl", "ratio", "tokens"}``: sums over masked tokens (of the clipped indicator,
+    ``old_logp - logp``, ``r_t``, 1), so a trainer adds them over micro-batches and divides once.
     """
     eps_high = clip_low if clip_high is None else clip_high
     log_ratio = torch.clamp(logp - old_logp, -20.0, 20.0)
@@ -104,15 +96,37 @@ def ppo_clip_loss(logp, old_logp, advantages, mask, clip_low: float = 0.2, clip_
         l3 = -advantages * clip_ratio_c
         lower = (advantages < 0) & (loss_tok > l3)
         loss_tok = torch.where(advantages < 0, torch.minimum(loss_tok, l3), loss_tok)
-    loss = aggregate(loss_tok, mask, agg)
     with torch.no_grad():
-        stats = {
-            "clip_frac": masked_mean((l2 > l1).to(logp.dtype), mask),
-            "clip_frac_lower": masked_mean(lower.to(logp.dtype), mask),
-            "approx_kl": masked_mean(-log_ratio, mask),
-            "ratio_mean": masked_mean(ratio, mask),
-        }
-    return loss, stats
+        m = mask.to(logp.dtype)
+        stats = {"clip_frac": float(((l2 > l1).to(logp.dtype) * m).sum()),
+                 "clip_frac_lower": float((lower.to(logp.dtype) * m).sum()),
+                 "approx_kl": float((-log_ratio * m).sum()), "ratio": float((ratio * m).sum()),
+                 "tokens": float(m.sum())}
+    return loss_tok, stats
+
+
+def ppo_clip_loss(logp, old_logp, advantages, mask, clip_low: float = 0.2, clip_high: float | None = None,
+                  agg: str = "token-mean", clip_ratio_c: float | None = None):
+    """PPO clipped surrogate (Schulman et al. 2017), per token (:func:`ppo_clip_terms`), then :func:`aggregate`.
+
+    logp, old_logp, advantages, mask: ``[B, L]`` (token aligned). ``clip_high`` defaults to
+    ``clip_low`` (symmetric); a larger ``clip_high`` is DAPO's clip-higher.
+
+        r_t   = exp(logp_t - old_logp_t)               (log-ratio clamped to [-20, 20])
+        l_t   = max(-A_t r_t, -A_t clip(r_t, 1 - eps_low, 1 + eps_high))
+        dual clip (``clip_ratio_c`` = c > 1, Ye et al. 2019), only where A_t < 0:
+        l_t   = min(l_t, -A_t c)
+        loss  = aggregate(l, mask, agg)
+
+    Returns ``(loss, stats)``; stats (detached scalars): ``clip_frac`` (share of masked tokens
+    where the clipped term is the active one), ``approx_kl`` = mean(old_logp - logp) (verl's
+    ``ppo_kl``), ``ratio_mean``, ``clip_frac_lower`` (dual clip active).
+    """
+    loss_tok, sums = ppo_clip_terms(logp, old_logp, advantages, mask, clip_low, clip_high, clip_ratio_c)
+    n = max(sums["tokens"], 1.0)
+    stats = {"clip_frac": sums["clip_frac"] / n, "clip_frac_lower": sums["clip_frac_lower"] / n,
+             "approx_kl": sums["approx_kl"] / n, "ratio_mean": sums["ratio"] / n}
+    return aggregate(loss_tok, mask, agg), stats
 
 
 def ppo_clip_loss_loop(logp, old_logp, advantages, mask, clip_low=0.2, clip_high=None, agg="token-mean",
@@ -135,6 +149,20 @@ def ppo_clip_loss_loop(logp, old_logp, advantages, mask, clip_low=0.2, clip_high
 
 
 # ----------------------------------------------------------------------------- value loss
+def value_terms(values, old_values, returns, mask, clip: float | None = 0.2) -> tuple[torch.Tensor, dict[str, float]]:
+    """The critic's clipped squared error per token, ``0.5 * l_t`` of :func:`value_loss`, and
+    ``{"vf_clip_frac"}``: the number of masked tokens where the clipped term is the larger.
+    shape: all ``[B, L]`` -> ``[B, L]``."""
+    l1 = (values - returns) ** 2
+    if clip is None:
+        l2 = l1
+    else:
+        l2 = (old_values + torch.clamp(values - old_values, -clip, clip) - returns) ** 2
+    with torch.no_grad():
+        stats = {"vf_clip_frac": float(((l2 > l1).to(values.dtype) * mask.to(values.dtype)).sum())}
+    return 0.5 * torch.maximum(l1, l2), stats
+
+
 def value_loss(values, old_values, returns, mask, clip: float | None = 0.2, agg: str = "token-mean"):
     """PPO critic loss with value clipping. All inputs ``[B, L]``.
 
@@ -144,15 +172,8 @@ def value_loss(values, old_values, returns, mask, clip: float | None = 0.2, agg:
 
     Returns ``(loss, stats)`` with ``vf_clip_frac`` (share where the clipped term is larger).
     """
-    l1 = (values - returns) ** 2
-    if clip is None:
-        l2 = l1
-    else:
-        l2 = (old_values + torch.clamp(values - old_values, -clip, clip) - returns) ** 2
-    loss = 0.5 * aggregate(torch.maximum(l1, l2), mask, agg)
-    with torch.no_grad():
-        stats = {"vf_clip_frac": masked_mean((l2 > l1).to(values.dtype), mask)}
-    return loss, stats
+    loss_tok, sums = value_terms(values, old_values, returns, mask, clip)
+    return aggregate(loss_tok, mask, agg), {"vf_clip_frac": sums["vf_clip_frac"] / max(float(mask.sum()), 1.0)}
 
 
 def value_loss_loop(values, old_values, returns, mask, clip=0.2, agg="token-mean") -> float:

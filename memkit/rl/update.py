@@ -31,8 +31,8 @@ import torch
 from memkit.rl.advantages import masked_moments, masked_whiten, moments_to_mean_var
 from memkit.rl.config import TrainConfig
 from memkit.rl.credit import CreditBatch, get_credit, record_call_advantages
-from memkit.rl.critic import ValueModel, loss_weights, weighted_sum
-from memkit.rl.losses import kl_penalty, ppo_clip_loss, token_logprobs, value_loss
+from memkit.rl.critic import ValueModel, loss_weights
+from memkit.rl.losses import kl_penalty, ppo_clip_terms, token_logprobs, value_terms
 from memkit.rl.packed_forward import packed_attention
 from memkit.rl.packing import PackedBatch, length_groups, pack
 from memkit.trajectory import TrainingUnit, Trajectory
@@ -345,41 +345,30 @@ class Learner:
         want_ent = cfg.log_entropy or cfg.entropy_coef > 0
         out = self._logprobs(self.model, e["inputs"], with_entropy=want_ent, loss_mask=m, groups=e["groups"])
         logp, ent = out if want_ent else (out, None)
-        pg, _ = ppo_clip_loss(logp, e["old"], e["adv"], w, cfg.clip_low, cfg.clip_high, "seq-mean-token-sum",
-                              cfg.clip_ratio_c)
-        loss = weighted_sum(pg, w)  # = PPO-clip aggregated over the global mini-batch (this share)
+        pg_tok, pst = ppo_clip_terms(logp, e["old"], e["adv"], m, cfg.clip_low, cfg.clip_high, cfg.clip_ratio_c)
+        pg = (pg_tok * w).sum()  # = PPO-clip aggregated over the global mini-batch (this share: loss_weights)
+        loss = pg
         if "ref" in e:
             kl_tok = kl_penalty(logp, e["ref"], cfg.kl_kind)
             loss = loss + cfg.kl_coef * (kl_tok * w).sum()
         if cfg.entropy_coef > 0:
             loss = loss - cfg.entropy_coef * (ent * w).sum()
         self.acc.backward(loss * W)  # DDP averages gradients over W processes; the weights already sum globally
+        acc["pg_loss"] += float(pg.detach())
+        for k in ("clip_frac", "approx_kl", "ratio", "tokens"):  # sums over the trained tokens
+            acc[k] += pst[k]
         with torch.no_grad():
-            log_ratio = torch.clamp(logp - e["old"], -20.0, 20.0)
-            ratio = log_ratio.exp()
-            eh = cfg.clip_low if cfg.clip_high is None else cfg.clip_high
-            clipped = -e["adv"] * ratio.clamp(1 - cfg.clip_low, 1 + eh) > -e["adv"] * ratio
-            acc["pg_loss"] += float(weighted_sum(pg.detach(), w))
-            acc["clip_frac"] += float((clipped.float() * m).sum())
-            acc["approx_kl"] += float((-log_ratio * m).sum())
-            acc["ratio"] += float((ratio * m).sum())
-            acc["tokens"] += float(m.sum())
             if "ref" in e:
                 acc["kl"] += float((kl_tok * m).sum())
             if ent is not None:
                 acc["entropy"] += float((ent * m).sum())
         if self.critic is not None:
             values = self._values(self.critic, e["batch"], e["inputs"])
-            vf, vst = value_loss(values, e["values"], e["returns"], w, cfg.vf_clip, "seq-mean-token-sum")
-            vf = weighted_sum(vf, w)
+            vf_tok, vst = value_terms(values, e["values"], e["returns"], m, cfg.vf_clip)
+            vf = (vf_tok * w).sum()
             self.acc.backward(vf * W)
             acc["vf_loss"] += float(vf.detach())
-            with torch.no_grad():
-                old_v = e["values"]
-                l1 = (values - e["returns"]) ** 2
-                l2 = l1 if cfg.vf_clip is None else (old_v + (values - old_v).clamp(-cfg.vf_clip, cfg.vf_clip)
-                                                     - e["returns"]) ** 2
-                acc["vf_clip_frac"] += float(((l2 > l1).float() * m).sum())
+            acc["vf_clip_frac"] += vst["vf_clip_frac"]
 
     def _dummy_backward(self) -> None:
         ids = torch.full((1, 1), self.pad_id, dtype=torch.long, device=self.acc.device)
