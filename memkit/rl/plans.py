@@ -101,7 +101,8 @@ class TreePlan:
 
     def rollout(self, trainer, local: list, step: int):
         cfg, method = trainer.cfg, trainer.method
-        policy = self._policy(trainer, cfg.temperature, cfg.seed * 100_003 + step)
+        # (seed, step) as the lab's loop always seeded it; another process of a DDP run gets its own stream
+        policy = self._policy(trainer, cfg.temperature, cfg.seed * 100_003 + step + 999_983 * trainer.rank)
         rc = RolloutConfig(max_context_tokens=self.max_context_tokens)
         if cfg.resolved_credit() == "mot":
             tree_cfg = TreeConfig(trees=cfg.n_samples, rounds=cfg.mot_rounds, pivots=cfg.mot_pivots,

@@ -34,6 +34,7 @@ import torch
 from memkit.models.loading import trained_k_docs
 from memkit.rl.checkpoint import RunFiles
 from memkit.rl.config import RESUME_KEYS, TrainConfig
+from memkit.rl.plans import PLANS
 from memkit.rl.update import Learner, make_accelerator
 from memkit.trajectory import Trajectory
 from memkit.world.task_sets import training_tasks
@@ -56,7 +57,6 @@ class Trainer(Learner):
         self.kit, self.method, self.plan = kit, None, plan
         if kit is not None:
             from memkit.agents import get_method
-            from memkit.rl.plans import PLANS
 
             self.method = get_method(cfg.method, **cfg.method_kwargs)
             self.plan = plan or PLANS[self.method.rollout_plan]()
