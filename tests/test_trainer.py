@@ -226,6 +226,7 @@ def test_loss_weights_reproduce_aggregate_over_split_rows():
         assert split == pytest.approx(float(aggregate(v, m, agg)), abs=1e-12)
 
 
+@pytest.mark.slow  # two torchrun processes (gloo): make test runs it, make test-fast does not
 def test_two_processes_match_one_process(tmp_path):
     """torchrun 2 x gloo (Accelerator(cpu=True)), tasks split 3/2 between processes (one empty
     micro-batch), 2 PPO epochs: same parameters and gradients as one process on all of it."""
