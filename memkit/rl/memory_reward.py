@@ -242,6 +242,23 @@ def score_memories(model, tokenizer, trajs: list[Trajectory], context: str = "qu
     return list(rows.values())
 
 
+@torch.no_grad()
+def prepare_memory_reward(trajs: list[Trajectory], learner) -> dict:
+    """The ``mempo`` rule's prepare hook (:func:`memkit.rl.credit.register_credit`): R_M of every
+    ``<mem>`` of ``trajs`` under the learner's current policy, with its ``TrainConfig``'s
+    ``mem_reward_*`` knobs (sets ``Call.reward``). Returns global stats: mem_p (mean P[ans | q, mem_t]),
+    mem_bias_p, mem_r, memories, and mem_reward_seconds (the probes' forward time, this process)."""
+    import time
+
+    t0 = time.perf_counter()
+    rows = learner.memory_rows(trajs, learner.cfg.mem_reward_bias, learner.cfg.mem_reward_packing)
+    seconds = time.perf_counter() - t0
+    n, p, b, r = learner.global_sums([len(rows), sum(x["p_mem"] for x in rows), sum(x["p_bias"] for x in rows),
+                                      sum(x["r_m"] for x in rows)])
+    d = max(n, 1.0)
+    return {"mem_p": p / d, "mem_bias_p": b / d, "mem_r": r / d, "memories": n, "mem_reward_seconds": seconds}
+
+
 # ----------------------------------------------------------------------------- the `mempo` credit rule
 def _memories(cb: CreditBatch, cfg) -> tuple[list[tuple[int, int]], list[float], list]:
     """Every scored memory of the update: (trajectory, call), its R_M, and its normalisation group:
@@ -251,7 +268,7 @@ def _memories(cb: CreditBatch, cfg) -> tuple[list[tuple[int, int]], list[float],
         raise ValueError("credit rule 'mempo' needs CreditBatch.trajectories (the update's trajectories)")
     where, r = scored_calls(cb, lambda call: memory_span(call) is not None,
                             "a call that wrote <mem> needs its memory reward: score it with "
-                            "memkit.rl.memory_reward.score_memories (the update does when the rule says so)")
+                            "memkit.rl.memory_reward.score_memories (the update does, by the rule's prepare hook)")
     keys = [(cb.group_ids[i], cb.trajectories[i].calls[c].turn) if per_step else cb.group_ids[i] for i, c in where]
     return where, r, keys
 
@@ -281,7 +298,7 @@ def mempo_loop(cb: CreditBatch, cfg) -> list[list[float]]:
     return out
 
 
-@register_credit("mempo", mempo_loop, needs_memory_reward=True, paper="MemPO eq. 3, 6-9")
+@register_credit("mempo", mempo_loop, prepare=prepare_memory_reward, paper="MemPO eq. 3, 6-9")
 def mempo(cb: CreditBatch, cfg):
     """MemPO: the trajectory advantage everywhere, plus the memory advantage on ``<mem>`` tokens.
 
@@ -318,4 +335,4 @@ def mempo(cb: CreditBatch, cfg):
 
 __all__ = ["Probe", "CONTEXTS", "BIASES", "OPENERS", "NORMS", "PROBE_PACKINGS", "gold_text", "memory_span",
            "previous_memory", "opener_text", "ANSWER_SCORES", "memory_probes", "answer_probability",
-           "answer_probability_loop", "score_memories", "mempo", "mempo_loop"]
+           "answer_probability_loop", "score_memories", "prepare_memory_reward", "mempo", "mempo_loop"]

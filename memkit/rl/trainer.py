@@ -175,7 +175,7 @@ class Trainer(Learner):
     def _out_of_time(self, t0: float) -> bool:
         if self.cfg.max_seconds is None:
             return False
-        return self._sum([float(time.perf_counter() - t0 >= self.cfg.max_seconds)])[0] > 0
+        return self.global_sums([float(time.perf_counter() - t0 >= self.cfg.max_seconds)])[0] > 0
 
     def _rollout_stats(self, trajs) -> dict:
         from memkit.metrics import peak_tokens, summarize
@@ -183,7 +183,7 @@ class Trainer(Learner):
         n = len(trajs)
         s = summarize(trajs) if n else {"em": 0.0, "f1": 0.0}
         r = [float(t.reward) for t in trajs]
-        tot = self._sum([n, sum(r), sum(x * x for x in r), s["em"] * n, s["f1"] * n, sum(t.valid for t in trajs),
+        tot = self.global_sums([n, sum(r), sum(x * x for x in r), s["em"] * n, s["f1"] * n, sum(t.valid for t in trajs),
                          sum(peak_tokens(t) for t in trajs), sum(len(t.calls) for t in trajs),
                          sum(c.n_output for t in trajs for c in t.calls),
                          sum(c.n_context for t in trajs for c in t.calls)])
@@ -209,7 +209,7 @@ class Trainer(Learner):
     def memory_probability(self, trajs) -> dict:
         """``mem_p``: mean P[ans | q, mem_t] over the ``<mem>`` of greedy held-out trajectories (MemPO
         Fig. 4's quantity, for any credit rule); {} when the format writes none."""
-        rows = self._memory_rows(trajs, "none", "separate")
+        rows = self.memory_rows(trajs, "none", "separate")
         return {"mem_p": sum(r["p_mem"] for r in rows) / len(rows)} if rows else {}
 
     def save(self) -> Path:

@@ -128,7 +128,8 @@ class Learner:
     def world(self) -> int:
         return self.acc.num_processes
 
-    def _sum(self, values: list[float]) -> list[float]:
+    def global_sums(self, values: list[float]) -> list[float]:
+        """``values`` summed over every process (a float64 all-reduce; as is on one process)."""
         t = torch.tensor(values, dtype=torch.float64, device=self.acc.device)
         return (self.acc.reduce(t, "sum") if self.world > 1 else t).tolist()
 
@@ -208,7 +209,7 @@ class Learner:
         """Whiten advantages over the whole rollout batch, every micro-batch and process (verl's PPO)."""
         live = [e for e in exps if e is not None]
         parts = [masked_moments(e["adv"], e["m"]) for e in live]
-        totals = self._sum([sum(p[k] for p in parts) for k in range(3)])
+        totals = self.global_sums([sum(p[k] for p in parts) for k in range(3)])
         mean_var = moments_to_mean_var(*totals)
         for e in live:
             e["adv"] = masked_whiten(e["adv"], e["m"], mean_var=mean_var)
@@ -251,7 +252,14 @@ class Learner:
             if self.sort_micro_batches:
                 order.sort(key=lambda i: units[i].n_tokens)
             plan.append([order[j * cfg.micro_batch_size:(j + 1) * cfg.micro_batch_size] for j in range(n_micro)])
-        memory = self._score_memories(trajs) if self.credit.needs_memory_reward or cfg.mem_reward_log else {}
+        if self.credit.prepare is not None:  # forwards the rule needs first (MemPO's memory probes)
+            memory = self.credit.prepare(trajs, self)
+        elif cfg.mem_reward_log:  # MemPO's quantity logged under any rule (Fig. 4's baseline curve)
+            from memkit.rl.memory_reward import prepare_memory_reward
+
+            memory = prepare_memory_reward(trajs, self)
+        else:
+            memory = {}
         exps = [[self._experience([units[i] for i in c], [unit_traj[i] for i in c], rewards, group_ids, trajs, trained)
                  for c in mini] for mini in plan]
         if self.credit.whiten and cfg.whiten_advantages:
@@ -264,12 +272,12 @@ class Learner:
             for mini in exps:
                 self._minibatch(mini, acc)
         live = [e for mini in exps for e in mini if e is not None]
-        first = self._sum([sum(e["gap"] for e in live), sum(float(e["m"].sum()) for e in live),
+        first = self.global_sums([sum(e["gap"] for e in live), sum(float(e["m"].sum()) for e in live),
                            sum(e["batch"].n_tokens for e in live),
                            sum(float(e.get("values", e["m"] * 0).sum()) for e in live),
                            sum(e["padded"] for e in live)])
         keys = ("pg_loss", "kl", "entropy", "clip_frac", "approx_kl", "ratio", "vf_loss", "vf_clip_frac", "tokens")
-        tot = dict(zip(keys, self._sum([acc[k] for k in keys])))
+        tot = dict(zip(keys, self.global_sums([acc[k] for k in keys])))
         n_tok, n_opt = max(tot["tokens"], 1.0), max(acc["n_opt"], 1.0)
         stats = {"pg_loss": tot["pg_loss"] / n_opt, "kl": tot["kl"] / n_tok, "entropy": tot["entropy"] / n_tok,
                  "clip_frac": tot["clip_frac"] / n_tok, "approx_kl": tot["approx_kl"] / n_tok,
@@ -282,22 +290,7 @@ class Learner:
                          value_mean=first[3] / max(first[1], 1.0), critic_grad_norm=acc["critic_grad_norm"] / n_opt)
         return stats
 
-    @torch.no_grad()
-    def _score_memories(self, trajs: list[Trajectory]) -> dict:
-        """MemPO's R_M on every ``<mem>`` of ``trajs`` under the current policy (sets ``Call.reward``);
-        returns global stats: mem_p (mean P[ans | q, mem_t]), mem_bias_p, mem_r, memories, and
-        mem_reward_seconds (the probes' forward time, this process)."""
-        import time
-
-        t0 = time.perf_counter()
-        rows = self._memory_rows(trajs, self.cfg.mem_reward_bias, self.cfg.mem_reward_packing)
-        seconds = time.perf_counter() - t0
-        n, p, b, r = self._sum([len(rows), sum(x["p_mem"] for x in rows), sum(x["p_bias"] for x in rows),
-                                sum(x["r_m"] for x in rows)])
-        d = max(n, 1.0)
-        return {"mem_p": p / d, "mem_bias_p": b / d, "mem_r": r / d, "memories": n, "mem_reward_seconds": seconds}
-
-    def _memory_rows(self, trajs: list[Trajectory], bias: str, packing: str) -> list[dict]:
+    def memory_rows(self, trajs: list[Trajectory], bias: str, packing: str) -> list[dict]:
         """:func:`memkit.rl.memory_reward.score_memories` under the current policy with the config's
         ``mem_reward_*`` knobs (``bias`` and ``packing`` given: evaluation scores without a bias)."""
         from memkit.rl.memory_reward import score_memories
@@ -312,7 +305,7 @@ class Learner:
         """One optimizer step over one mini-batch (a list of micro-batch experiences)."""
         cfg, W = self.cfg, self.world
         live = [e for e in mini if e is not None]
-        n_tokens, n_rows = self._sum([sum(float(e["m"].sum()) for e in live),
+        n_tokens, n_rows = self.global_sums([sum(float(e["m"].sum()) for e in live),
                                       sum(int((e["m"].sum(-1) > 0).sum()) for e in live)])
         self.opt.zero_grad(set_to_none=True)
         if self.copt is not None:

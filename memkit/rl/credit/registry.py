@@ -80,7 +80,7 @@ class CreditRule:
     needs_groups: bool = True  # needs >= 2 samples per task (group statistics)
     whiten: bool = False  # whiten over the whole rollout batch when TrainConfig.whiten_advantages
     paper: str = ""
-    needs_memory_reward: bool = False  # the update scores every <mem> first (memory_reward.score_memories)
+    prepare: Callable | None = None  # (trajs, learner) -> global stats: extra forwards the rule needs first
     units: Callable | None = None  # (trajs, cfg, seed) -> the TrainingUnits to train; None = whole trajectories
 
 
@@ -88,14 +88,18 @@ CREDIT_RULES: dict[str, CreditRule] = {}
 
 
 def register_credit(name: str, loop: Callable, *, needs_values: bool = False, needs_groups: bool = True,
-                    whiten: bool = False, paper: str = "", needs_memory_reward: bool = False,
+                    whiten: bool = False, paper: str = "", prepare: Callable | None = None,
                     units: Callable | None = None):
-    """Decorator: register ``fn`` as credit rule ``name`` with its loop reference."""
+    """Decorator: register ``fn`` as credit rule ``name`` with its loop reference.
+
+    ``prepare(trajs, learner) -> dict``: forwards the rule needs under the current policy before its
+    advantages (MemPO's memory probes write ``Call.reward``); the update calls it first and logs
+    what it returns. ``units(trajs, cfg, seed)``: the training units, when not whole trajectories."""
     def deco(fn: CreditFn) -> CreditFn:
         if name in CREDIT_RULES:
             raise ValueError(f"credit rule {name!r} is already registered")
         CREDIT_RULES[name] = CreditRule(name, fn, loop, needs_values, needs_groups, whiten, paper,
-                                        needs_memory_reward, units)
+                                        prepare, units)
         return fn
     return deco
 
