@@ -47,12 +47,16 @@ test-fuzz: setup
 	MEMKIT_FUZZ_EXAMPLES=10000 $(PY) -m pytest -q -m fuzz -p no:randomly $(PYTEST_ARGS)
 
 # The kit's main job: every notebook in the lab mode (SMOKE=False, memkit.lab) on the tiny model
-# and the synthetic world, real learned numbers in 2.5-3 hours on 2 cores from an empty cache (about 1.5
-# with the clones cached; REPORT.md's minutes table names the clones each notebook trained) -> runs/<time>/.
-# It also judges each paper's claims on the run -> docs/results.md (memkit.results).
-# A killed run goes on with `memkit reproduce --resume runs/<time> --results docs/results.md`.
+# and the synthetic world, real learned numbers -> runs/<time>/. The lab's clones and the notebooks
+# run on JOBS lanes side by side (memkit.lanes), each notebook once its clones are cached; REPORT.md
+# has the minutes of every clone and notebook. SEEDS: seeds per arm in 04-06 (1: judged against the
+# 3-seed spread the lab measured; 3: measures it). It also judges each paper's claims on the run ->
+# docs/results.md (memkit.results). A killed run goes on with
+# `memkit reproduce --resume runs/<time> --jobs 2 --results docs/results.md`.
+JOBS ?= 2
+SEEDS ?= 1
 reproduce: setup
-	$(MEMKIT) reproduce --results docs/results.md
+	$(MEMKIT) reproduce --jobs $(JOBS) --seeds $(SEEDS) --results docs/results.md
 
 # The same in SMOKE mode: every notebook runs end to end in minutes; its learned numbers mean nothing.
 reproduce-smoke: setup

@@ -13,6 +13,7 @@ the MemAct clone without its prune tool.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from memkit.agents.base import OracleConfig
@@ -28,8 +29,10 @@ LAB_FORMATS = ("mem1", "memsearcher", "mempo", "memact")
 #: what the lab's SFT changes from SFTConfig's defaults (steps, not minutes: the same model on any machine)
 LAB_SFT = dict(objectives=(1, 2), steps=3000)
 
-#: minutes of RL each lab notebook trains for (the measured gains: docs/findings.md, 'The RL lab')
-LAB_RL_MINUTES = 10
+#: minutes of RL notebooks 02 and 03 train for. The 3-seed study (docs/findings.md, 'The RL lab')
+#: reached its gains by the first evaluations (MEM1 at 40 steps, MemSearcher at 30); 5 minutes are
+#: ~100 MEM1 / ~50 MemSearcher steps on one core
+LAB_RL_MINUTES = 5
 
 
 def lab_sft_config(method: str) -> SFTConfig:
@@ -63,3 +66,64 @@ def ensure_lab_window_sft(kit, progress: bool = True) -> Path:
     """The sliding-window MemAct checkpoint: cached, trained now (after the lab's MemAct clone) when missing."""
     ensure_lab_sft("memact", kit, progress=progress)
     return ensure_sft("memact", kit, lab_window_sft_config(), progress=progress)
+
+
+# ---- the lab's cached models, for `memkit reproduce --jobs` --------------------------------------
+@dataclass(frozen=True)
+class LabClone:
+    """A model the lab notebooks start from, trained once into the cache."""
+
+    name: str
+    needs: tuple[str, ...]  # clones trained before this one (it continues them)
+    minutes: float  # one-core minutes measured on the 2-core machines (docs/findings.md): scheduling order
+
+
+#: every cached model of the lab mode; "kit" is the world's tokenizer, which everything else needs
+LAB_CLONES = {c.name: c for c in (
+    LabClone("kit", (), 0.2),
+    *(LabClone(m, ("kit",), t) for m, t in zip(LAB_FORMATS, (18, 12, 16, 38))),
+    LabClone("memact-window", ("memact",), 15),
+    LabClone("base", ("kit",), 14),
+    LabClone("memt-retrieval", ("base",), 15),
+    LabClone("memt-construction", ("base",), 20),
+)}
+
+#: one-core minutes of each notebook's lab run with its clones cached (one seed; the scheduling order)
+LAB_NOTEBOOK_MINUTES = {"00": 1, "01": 6, "02": 7, "03": 7, "04": 6, "05": 7, "06": 7}
+
+#: the lab clones each notebook loads (by notebook number)
+NOTEBOOK_CLONES = {"00": ("mem1",), "01": LAB_FORMATS, "02": ("mem1",), "03": ("memsearcher",),
+                   "04": ("mempo",), "05": ("memact", "memact-window"), "06": ("memt-retrieval", "memt-construction")}
+
+
+def ensure_lab_clone(name: str, progress: bool = False) -> str | None:
+    """Train lab clone ``name`` (:data:`LAB_CLONES`) into the cache unless it is there; returns its
+    directory (None for "kit"). The recipes are the notebooks' own: the same cache entries."""
+    from memkit.kit import load_kit
+
+    if name not in LAB_CLONES:
+        raise ValueError(f"no lab clone {name!r}; choose from {', '.join(LAB_CLONES)}")
+    kit = load_kit()
+    if name in LAB_FORMATS:
+        return str(ensure_lab_sft(name, kit, progress=progress))
+    if name == "memact-window":
+        return str(ensure_lab_window_sft(kit, progress=progress))
+    if name == "base":
+        from memkit.policies import ensure_base
+
+        return str(ensure_base(kit, progress=progress).path)
+    if name == "memt-retrieval":
+        from memkit.memt_lab import MemTLab, ensure_memt_clone, memt_clone_path
+
+        ensure_memt_clone(kit, MemTLab(), progress=progress)
+        return str(memt_clone_path(kit, MemTLab()))
+    if name == "memt-construction":
+        from memkit.memt_hindsight import (
+            ConstructionLab,
+            construction_clone_path,
+            ensure_construction_clone,
+        )
+
+        ensure_construction_clone(kit, ConstructionLab(), progress=progress)
+        return str(construction_clone_path(kit, ConstructionLab()))
+    return None

@@ -75,13 +75,18 @@ def clone_construction(kit, lab: ConstructionLab | None = None, progress: bool =
 def ensure_construction_clone(kit, lab: ConstructionLab | None = None, progress: bool = True):
     """The construction clone of ``lab`` (:func:`clone_construction`), cached by its recipe and the
     tokenizer scheme; returns the model."""
+    lab = lab or ConstructionLab()
+    return cached_clone(kit, construction_clone_path(kit, lab), "construction_lab", lab,
+                        lambda: clone_construction(kit, lab, progress=progress))
+
+
+def construction_clone_path(kit, lab: ConstructionLab):
+    """Where :func:`ensure_construction_clone` caches the construction clone of ``lab``."""
     from memkit.io import cache_dir
     from memkit.models.tokenizer import TOKENIZER_SCHEME
     from memkit.policies import config_hash
 
-    lab = lab or ConstructionLab()
-    path = cache_dir() / f"tiny-sft-memt-cons-w{kit.world_seed}-{TOKENIZER_SCHEME}-cfg{config_hash(asdict(lab))}"
-    return cached_clone(kit, path, "construction_lab", lab, lambda: clone_construction(kit, lab, progress=progress))
+    return cache_dir() / f"tiny-sft-memt-cons-w{kit.world_seed}-{TOKENIZER_SCHEME}-cfg{config_hash(asdict(lab))}"
 
 
 def build_with(model, kit, convs, temperature: float = 0.0, seed: int = 0):

@@ -113,13 +113,17 @@ def answer_with(model, kit, built, temperature: float = 0.0, seed: int = 0, n: i
 
 def ensure_memt_clone(kit, lab: MemTLab | None = None, progress: bool = True):
     """The retrieval clone of ``lab`` (:func:`clone_retrieval`), cached by its config; returns the model."""
+    lab = lab or MemTLab()
+    return cached_clone(kit, memt_clone_path(kit, lab), "memt_lab", lab, lambda: clone_retrieval(kit, lab, progress=progress))
+
+
+def memt_clone_path(kit, lab: MemTLab):
+    """Where :func:`ensure_memt_clone` caches the retrieval clone of ``lab``."""
     from memkit.io import cache_dir
     from memkit.policies import config_hash
 
-    lab = lab or MemTLab()
     key = {k: v for k, v in asdict(lab).items() if not (k == "init" and v == "base")}  # older caches stay valid
-    return cached_clone(kit, cache_dir() / f"tiny-sft-memt-w{kit.world_seed}-cfg{config_hash(key)}", "memt_lab", lab,
-                        lambda: clone_retrieval(kit, lab, progress=progress))
+    return cache_dir() / f"tiny-sft-memt-w{kit.world_seed}-cfg{config_hash(key)}"
 
 
 def cached_clone(kit, path, name: str, recipe, make):

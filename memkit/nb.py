@@ -1,4 +1,5 @@
-"""Notebook helpers: record key numbers, place figures, progress bars that behave under papermill.
+"""Notebook helpers: record key numbers, place figures, progress bars that behave under papermill;
+the ``parameters`` cell and the Jupyter kernel that ``memkit reproduce`` and the tests run notebooks with.
 
 Every notebook records the numbers it wants tested with :func:`record`. They go to a JSON
 sidecar so the test suite and ``memkit reproduce`` can check them without parsing outputs:
@@ -12,8 +13,10 @@ a half-written file behind.
 """
 from __future__ import annotations
 
+import ast
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, Iterable, TypeVar
 
@@ -186,3 +189,95 @@ def budget_left(t_start: float, total_s: float, reserve_s: float = 0.0, floor_s:
     import time
 
     return max(total_s - reserve_s - (time.perf_counter() - t_start), floor_s)
+
+
+# ---- the parameters cell and the kernel (memkit reproduce, the test harness) -----------------------
+STANDARD_PARAMETERS = ("SMOKE", "MODEL", "SEED", "OUT_DIR")
+PARAMETERS_TAG = "parameters"
+
+
+def _read(nb_or_path):
+    import nbformat
+
+    if isinstance(nb_or_path, (str, Path)):
+        return nbformat.read(str(nb_or_path), as_version=4)
+    return nb_or_path
+
+
+def parameters_cells(nb_or_path) -> list[int]:
+    """Indices of the code cells tagged ``parameters``."""
+    nb = _read(nb_or_path)
+    return [i for i, c in enumerate(nb.cells)
+            if c.cell_type == "code" and PARAMETERS_TAG in c.get("metadata", {}).get("tags", [])]
+
+
+def declared_parameters(nb_or_path) -> dict[str, str]:
+    """Names assigned at top level of the ``parameters`` cell -> source of their default.
+
+    Raises ``ValueError`` if there is not exactly one such cell or it is not valid Python.
+    """
+    nb = _read(nb_or_path)
+    where = nb_or_path if isinstance(nb_or_path, (str, Path)) else "notebook"
+    idx = parameters_cells(nb)
+    if len(idx) != 1:
+        raise ValueError(f"{where}: expected exactly one code cell tagged 'parameters', found "
+                         f"{len(idx)}; tag the cell that sets SMOKE, MODEL, SEED, OUT_DIR "
+                         "(View > Cell Toolbar > Tags in Jupyter)")
+    src = nb.cells[idx[0]].source
+    try:
+        tree = ast.parse(src)
+    except SyntaxError as e:
+        raise ValueError(f"{where}: the parameters cell is not valid Python ({e})") from None
+    out: dict[str, str] = {}
+    for node in tree.body:
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, ast.AnnAssign) else [])
+        for t in targets:
+            if isinstance(t, ast.Name):
+                out[t.id] = ast.get_source_segment(src, node.value) if node.value else ""
+            elif isinstance(t, (ast.Tuple, ast.List)):  # A, B = 1, 2
+                vals = getattr(node.value, "elts", [])
+                for j, e in enumerate(t.elts):
+                    if isinstance(e, ast.Name):
+                        same = len(vals) == len(t.elts)
+                        out[e.id] = ast.get_source_segment(src, vals[j]) if same else ""
+    return out
+
+
+def _runs_this_python(argv: list[str]) -> bool:
+    if not argv:
+        return False
+    exe = argv[0]
+    v = sys.version_info
+    if exe in ("python", f"python{v[0]}", f"python{v[0]}.{v[1]}"):
+        return True  # jupyter_client substitutes sys.executable for these names
+    exe = os.path.abspath(exe)  # no resolve(): a venv python is a symlink to the base python
+    return exe == os.path.abspath(sys.executable) or exe.startswith(os.path.abspath(sys.prefix) + os.sep)
+
+
+def resolve_kernel(kernel: str | None = None) -> str:
+    """Name of a kernel spec that runs this interpreter (``sys.executable``).
+
+    Uses ``kernel`` if given, else ``python3`` when it runs this Python, else installs a
+    ``memkit`` kernel spec into ``sys.prefix`` (``python -m ipykernel install --sys-prefix``).
+    """
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    ksm = KernelSpecManager()
+    if kernel:
+        try:
+            ksm.get_kernel_spec(kernel)
+        except NoSuchKernel:
+            raise ValueError(f"no Jupyter kernel named {kernel!r}; list them with "
+                             "`jupyter kernelspec list` or omit --kernel") from None
+        return kernel
+    for name in ("python3", "memkit"):
+        try:
+            if _runs_this_python(ksm.get_kernel_spec(name).argv):
+                return name
+        except NoSuchKernel:
+            continue
+    from ipykernel.kernelspec import install
+
+    install(kernel_name="memkit", display_name="Python (memkit)", prefix=sys.prefix)
+    return "memkit"

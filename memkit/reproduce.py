@@ -11,21 +11,24 @@ A failing notebook is reported and the others still run.
 """
 from __future__ import annotations
 
-import ast
 import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from memkit.nb import PAPERMILL_ENV, RECORD_ENV, load_records
 from memkit.io import atomic_write_text
-
-STANDARD_PARAMETERS = ("SMOKE", "MODEL", "SEED", "OUT_DIR")
-PARAMETERS_TAG = "parameters"
+from memkit.nb import (
+    PAPERMILL_ENV,
+    RECORD_ENV,
+    declared_parameters,
+    load_records,
+    resolve_kernel,
+)
 
 
 @dataclass
@@ -42,95 +45,6 @@ class NotebookRun:
     @property
     def status(self) -> str:
         return "ok" if self.ok else "FAILED"
-
-
-# ----------------------------------------------------------------------------- parameters
-def _read(nb_or_path):
-    import nbformat
-
-    if isinstance(nb_or_path, (str, Path)):
-        return nbformat.read(str(nb_or_path), as_version=4)
-    return nb_or_path
-
-
-def parameters_cells(nb_or_path) -> list[int]:
-    """Indices of the code cells tagged ``parameters``."""
-    nb = _read(nb_or_path)
-    return [i for i, c in enumerate(nb.cells)
-            if c.cell_type == "code" and PARAMETERS_TAG in c.get("metadata", {}).get("tags", [])]
-
-
-def declared_parameters(nb_or_path) -> dict[str, str]:
-    """Names assigned at top level of the ``parameters`` cell -> source of their default.
-
-    Raises ``ValueError`` if there is not exactly one such cell or it is not valid Python.
-    """
-    nb = _read(nb_or_path)
-    where = nb_or_path if isinstance(nb_or_path, (str, Path)) else "notebook"
-    idx = parameters_cells(nb)
-    if len(idx) != 1:
-        raise ValueError(f"{where}: expected exactly one code cell tagged 'parameters', found "
-                         f"{len(idx)}; tag the cell that sets SMOKE, MODEL, SEED, OUT_DIR "
-                         "(View > Cell Toolbar > Tags in Jupyter)")
-    src = nb.cells[idx[0]].source
-    try:
-        tree = ast.parse(src)
-    except SyntaxError as e:
-        raise ValueError(f"{where}: the parameters cell is not valid Python ({e})") from None
-    out: dict[str, str] = {}
-    for node in tree.body:
-        targets = (node.targets if isinstance(node, ast.Assign)
-                   else [node.target] if isinstance(node, ast.AnnAssign) else [])
-        for t in targets:
-            if isinstance(t, ast.Name):
-                out[t.id] = ast.get_source_segment(src, node.value) if node.value else ""
-            elif isinstance(t, (ast.Tuple, ast.List)):  # A, B = 1, 2
-                vals = getattr(node.value, "elts", [])
-                for j, e in enumerate(t.elts):
-                    if isinstance(e, ast.Name):
-                        same = len(vals) == len(t.elts)
-                        out[e.id] = ast.get_source_segment(src, vals[j]) if same else ""
-    return out
-
-
-# ----------------------------------------------------------------------------- kernel
-def _runs_this_python(argv: list[str]) -> bool:
-    if not argv:
-        return False
-    exe = argv[0]
-    v = sys.version_info
-    if exe in ("python", f"python{v[0]}", f"python{v[0]}.{v[1]}"):
-        return True  # jupyter_client substitutes sys.executable for these names
-    exe = os.path.abspath(exe)  # no resolve(): a venv python is a symlink to the base python
-    return exe == os.path.abspath(sys.executable) or exe.startswith(os.path.abspath(sys.prefix) + os.sep)
-
-
-def resolve_kernel(kernel: str | None = None) -> str:
-    """Name of a kernel spec that runs this interpreter (``sys.executable``).
-
-    Uses ``kernel`` if given, else ``python3`` when it runs this Python, else installs a
-    ``memkit`` kernel spec into ``sys.prefix`` (``python -m ipykernel install --sys-prefix``).
-    """
-    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
-
-    ksm = KernelSpecManager()
-    if kernel:
-        try:
-            ksm.get_kernel_spec(kernel)
-        except NoSuchKernel:
-            raise ValueError(f"no Jupyter kernel named {kernel!r}; list them with "
-                             "`jupyter kernelspec list` or omit --kernel") from None
-        return kernel
-    for name in ("python3", "memkit"):
-        try:
-            if _runs_this_python(ksm.get_kernel_spec(name).argv):
-                return name
-        except NoSuchKernel:
-            continue
-    from ipykernel.kernelspec import install
-
-    install(kernel_name="memkit", display_name="Python (memkit)", prefix=sys.prefix)
-    return "memkit"
 
 
 # ----------------------------------------------------------------------------- one notebook
@@ -269,20 +183,21 @@ def cache_checkpoints() -> set[str]:
     return {p.parent.relative_to(root).as_posix() for p in root.rglob("memkit.json")}
 
 
-def render_report(runs: list[NotebookRun], meta: dict[str, Any]) -> str:
+def render_report(runs: list[NotebookRun], meta: dict[str, Any], clones: list[NotebookRun] = ()) -> str:
     """REPORT.md: the minutes of each notebook and the cache checkpoints it had to train (a run from
-    an empty cache pays for every clone once, in the first notebook that needs it), then each
-    notebook's recorded numbers."""
+    an empty cache pays for every clone once: in the first notebook that needs it, or with
+    ``--jobs`` in a lane of its own, listed first), then each notebook's recorded numbers."""
     n_ok = sum(r.ok for r in runs)
     lines = ["# memkit reproduce", ""]
     lines += [f"- {k}: `{v}`" for k, v in meta.items()]
     lines += [f"- result: **{n_ok}/{len(runs)} notebooks ok**", "",
               "| notebook | status | minutes | trained into the cache |", "|---|---|---:|---|"]
-    for r in runs:
+    for r in list(clones) + runs:
         lines.append(f"| {r.name} | {r.status} | {r.seconds / 60:.1f} | "
                      f"{'<br>'.join(f'`{t}`' for t in r.trained) or '-'} |")
-    lines.append(f"| **total** | {n_ok}/{len(runs)} ok | **{sum(r.seconds for r in runs) / 60:.1f}** | "
-                 f"{sum(len(r.trained) for r in runs)} checkpoints |")
+    every = list(clones) + runs
+    lines.append(f"| **total** (sum; wall time above) | {n_ok}/{len(runs)} ok | **{sum(r.seconds for r in every) / 60:.1f}** | "
+                 f"{sum(len(r.trained) for r in every)} checkpoints |")
     for r in runs:
         lines += ["", f"## {r.name}: {r.status} ({r.seconds:.1f} s)", "",
                   f"executed notebook: `{r.executed_path.name}`, records: `{r.record_path.name}`, "
@@ -295,12 +210,13 @@ def render_report(runs: list[NotebookRun], meta: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_summary(run_dir: Path, runs: list[NotebookRun], meta: dict[str, Any]) -> None:
+def _write_summary(run_dir: Path, runs: list[NotebookRun], meta: dict[str, Any], clones: list[NotebookRun] = ()) -> None:
     """REPORT.md and summary.json as they stand (after every notebook: a killed run can resume)."""
-    atomic_write_text(run_dir / "REPORT.md", render_report(runs, meta))
-    summary = {"meta": meta, "notebooks": [
-        {"name": r.name, "ok": r.ok, "seconds": round(r.seconds, 3), "error": r.error,
-         "trained": r.trained, "records": r.records} for r in runs]}
+    runs = sorted(runs, key=lambda r: r.name)
+    atomic_write_text(run_dir / "REPORT.md", render_report(runs, meta, list(clones)))
+    row = lambda r: {"name": r.name, "ok": r.ok, "seconds": round(r.seconds, 3), "error": r.error,
+                     "trained": r.trained, "records": r.records}
+    summary = {"meta": meta, "notebooks": [row(r) for r in runs], "clones": [row(c) for c in clones]}
     atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
 
 
@@ -324,24 +240,75 @@ def _finished_in(run_dir: Path, smoke: bool, model: str, seed: int) -> dict[str,
             for n in summary.get("notebooks", []) if n.get("ok")}
 
 
+def _notebook_task(path: Path, run_dir: Path, params: dict[str, Any], kernel: str, timeout: float | None) -> NotebookRun:
+    """Run one notebook (never raises) and name the cache checkpoints that appeared meanwhile."""
+    cached = cache_checkpoints()
+    try:
+        r = execute_notebook(path, run_dir, params, strict=False, kernel=kernel, timeout=timeout)
+    except Exception as e:  # unreadable notebook, bad parameters cell
+        r = NotebookRun(path.stem, False, 0.0, run_dir / f"{path.stem}.ipynb",
+                        run_dir / f"{path.stem}.record.json", {}, f"{type(e).__name__}: {e}")
+    r.trained = sorted(cache_checkpoints() - cached)
+    return r
+
+
+def _clone_task(name: str) -> list[str]:
+    """Lane task: lab clone ``name`` (:func:`memkit.lab.ensure_lab_clone`); its cache entry if trained now."""
+    from memkit.io import cache_dir
+    from memkit.lab import ensure_lab_clone
+
+    before = cache_checkpoints()
+    path = ensure_lab_clone(name)
+    root = cache_dir()
+    return sorted(p for p in cache_checkpoints() - before if path and (root / p).resolve() == Path(path).resolve())
+
+
+def _lab_tasks(paths: list[Path], run_dir: Path, params, kernel: str, timeout, with_clones: bool):
+    """The lanes' tasks: the notebooks, each after the lab clones it loads (:data:`memkit.lab.NOTEBOOK_CLONES`)."""
+    from memkit.lab import LAB_CLONES, LAB_NOTEBOOK_MINUTES, NOTEBOOK_CLONES
+    from memkit.lanes import Task
+
+    uses = {p.stem: NOTEBOOK_CLONES.get(p.stem[:2], ()) if with_clones else () for p in paths}
+    needed, todo = set(), [c for cs in uses.values() for c in cs]
+    while todo:
+        c = todo.pop()
+        if c not in needed:
+            needed.add(c)
+            todo += LAB_CLONES[c].needs
+    tasks = [Task("clone " + c, _clone_task, (c,), tuple("clone " + d for d in LAB_CLONES[c].needs), LAB_CLONES[c].minutes)
+             for c in LAB_CLONES if c in needed]
+    return tasks + [Task(p.stem, _notebook_task, (p, run_dir, params(p), kernel, timeout),
+                         tuple("clone " + c for c in uses[p.stem]), LAB_NOTEBOOK_MINUTES.get(p.stem[:2], 5.0))
+                    for p in paths]
+
+
 def reproduce(smoke: bool = True, model: str = "tiny", notebooks: Sequence[str] | None = None,
               out_root: str | Path = "runs", kernel: str | None = None, *, seed: int = 0,
               notebooks_dir: str | Path | None = None, timeout: float | None = None,
-              resume: str | Path | None = None, results: str | Path | None = None, stream=None) -> Path:
-    """Run the notebooks in order into ``out_root/<timestamp>/`` and write ``REPORT.md`` there.
+              resume: str | Path | None = None, results: str | Path | None = None, stream=None,
+              jobs: int = 1, seeds: int | None = None) -> Path:
+    """Run the notebooks into ``out_root/<timestamp>/`` and write ``REPORT.md`` there.
 
     ``smoke``: SMOKE=True (small sizes, minutes) or the lab mode (SMOKE=False: learned numbers,
-    hours on 2 cores from an empty cache, docs/reference.md 'The lab mode'; the SFT checkpoints are
-    cached across notebooks and runs, and the report names the ones each notebook trained). ``resume``: an earlier run directory; its notebooks that finished ok are kept and
-    the others run again (the report and summary are rewritten after every notebook).
-    ``results``: also write the claims page (:mod:`memkit.results`) there; ``RESULTS.md`` in the
-    run directory is always written.
+    docs/reference.md 'The lab mode'; the SFT checkpoints are cached across notebooks and runs,
+    and the report names the ones each notebook trained). ``jobs`` > 1 (lab mode, tiny model): the
+    lab's clones and the notebooks run side by side on that many lanes (:mod:`memkit.lanes`), each
+    notebook once its clones are trained. ``seeds``: the ``N_SEEDS`` parameter of the notebooks that
+    declare it (04-06: seeds per arm; their default is one). ``resume``: an earlier run directory;
+    its notebooks that finished ok are kept and the others run again (the report and summary are
+    rewritten after every notebook). ``results``: also write the claims page (:mod:`memkit.results`)
+    there; ``RESULTS.md`` in the run directory is always written.
 
     Returns the run directory. Per notebook a start and a result line go to ``stream``
     (default stdout). Failures are reported in the line and in the report; see
     ``failed_notebooks(run_dir)`` / the CLI exit status.
     """
     stream = stream or sys.stdout
+    if jobs > 1 and smoke:
+        raise ValueError("--jobs runs the lab mode's clones and notebooks side by side; SMOKE notebooks share "
+                         "their small SFT caches and run one at a time: drop --jobs or --smoke")
+    if seeds is not None and seeds < 1:
+        raise ValueError(f"--seeds {seeds}: give at least 1 seed per arm (3 for the seed spread)")
     nb_dir = Path(notebooks_dir) if notebooks_dir else default_notebooks_dir()
     paths = select_notebooks(notebooks, nb_dir)
     kernel_name = resolve_kernel(kernel)
@@ -354,36 +321,56 @@ def reproduce(smoke: bool = True, model: str = "tiny", notebooks: Sequence[str] 
         run_dir, done = _new_run_dir(Path(out_root)), {}
     meta = {"smoke": smoke, "model": model, "seed": seed, "kernel": kernel_name,
             "python": sys.executable, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "notebooks_dir": str(nb_dir)}
+            "notebooks_dir": str(nb_dir), "jobs": jobs, "seeds": seeds or "notebook default"}
     mode = "smoke" if smoke else "lab"
     print(f"memkit reproduce: {len(paths)} notebook(s), {mode} mode, model={model}, "
-          f"seed={seed} -> {run_dir}", file=stream, flush=True)
-    runs: list[NotebookRun] = []
-    width = max(len(p.stem) for p in paths)
+          f"seed={seed}, jobs={jobs} -> {run_dir}", file=stream, flush=True)
+
+    def params(p: Path) -> dict[str, Any]:
+        return {"SMOKE": smoke, "MODEL": model, "SEED": seed, "OUT_DIR": str((run_dir / p.stem).resolve()),
+                **({"N_SEEDS": seeds} if seeds else {})}
+
+    runs = [done[p.stem] for p in paths if p.stem in done]
+    todo = [p for p in paths if p.stem not in done]
+    tasks = (_lab_tasks(todo, run_dir, params, kernel_name, timeout, with_clones=model == "tiny")
+             if jobs > 1 else [])
+    n, width = len(runs) + (len(tasks) or len(todo)), max(len(t.name) for t in tasks) if tasks else max(len(p.stem) for p in paths)
+    for i, r in enumerate(runs, 1):
+        print(f"[{i}/{n}] {r.name:<{width}}  ok (kept from the resumed run)", file=stream, flush=True)
+    clones: list[NotebookRun] = []
     t_all = time.perf_counter()
-    for i, p in enumerate(paths, 1):
-        if p.stem in done:
-            runs.append(done[p.stem])
-            print(f"[{i}/{len(paths)}] {p.stem:<{width}}  ok (kept from the resumed run)", file=stream, flush=True)
-            continue
-        print(f"[{i}/{len(paths)}] {p.stem:<{width}}  running ({time.strftime('%H:%M:%S')})", file=stream, flush=True)
-        params = {"SMOKE": smoke, "MODEL": model, "SEED": seed,
-                  "OUT_DIR": str((run_dir / p.stem).resolve())}
-        cached = cache_checkpoints()
-        try:
-            r = execute_notebook(p, run_dir, params, strict=False, kernel=kernel_name,
-                                 timeout=timeout)
-        except Exception as e:  # unreadable notebook, bad parameters cell
-            r = NotebookRun(p.stem, False, 0.0, run_dir / f"{p.stem}.ipynb",
-                            run_dir / f"{p.stem}.record.json", {}, f"{type(e).__name__}: {e}")
-        r.trained = sorted(cache_checkpoints() - cached)
-        runs.append(r)
-        line = f"[{i}/{len(paths)}] {r.name:<{width}}  {r.status:<6} {r.seconds:7.1f} s"
+
+    def started(name: str, where: str = "") -> None:
+        print(f"[{len(runs) + len(clones) + 1}/{n}] {name:<{width}}  running ({time.strftime('%H:%M:%S')}{where})",
+              file=stream, flush=True)
+
+    def report(r: NotebookRun) -> None:
+        (clones if r.name.startswith("clone ") else runs).append(r)
+        line = f"[{len(runs) + len(clones)}/{n}] {r.name:<{width}}  {r.status:<6} {r.seconds:7.1f} s"
         print(line + (f"  {r.error}" if r.error else ""), file=stream, flush=True)
-        _write_summary(run_dir, runs, meta)
+        _write_summary(run_dir, runs, meta, clones)
+
+    if jobs > 1:
+        from memkit.lanes import run_tasks
+
+        def on_done(o) -> None:
+            if o.name.startswith("clone "):
+                r = NotebookRun(o.name, o.ok, o.seconds, Path(), Path(), error=o.error, trained=o.value or [])
+            else:
+                r = o.value if o.ok else NotebookRun(o.name, False, o.seconds, run_dir / f"{o.name}.ipynb",
+                                                     run_dir / f"{o.name}.record.json", {}, o.error)
+                clone_dirs = {t for c in clones for t in c.trained}
+                r.trained = [t for t in r.trained if t not in clone_dirs]
+            report(r)
+
+        run_tasks(tasks, jobs, on_done, on_start=lambda t, lane: started(t.name, f", lane {lane}"))
+    else:
+        for p in todo:
+            started(p.stem)
+            report(_notebook_task(p, run_dir, params(p), kernel_name, timeout))
     meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     meta["wall_seconds"] = round(time.perf_counter() - t_all, 1)
-    _write_summary(run_dir, runs, meta)
+    _write_summary(run_dir, runs, meta, clones)
     from memkit.results import write_results
 
     for path in [run_dir / "RESULTS.md"] + ([Path(results)] if results else []):

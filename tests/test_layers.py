@@ -3,7 +3,7 @@ sideways, and the module-level imports form no cycle.
 
 Layers, bottom to top (a module may import its own layer and the ones below):
 
-    0  io, cpu, trajectory                     files, threads, the data model
+    0  io, cpu, lanes, trajectory              files, threads, lanes of worker processes, the data model
     1  world, retrieval, metrics,              tasks, conversation streams, search backends, scores
        metrics_locomo
     2  models                                  policies, generation
@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "memkit"
 
 LAYERS = (
-    ("io", "cpu", "trajectory"),
+    ("io", "cpu", "lanes", "trajectory"),
     ("world", "retrieval", "metrics", "metrics_locomo"),
     ("models",),
     ("agents", "envs", "rollout"),

@@ -500,7 +500,7 @@ def test_readme_train_commands_parse_to_the_notebooks_settings():
     from pathlib import Path
 
     from memkit.cli import build_parser
-    from memkit.reproduce import declared_parameters
+    from memkit.nb import declared_parameters
     from memkit.cli.train import train_config
 
     root = Path(__file__).resolve().parents[1]

@@ -21,6 +21,12 @@ def add_arguments(p) -> None:
     p.add_argument("--kernel", default=None, help="Jupyter kernel name (default: this Python)")
     p.add_argument("--resume", default=None, metavar="RUN_DIR",
                    help="an earlier run directory: keep its notebooks that finished ok, run the rest")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="lab mode: train the lab's clones and run the notebooks on N lanes side by side, each "
+                        "pinned to its share of the cores (make reproduce: 2; default 1, one after another)")
+    p.add_argument("--seeds", type=int, default=None, metavar="N",
+                   help="seeds per arm in the notebooks that compare RL arms (04-06; their default: 1, judged "
+                        "against the 3-seed spread in docs/findings.md; 3 measures the spread)")
     p.add_argument("--timeout", type=float, default=None, help="per-cell timeout in seconds")
     p.add_argument("--results", default=None, metavar="PATH",
                    help="also write the claims page there (make reproduce: docs/results.md); "
@@ -35,7 +41,7 @@ def run(args) -> int:
         run_dir = reproduce(smoke=args.smoke, model=args.model, notebooks=args.only,
                             out_root=args.out, kernel=args.kernel, seed=args.seed,
                             notebooks_dir=args.notebooks_dir, timeout=args.timeout,
-                            resume=args.resume, results=args.results)
+                            resume=args.resume, results=args.results, jobs=args.jobs, seeds=args.seeds)
     except (ValueError, FileNotFoundError) as e:
         print(f"memkit reproduce: error: {e}", file=sys.stderr)
         return 2
