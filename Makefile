@@ -52,7 +52,7 @@ test-fuzz: setup
 # has the minutes of every clone and notebook. SEEDS: seeds per arm in 04-06 (1: judged against the
 # 3-seed spread the lab measured; 3: measures it). It also judges each paper's claims on the run ->
 # docs/results.md (memkit.results). A killed run goes on with
-# `memkit reproduce --resume runs/<time> --jobs 2 --results docs/results.md`.
+# `memkit reproduce --resume runs/<time> --jobs $(JOBS) --seeds $(SEEDS) --results docs/results.md`.
 JOBS ?= 2
 SEEDS ?= 1
 reproduce: setup

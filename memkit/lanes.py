@@ -4,7 +4,8 @@ A lane is one worker process pinned to its share of the cores (``os.sched_setaff
 starts (a notebook's kernel, an SFT) inherits the pinning, so on the 2-core machine two lanes run
 one torch thread each instead of four threads fighting over two cores. A task starts when every
 task it ``needs`` has finished and a lane is free. Among the ready tasks the one with the longest
-chain of work still behind it goes first (list scheduling by critical path):
+chain of work still behind it goes first (list scheduling by critical path; a ``wide`` task, which
+needs every core, goes before all and waits for every lane to be free):
 
     rest(t) = minutes(t) + max(rest(u) for u needing t, default 0)
 
@@ -29,6 +30,7 @@ class Task:
     args: tuple = ()
     needs: tuple[str, ...] = ()
     minutes: float = 1.0  # expected length, for the order only
+    wide: bool = False  # runs alone on every lane's cores (a time-budgeted run that trains on all cores)
 
 
 @dataclass
@@ -109,9 +111,17 @@ def _pin(cores: list[int]) -> None:
     os.environ["OMP_NUM_THREADS"] = str(len(cores))
 
 
-def _timed(fn, args):
+def _timed(fn, args, widen: list[int] | None = None):
+    """Run ``fn(*args)``; a wide task first widens this lane's process to ``widen`` (every lane's cores)."""
+    pinned = sorted(os.sched_getaffinity(0)) if widen and hasattr(os, "sched_getaffinity") else None
+    if pinned is not None:
+        _pin(widen)
     t0 = time.perf_counter()
-    return fn(*args), time.perf_counter() - t0
+    try:
+        return fn(*args), time.perf_counter() - t0
+    finally:
+        if pinned is not None:
+            _pin(pinned)
 
 
 def run_tasks(tasks: Sequence[Task], jobs: int, on_done: Callable[[Outcome], None] | None = None,
@@ -122,7 +132,8 @@ def run_tasks(tasks: Sequence[Task], jobs: int, on_done: Callable[[Outcome], Non
     check_tasks(tasks)
     lanes_cores = lane_cores(jobs, cores)
     rest = critical_path(tasks)
-    pending = sorted(tasks, key=lambda t: -rest[t.name])
+    pending = sorted(tasks, key=lambda t: (not t.wide, -rest[t.name]))
+    every_core = sorted(c for cs in lanes_cores for c in cs)
     ctx = get_context("spawn")
     lanes = [ProcessPoolExecutor(1, mp_context=ctx, initializer=_pin, initargs=(c,)) for c in lanes_cores]
     free, running, out = list(range(len(lanes))), {}, {}
@@ -140,19 +151,21 @@ def run_tasks(tasks: Sequence[Task], jobs: int, on_done: Callable[[Outcome], Non
                     pending.remove(t)
                     finish(Outcome(t.name, False, 0.0, -1, error=f"not run: it needs {', '.join(bad)}, which failed"))
             for t in [t for t in pending if all(d in out and out[d].ok for d in t.needs)]:
-                if not free:
-                    break
+                if not free or (t.wide and len(free) < len(lanes)):
+                    break  # a ready wide task holds back the rest until every lane is free
                 lane = free.pop(0)
+                held = list(free) if t.wide else []
+                free = [f for f in free if f not in held]
                 if on_start:
                     on_start(t, lane)
-                running[lanes[lane].submit(_timed, t.fn, t.args)] = (t, lane)
+                running[lanes[lane].submit(_timed, t.fn, t.args, every_core if t.wide else None)] = (t, lane, held)
                 pending.remove(t)
             if not running:
                 continue
             done, _ = wait(list(running), return_when=FIRST_COMPLETED)
             for f in done:
-                t, lane = running.pop(f)
-                free.append(lane)
+                t, lane, held = running.pop(f)
+                free += [lane, *held]
                 try:
                     value, seconds = f.result()
                     finish(Outcome(t.name, True, seconds, lane, value, cores=lanes_cores[lane]))
@@ -161,8 +174,14 @@ def run_tasks(tasks: Sequence[Task], jobs: int, on_done: Callable[[Outcome], Non
                     finish(Outcome(t.name, False, 0.0, lane, error=f"{type(e).__name__}: {msg[0] if msg else ''}",
                                    cores=lanes_cores[lane]))
                     if type(e).__name__ == "BrokenProcessPool":
+                        lanes[lane].shutdown(wait=False)
                         lanes[lane] = ProcessPoolExecutor(1, mp_context=ctx, initializer=_pin,
                                                           initargs=(lanes_cores[lane],))
+    except BaseException:  # Ctrl-C or a failing callback: stop the lanes' work now, not after it ends
+        for ex in lanes:
+            for proc in list(getattr(ex, "_processes", {}).values()):
+                proc.terminate()
+        raise
     finally:
         for ex in lanes:
             ex.shutdown(wait=True, cancel_futures=True)

@@ -220,7 +220,7 @@ def _write_summary(run_dir: Path, runs: list[NotebookRun], meta: dict[str, Any],
     atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
 
 
-def _finished_in(run_dir: Path, smoke: bool, model: str, seed: int) -> dict[str, NotebookRun]:
+def _finished_in(run_dir: Path, smoke: bool, model: str, seed: int, seeds: int | None = None) -> dict[str, NotebookRun]:
     """Notebooks that ran ok in ``run_dir`` with the same parameters (what ``resume`` skips)."""
     path = run_dir / "summary.json"
     if not path.is_file():
@@ -230,10 +230,11 @@ def _finished_in(run_dir: Path, smoke: bool, model: str, seed: int) -> dict[str,
     except ValueError:
         return {}
     meta = summary.get("meta", {})
-    if (meta.get("smoke"), meta.get("model"), meta.get("seed")) != (smoke, model, seed):
+    ran_seeds = meta.get("seeds", "notebook default")  # runs before --seeds existed: the notebooks' default
+    if (meta.get("smoke"), meta.get("model"), meta.get("seed"), ran_seeds) != (smoke, model, seed, seeds or "notebook default"):
         raise ValueError(f"{run_dir} ran smoke={meta.get('smoke')}, model={meta.get('model')}, "
-                         f"seed={meta.get('seed')}; resume it with the same --smoke/--model/--seed "
-                         "or start a new run without --resume")
+                         f"seed={meta.get('seed')}, seeds={ran_seeds}; resume it with the same "
+                         "--smoke/--model/--seed/--seeds or start a new run without --resume")
     return {n["name"]: NotebookRun(n["name"], True, n["seconds"], run_dir / f"{n['name']}.ipynb",
                                    run_dir / f"{n['name']}.record.json", n.get("records", {}),
                                    trained=n.get("trained", []))
@@ -263,20 +264,20 @@ def _clone_task(name: str) -> list[str]:
     return sorted(p for p in cache_checkpoints() - before if path and (root / p).resolve() == Path(path).resolve())
 
 
-def _lab_tasks(paths: list[Path], run_dir: Path, params, kernel: str, timeout, with_clones: bool):
+def _lab_tasks(paths: list[Path], run_dir: Path, params, kernel: str, timeout):
     """The lanes' tasks: the notebooks, each after the lab clones it loads (:data:`memkit.lab.NOTEBOOK_CLONES`)."""
     from memkit.lab import LAB_CLONES, LAB_NOTEBOOK_MINUTES, NOTEBOOK_CLONES
     from memkit.lanes import Task
 
-    uses = {p.stem: NOTEBOOK_CLONES.get(p.stem[:2], ()) if with_clones else () for p in paths}
+    uses = {p.stem: NOTEBOOK_CLONES.get(p.stem[:2], ()) for p in paths}
     needed, todo = set(), [c for cs in uses.values() for c in cs]
     while todo:
         c = todo.pop()
         if c not in needed:
             needed.add(c)
             todo += LAB_CLONES[c].needs
-    tasks = [Task("clone " + c, _clone_task, (c,), tuple("clone " + d for d in LAB_CLONES[c].needs), LAB_CLONES[c].minutes)
-             for c in LAB_CLONES if c in needed]
+    tasks = [Task("clone " + c, _clone_task, (c,), tuple("clone " + d for d in LAB_CLONES[c].needs), LAB_CLONES[c].minutes,
+                  wide=LAB_CLONES[c].wide) for c in LAB_CLONES if c in needed]
     return tasks + [Task(p.stem, _notebook_task, (p, run_dir, params(p), kernel, timeout),
                          tuple("clone " + c for c in uses[p.stem]), LAB_NOTEBOOK_MINUTES.get(p.stem[:2], 5.0))
                     for p in paths]
@@ -304,9 +305,10 @@ def reproduce(smoke: bool = True, model: str = "tiny", notebooks: Sequence[str] 
     ``failed_notebooks(run_dir)`` / the CLI exit status.
     """
     stream = stream or sys.stdout
-    if jobs > 1 and smoke:
-        raise ValueError("--jobs runs the lab mode's clones and notebooks side by side; SMOKE notebooks share "
-                         "their small SFT caches and run one at a time: drop --jobs or --smoke")
+    if jobs > 1 and (smoke or model != "tiny"):
+        raise ValueError("--jobs runs the lab mode's clones and the tiny model's notebooks side by side; SMOKE "
+                         "notebooks and other models share caches the notebooks fill themselves, one at a time: "
+                         "drop --jobs (or --smoke / --model)")
     if seeds is not None and seeds < 1:
         raise ValueError(f"--seeds {seeds}: give at least 1 seed per arm (3 for the seed spread)")
     nb_dir = Path(notebooks_dir) if notebooks_dir else default_notebooks_dir()
@@ -316,7 +318,7 @@ def reproduce(smoke: bool = True, model: str = "tiny", notebooks: Sequence[str] 
         run_dir = Path(resume)
         if not run_dir.is_dir():
             raise FileNotFoundError(f"--resume {run_dir}: no such run directory (see {out_root}/)")
-        done = _finished_in(run_dir, smoke, model, seed)
+        done = _finished_in(run_dir, smoke, model, seed, seeds)
     else:
         run_dir, done = _new_run_dir(Path(out_root)), {}
     meta = {"smoke": smoke, "model": model, "seed": seed, "kernel": kernel_name,
@@ -332,21 +334,21 @@ def reproduce(smoke: bool = True, model: str = "tiny", notebooks: Sequence[str] 
 
     runs = [done[p.stem] for p in paths if p.stem in done]
     todo = [p for p in paths if p.stem not in done]
-    tasks = (_lab_tasks(todo, run_dir, params, kernel_name, timeout, with_clones=model == "tiny")
-             if jobs > 1 else [])
-    n, width = len(runs) + (len(tasks) or len(todo)), max(len(t.name) for t in tasks) if tasks else max(len(p.stem) for p in paths)
-    for i, r in enumerate(runs, 1):
-        print(f"[{i}/{n}] {r.name:<{width}}  ok (kept from the resumed run)", file=stream, flush=True)
+    tasks = _lab_tasks(todo, run_dir, params, kernel_name, timeout) if jobs > 1 else []
+    names = [r.name for r in runs] + ([t.name for t in tasks] if tasks else [p.stem for p in todo])
+    index, width = {name: i for i, name in enumerate(names, 1)}, max(map(len, names))
+    for r in runs:
+        print(f"[{index[r.name]}/{len(names)}] {r.name:<{width}}  ok (kept from the resumed run)", file=stream, flush=True)
     clones: list[NotebookRun] = []
     t_all = time.perf_counter()
 
     def started(name: str, where: str = "") -> None:
-        print(f"[{len(runs) + len(clones) + 1}/{n}] {name:<{width}}  running ({time.strftime('%H:%M:%S')}{where})",
+        print(f"[{index[name]}/{len(names)}] {name:<{width}}  running ({time.strftime('%H:%M:%S')}{where})",
               file=stream, flush=True)
 
     def report(r: NotebookRun) -> None:
         (clones if r.name.startswith("clone ") else runs).append(r)
-        line = f"[{len(runs) + len(clones)}/{n}] {r.name:<{width}}  {r.status:<6} {r.seconds:7.1f} s"
+        line = f"[{index[r.name]}/{len(names)}] {r.name:<{width}}  {r.status:<6} {r.seconds:7.1f} s"
         print(line + (f"  {r.error}" if r.error else ""), file=stream, flush=True)
         _write_summary(run_dir, runs, meta, clones)
 
@@ -363,7 +365,13 @@ def reproduce(smoke: bool = True, model: str = "tiny", notebooks: Sequence[str] 
                 r.trained = [t for t in r.trained if t not in clone_dirs]
             report(r)
 
+        from memkit.lanes import lane_cores
+
+        meta["jobs"] = len(lane_cores(jobs))  # the lanes there are cores for
         run_tasks(tasks, jobs, on_done, on_start=lambda t, lane: started(t.name, f", lane {lane}"))
+        clone_dirs = {t for c in clones for t in c.trained}  # a clone that ended while a notebook ran is the clone's
+        for r in runs:
+            r.trained = [t for t in r.trained if t not in clone_dirs]
     else:
         for p in todo:
             started(p.stem)

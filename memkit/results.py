@@ -49,6 +49,8 @@ THREE_SEED_SPREAD = {
     ("f1_MoT-GRPO", "f1_start"): 0.027,  # 'Mem-T part 2' (2026-11-29): MoT-GRPO 0.684 +- 0.027
     ("f1_MoT-GRPO", "f1_GRPO"): 0.041,  # the same run: 0.027 + 0.014
     ("f1_w/o A_intra", "f1_w/o A_inter"): 0.051,  # the same run: 0.018 + 0.033
+    ("f1_MoT-GRPO", "f1_w/o A_intra"): 0.045,  # the same run: 0.027 + 0.018
+    ("f1_MoT-GRPO", "f1_w/o A_inter"): 0.060,  # the same run: 0.027 + 0.033
     ("cons_f1_hindsight SFT", "cons_f1_start"): 0.015,  # the same section's ablation: 0.230 +- 0.015
     ("cons_f1_hindsight SFT", "cons_f1_w/o hindsight"): 0.020,  # the same: 0.015 + 0.005
 }
@@ -60,7 +62,9 @@ def seed_spread(stds: list[float], n_seeds: int, pair: tuple[str, str]) -> tuple
     (:data:`THREE_SEED_SPREAD`; 0 where none was measured)."""
     if n_seeds > 1:
         return float(sum(stds)), f"seed spread (sum of the stds, {n_seeds} seeds)"
-    return THREE_SEED_SPREAD.get(pair, 0.0), "one seed; the 3-seed spread docs/findings.md measured"
+    if pair not in THREE_SEED_SPREAD:
+        return 0.0, "one seed; no 3-seed spread measured for this pair"
+    return THREE_SEED_SPREAD[pair], "one seed; the 3-seed spread docs/findings.md measured"
 
 
 def _gain(records, new: str, old: str, new_std: str | None = None, old_std: str | None = None,

@@ -70,6 +70,18 @@ def test_two_lanes_run_side_by_side_each_pinned_to_its_core():
     assert a["start"] < b["end"] and b["start"] < a["end"]  # they overlapped
 
 
+def test_a_wide_task_runs_alone_on_every_core_first():
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 cores")
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    out = run_tasks([Task("long", note, ("long", 0.3), minutes=50), Task("wide", note, ("wide", 0.5), minutes=1, wide=True),
+                     Task("after", note, ("after",), needs=("wide",))], 2, cores=cores)
+    wide, long_ = out["wide"].value, out["long"].value
+    assert wide["cores"] == cores and wide["omp"] == "2"  # widened for the task ...
+    assert long_["start"] >= wide["end"]  # ... and alone, although "long" has the longer chain
+    assert out["after"].value["cores"] != cores  # the lane is narrowed again afterwards
+
+
 def test_a_failed_task_fails_what_needs_it_and_the_rest_goes_on():
     out = run_tasks([Task("bad", fail, ("bad",), minutes=3), Task("after", note, ("after",), needs=("bad",)),
                      Task("after2", note, ("after2",), needs=("after",)), Task("free", note, ("free",))], 1)
@@ -82,29 +94,36 @@ def test_a_failed_task_fails_what_needs_it_and_the_rest_goes_on():
 def test_reproduce_jobs_refuses_smoke_and_bad_seeds(tmp_path):
     from memkit.reproduce import reproduce
 
-    with pytest.raises(ValueError, match="drop --jobs or --smoke"):
+    with pytest.raises(ValueError, match="drop --jobs"):
         reproduce(smoke=True, jobs=2, notebooks_dir=tmp_path, stream=io.StringIO())
+    with pytest.raises(ValueError, match="drop --jobs"):
+        reproduce(smoke=False, model="smollm2-135m", jobs=2, notebooks_dir=tmp_path, stream=io.StringIO())
     with pytest.raises(ValueError, match="at least 1 seed"):
         reproduce(smoke=False, seeds=0, notebooks_dir=tmp_path, stream=io.StringIO())
 
 
 @pytest.mark.slow
 def test_reproduce_on_two_lanes_runs_every_notebook_and_passes_n_seeds(tmp_path):
-    """Lab mode on 2 lanes (a model without lab clones): both notebooks run, each in its own
+    """Lab mode on 2 lanes (notebooks that load no lab clone): both notebooks run, each in its own
     lane, N_SEEDS reaches the notebook that declares it, the report and summary list both."""
     from memkit.reproduce import reproduce
     from nbtools import make_notebook
 
     nbs = tmp_path / "nbs"
     body = "import os, memkit.nb as nb\nnb.record('cores', sorted(os.sched_getaffinity(0)))\nnb.record('seeds', N_SEEDS)"
-    make_notebook(nbs / "00_a.ipynb", [body], parameters="SMOKE = True\nN_SEEDS = 1\n")
-    make_notebook(nbs / "01_b.ipynb", ["import memkit.nb as nb; nb.record('seed', SEED)"], parameters="SEED = 0\n")
-    run = reproduce(smoke=False, model="m1", out_root=tmp_path / "runs", notebooks_dir=nbs, jobs=2, seeds=3,
-                    stream=io.StringIO())
+    make_notebook(nbs / "xa.ipynb", [body], parameters="SMOKE = True\nN_SEEDS = 1\n")
+    make_notebook(nbs / "xb.ipynb", ["import memkit.nb as nb; nb.record('seed', SEED)"], parameters="SEED = 0\n")
+    run = reproduce(smoke=False, model="tiny", out_root=tmp_path / "runs", notebooks_dir=nbs, jobs=2, seeds=3,
+                    stream=io.StringIO())  # stems outside the lab's 00-06 names load no lab clone
     summary = json.loads((run / "summary.json").read_text())
     recs = {n["name"]: n["records"] for n in summary["notebooks"]}
     assert [n["ok"] for n in summary["notebooks"]] == [True, True] and summary["clones"] == []
-    assert recs["00_a"]["seeds"] == 3 and recs["01_b"]["seed"] == 0
+    assert recs["xa"]["seeds"] == 3 and recs["xb"]["seed"] == 0
     if len(os.sched_getaffinity(0)) >= 2:
-        assert len(recs["00_a"]["cores"]) == len(os.sched_getaffinity(0)) // 2
+        assert len(recs["xa"]["cores"]) == len(os.sched_getaffinity(0)) // 2
     assert summary["meta"]["jobs"] == 2 and "wall_seconds" in summary["meta"]
+    with pytest.raises(ValueError, match="same --smoke/--model/--seed/--seeds"):  # a 3-seed run goes on with 3
+        reproduce(smoke=False, model="tiny", notebooks_dir=nbs, jobs=2, seeds=1, resume=run, stream=io.StringIO())
+    out = io.StringIO()
+    assert reproduce(smoke=False, model="tiny", notebooks_dir=nbs, jobs=2, seeds=3, resume=run, stream=out) == run
+    assert out.getvalue().count("kept from the resumed run") == 2
