@@ -70,9 +70,16 @@ def notebook_cpu_setup(smoke: bool) -> int:
     return torch.get_num_threads()
 
 
+def usable_core_ids() -> list[int]:
+    """The cores this process may run on (its CPU affinity where the OS reports it, else all)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
 def usable_cores() -> int:
-    """Cores this process may run on (its CPU affinity where the OS reports it, else all)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    """How many cores this process may run on (:func:`usable_core_ids`)."""
+    return len(usable_core_ids())
 
 
 @contextmanager

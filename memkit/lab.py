@@ -116,8 +116,9 @@ def ensure_lab_clone(name: str, progress: bool = False) -> str | None:
     if name == "memt-retrieval":
         from memkit.memt_lab import MemTLab, ensure_memt_clone, memt_clone_path
 
-        ensure_memt_clone(kit, MemTLab(), progress=progress)
-        return str(memt_clone_path(kit, MemTLab()))
+        lab = MemTLab()
+        ensure_memt_clone(kit, lab, progress=progress)
+        return str(memt_clone_path(kit, lab))
     if name == "memt-construction":
         from memkit.memt_hindsight import (
             ConstructionLab,
@@ -125,6 +126,7 @@ def ensure_lab_clone(name: str, progress: bool = False) -> str | None:
             ensure_construction_clone,
         )
 
-        ensure_construction_clone(kit, ConstructionLab(), progress=progress)
-        return str(construction_clone_path(kit, ConstructionLab()))
+        lab = ConstructionLab()
+        ensure_construction_clone(kit, lab, progress=progress)
+        return str(construction_clone_path(kit, lab))
     return None

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from multiprocessing import get_context
 from typing import Any
 
+from memkit.cpu import usable_core_ids
+
 
 @dataclass
 class Task:
@@ -42,13 +44,6 @@ class Outcome:
     value: Any = None
     error: str | None = None
     cores: list[int] = field(default_factory=list)
-
-
-def usable_core_ids() -> list[int]:
-    """The cores this process may run on."""
-    if hasattr(os, "sched_getaffinity"):
-        return sorted(os.sched_getaffinity(0))
-    return list(range(os.cpu_count() or 1))
 
 
 def lane_cores(jobs: int, cores: Sequence[int] | None = None) -> list[list[int]]:

@@ -192,10 +192,10 @@ def render_report(runs: list[NotebookRun], meta: dict[str, Any], clones: list[No
     lines += [f"- {k}: `{v}`" for k, v in meta.items()]
     lines += [f"- result: **{n_ok}/{len(runs)} notebooks ok**", "",
               "| notebook | status | minutes | trained into the cache |", "|---|---|---:|---|"]
-    for r in list(clones) + runs:
+    every = list(clones) + runs
+    for r in every:
         lines.append(f"| {r.name} | {r.status} | {r.seconds / 60:.1f} | "
                      f"{'<br>'.join(f'`{t}`' for t in r.trained) or '-'} |")
-    every = list(clones) + runs
     lines.append(f"| **total** (sum; wall time above) | {n_ok}/{len(runs)} ok | **{sum(r.seconds for r in every) / 60:.1f}** | "
                  f"{sum(len(r.trained) for r in every)} checkpoints |")
     for r in runs:
