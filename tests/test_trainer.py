@@ -519,7 +519,7 @@ def test_readme_train_commands_parse_to_the_notebooks_settings():
     assert "EVAL_KS = (1, 2, 4, 8, 16)" in nb02 and mem1.eval_every >= mem1.steps  # evaluated at the start and end
     assert (ms.algo, ms.packing, ms.agg, ms.tasks_per_step, ms.n_samples) == ("grpo", "separate", "seq-mean-token-mean", 8, 5)
     assert (ms.lr, ms.temperature, ms.eval_seed, ms.eval_every) == (3e-4, 0.5, 3000, 10)
-    # the lab's 10 minutes of RL from the lab's SFT recipe (memkit.lab), which tiny-sft:flaw-fe names
+    # the lab's 5 minutes of RL from the lab's SFT recipe (memkit.lab), which tiny-sft:flaw-fe names
     from memkit.lab import LAB_RL_MINUTES, lab_sft_config
 
     assert mem1.steps == ms.steps == 300 and mem1.max_seconds == ms.max_seconds == LAB_RL_MINUTES * 60
