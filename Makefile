@@ -46,12 +46,12 @@ test-fast: setup
 test-fuzz: setup
 	MEMKIT_FUZZ_EXAMPLES=10000 $(PY) -m pytest -q -m fuzz -p no:randomly $(PYTEST_ARGS)
 
-# The kit's main job: every notebook in the lab mode (SMOKE=False, memkit.lab) on the tiny model
+# The kit's main job: every notebook in the lab mode (SMOKE=False, memkit.lab.recipes) on the tiny model
 # and the synthetic world, real learned numbers -> runs/<time>/. The lab's clones and the notebooks
-# run on JOBS lanes side by side (memkit.lanes), each notebook once its clones are cached; REPORT.md
+# run on JOBS lanes side by side (memkit.core.lanes), each notebook once its clones are cached; REPORT.md
 # has the minutes of every clone and notebook. SEEDS: seeds per arm in 04-06 (1: judged against the
 # 3-seed spread the lab measured; 3: measures it). It also judges each paper's claims on the run ->
-# docs/results.md (memkit.results). A killed run goes on with
+# docs/results.md (memkit.course.results). A killed run goes on with
 # `memkit reproduce --resume runs/<time> --jobs $(JOBS) --seeds $(SEEDS) --results docs/results.md`.
 JOBS ?= 2
 SEEDS ?= 1

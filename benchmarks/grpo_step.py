@@ -29,10 +29,10 @@ import time
 
 import torch
 
-from memkit.cpu import keep_freed_memory
-from memkit.evaluation import rollout
-from memkit.kit import load_kit
-from memkit.policies import fresh_tiny, load_init, prompt_wrap, sft_checkpoint_path
+from memkit.core.cpu import keep_freed_memory
+from memkit.lab.evaluation import rollout
+from memkit.lab.kit import load_kit
+from memkit.lab.policies import fresh_tiny, load_init, prompt_wrap, sft_checkpoint_path
 from memkit.rl.block_attention import block_plan, flex_available, flex_block_mask
 from memkit.rl.config import TrainConfig
 from memkit.rl.packed_forward import packed_token_logprobs

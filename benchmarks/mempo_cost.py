@@ -20,8 +20,8 @@ import time
 
 import torch
 
-from memkit.cpu import keep_freed_memory
-from memkit.kit import load_kit
+from memkit.core.cpu import keep_freed_memory
+from memkit.lab.kit import load_kit
 from memkit.rl.config import TrainConfig
 from memkit.rl.memory_reward import PROBE_PACKINGS, answer_probability, memory_probes
 
@@ -35,8 +35,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     keep_freed_memory()
-    from memkit.lab import ensure_lab_sft
-    from memkit.policies import load_init, prompt_wrap
+    from memkit.lab.recipes import ensure_lab_sft
+    from memkit.lab.policies import load_init, prompt_wrap
     from memkit.rl.trainer import Trainer, make_accelerator
 
     kit = load_kit(0)

@@ -25,10 +25,10 @@ import time
 
 import torch
 
-from memkit.cpu import keep_freed_memory
-from memkit.evaluation import rollout
-from memkit.kit import load_kit
-from memkit.policies import fresh_tiny
+from memkit.core.cpu import keep_freed_memory
+from memkit.lab.evaluation import rollout
+from memkit.lab.kit import load_kit
+from memkit.lab.policies import fresh_tiny
 from memkit.rl.packed_forward import packed_token_logprobs
 from memkit.rl.packing import MODES, pack
 from memkit.world import make_tasks

@@ -11,7 +11,7 @@ many trajectories came out identical. The model is the SFT'd tiny model when `me
 mostly invalid after one call). It is loaded once and shared by both paths, so the ratio
 measures generation only. Both paths run at 1 thread and at all cores (``--threads`` to
 choose), after one untimed batched rollout (the first one also grows the allocator's arena and
-builds kernels for its shapes), with ``memkit.cpu.keep_freed_memory`` applied as the CLI does
+builds kernels for its shapes), with ``memkit.core.cpu.keep_freed_memory`` applied as the CLI does
 (``MEMKIT_KEEP_FREED_MEMORY=0`` measures without it). ``--device cuda`` runs the model on a GPU.
 
 For each thread count it prints each path's tokens generated, wall time, tokens/s and a
@@ -32,12 +32,12 @@ from dataclasses import replace
 
 import torch
 
-from memkit.cpu import keep_freed_memory, usable_cores
-from memkit.evaluation import rollout
-from memkit.kit import load_kit
+from memkit.core.cpu import keep_freed_memory, usable_cores
+from memkit.lab.evaluation import rollout
+from memkit.lab.kit import load_kit
 from memkit.models import load_policy
-from memkit.policies import fresh_tiny
-from memkit.policies import sft_checkpoint_path
+from memkit.lab.policies import fresh_tiny
+from memkit.lab.policies import sft_checkpoint_path
 from memkit.world import make_tasks
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from memkit.trajectory import Call, Trajectory
+from memkit.core.trajectory import Call, Trajectory
 
 N_TASKS, N_SAMPLES = 5, 2  # 10 trajectories; 2 processes get 6 and 4 (uneven on purpose)
 CASES = {  # algo -> config overrides used by both the 1- and the 2-process run

@@ -7,7 +7,7 @@ from typing import Any, Iterable
 
 import nbformat
 
-from memkit.reproduce import execute_notebook
+from memkit.course.reproduce import execute_notebook
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS_DIR = REPO / "notebooks"
@@ -84,7 +84,7 @@ def check_expectations(records: dict[str, Any], expectations: dict[str, Any]) ->
         name = key[: -len(suffix)]
         if name not in records:
             problems.append(f"{name!r} was not recorded (recorded: {sorted(records)}); "
-                            f"call memkit.nb.record({name!r}, value) in the notebook")
+                            f"call memkit.course.nb.record({name!r}, value) in the notebook")
             continue
         v = records[name]
         if suffix == "_eq":

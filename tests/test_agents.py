@@ -18,7 +18,7 @@ from memkit.agents.base import OracleConfig, Parsed
 from memkit.agents.memact import parse_ids
 from memkit.agents.tags import extract, tool_call_query
 from memkit.envs import SearchEnv, make_retriever
-from memkit.metrics import exact_match, split_answers
+from memkit.metrics.qa import exact_match, split_answers
 from memkit.rollout.engine import Generation, OraclePolicy, RolloutConfig, run_rollouts
 from memkit.world import make_tasks, make_world
 from test_fuzz import depth
@@ -58,7 +58,7 @@ def rollout(method, tasks, env, cfg=None, max_turns=None, seed=0, max_context_to
 
 
 def slot_em(traj) -> float:
-    from memkit.metrics import score_multi
+    from memkit.metrics.qa import score_multi
 
     return score_multi(traj.answer, traj.golds)["mean"] if traj.valid else 0.0
 
@@ -235,7 +235,7 @@ def test_engine_turns_any_model_output_into_a_trajectory(data, world, env):
 def test_engine_keeps_model_errors_apart_from_library_errors(world, env, monkeypatch):
     """A ModelError while applying an output is an invalid "tool error" turn; any other exception is a
     memkit bug and surfaces instead of hiding in the invalid rate."""
-    from memkit.trajectory import ModelError
+    from memkit.core.trajectory import ModelError
 
     task = make_tasks(world, 1, k=1, seed=5)
     search = "<think>look</think><search>some query</search>"

@@ -42,7 +42,7 @@ class CopyingBackend:
 
 @pytest.fixture(scope="module")
 def kit():
-    from memkit.kit import load_kit
+    from memkit.lab.kit import load_kit
 
     return load_kit(0)
 
@@ -56,7 +56,7 @@ def _cfg(out=None, **over) -> TrainConfig:
 
 
 def _trainer(kit, cfg, backend, seed: int = 0):
-    from memkit.policies import fresh_tiny
+    from memkit.lab.policies import fresh_tiny
     from memkit.rl.trainer import Trainer
 
     loaded = fresh_tiny(kit, seed)
@@ -71,7 +71,7 @@ def test_protocol():
 
 
 def test_hf_backend_sync_points_at_a_new_model(kit):
-    from memkit.policies import fresh_tiny
+    from memkit.lab.policies import fresh_tiny
 
     a, b = fresh_tiny(kit, 0), fresh_tiny(kit, 1)
     backend = a.backend()
@@ -121,8 +121,8 @@ def test_resume_hands_the_loaded_weights_to_the_backend(kit, tmp_path):
 
 
 def test_evaluation_and_loaded_model_use_the_given_backend(kit):
-    from memkit.evaluation import evaluate, rollout
-    from memkit.policies import fresh_tiny
+    from memkit.lab.evaluation import evaluate, rollout
+    from memkit.lab.policies import fresh_tiny
     from memkit.world import make_tasks
 
     built = []

@@ -43,7 +43,7 @@ PROBE_CELLS = [
 
 TREE_CELLS = [  # a query's memory operation trees from the teacher (byte tokenizer: no model, seconds)
     "from memkit.agents.base import OracleConfig\nfrom memkit.agents.memt import MemT\n"
-    "from memkit.kit import _ByteTokenizer\nfrom memkit.rl.mot import score_query\n"
+    "from memkit.lab.kit import _ByteTokenizer\nfrom memkit.rl.mot import score_query\n"
     "from memkit.rollout.engine import OraclePolicy, RolloutConfig\nfrom memkit.rollout.streams import build_memories\n"
     "from memkit.rollout.trees import TreeConfig, grow_trees\nfrom memkit.viz import TreeViewer\n"
     "from memkit.world import make_world, make_conversation\n"

@@ -15,7 +15,7 @@ from memkit.cli import build_parser
 from memkit.cli.args import config_from_args, field_docs
 from memkit.cli.train import train_config
 from memkit.rl.config import TrainConfig
-from memkit.sft import SFTConfig
+from memkit.train.sft import SFTConfig
 
 REPO = Path(__file__).resolve().parents[1]
 NEEDS_METHOD = ("sft", "train", "rollout")

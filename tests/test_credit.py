@@ -13,13 +13,14 @@ import torch
 
 from memkit.rl.advantages import masked_moments, masked_whiten, moments_to_mean_var
 from memkit.rl.credit import CREDIT_RULES, CreditBatch, get_credit, register_credit
+from memkit.rl.config import TrainConfig
 from memkit.rl.packing import MODES, pack, row_pieces
-from memkit.trajectory import Trajectory, TrainingUnit
+from memkit.core.trajectory import Trajectory, TrainingUnit
 from tests.fixtures.traces import kit, oracle_tasks, oracle_traces
 
 
-class Knobs:
-    grpo_norm_std, gamma, lam = True, 0.9, 0.8
+#: a real trainer config (the rules read its fields; no stand-in with defaults of its own)
+KNOBS = TrainConfig(gamma=0.9, lam=0.8)
 
 
 def _trajs(method: str, seed: int) -> list[Trajectory]:
@@ -61,8 +62,8 @@ def test_every_rule_matches_its_loop_reference_on_real_rollouts(name, mode, meth
         pytest.skip("MoT-GRPO needs node rewards on tree trajectories: tests/test_mot.py checks it on real trees")
     for seed in range(3):
         cb = _credit_batch(_trajs(method, seed), mode, seed=seed, with_values=rule.needs_values)
-        adv, ret = rule.fn(cb, Knobs)
-        ref = rule.loop(cb, Knobs)
+        adv, ret = rule.fn(cb, KNOBS)
+        ref = rule.loop(cb, KNOBS)
         ref_adv, ref_ret = ref if isinstance(ref, tuple) else (ref, None)
         assert adv.shape == cb.batch.loss_mask.shape
         assert torch.allclose(adv, torch.tensor(ref_adv, dtype=adv.dtype), atol=1e-5)
@@ -75,7 +76,7 @@ def test_every_rule_matches_its_loop_reference_on_real_rollouts(name, mode, meth
 @pytest.mark.parametrize("mode", MODES)
 def test_multi_context_equals_grpo_when_units_are_whole_trajectories(mode):
     cb = _credit_batch(_trajs("mem1", 1), mode)
-    assert torch.allclose(get_credit("grpo").fn(cb, Knobs)[0], get_credit("multi_context").fn(cb, Knobs)[0])
+    assert torch.allclose(get_credit("grpo").fn(cb, KNOBS)[0], get_credit("multi_context").fn(cb, KNOBS)[0])
 
 
 def test_multi_context_gives_each_segment_its_trajectorys_advantage():
@@ -88,7 +89,7 @@ def test_multi_context_gives_each_segment_its_trajectorys_advantage():
         half = max(1, len(idx) // 2)
         units += [TrainingUnit(t, idx[:half]), TrainingUnit(t, idx[half:])] if len(idx) > 1 else [TrainingUnit(t, idx)]
     cb = _credit_batch(trajs, "separate", units)
-    adv, _ = get_credit("multi_context").fn(cb, Knobs)
+    adv, _ = get_credit("multi_context").fn(cb, KNOBS)
     from memkit.rl.advantages import grpo_advantages
 
     a = grpo_advantages(cb.rewards, cb.group_ids)
@@ -99,7 +100,7 @@ def test_multi_context_gives_each_segment_its_trajectorys_advantage():
 
 def test_whitening_over_micro_batches_equals_whitening_the_whole_batch():
     cb = _credit_batch(_trajs("mem1", 0), "mem1_exact", with_values=True)
-    adv, _ = get_credit("gae").fn(cb, Knobs)
+    adv, _ = get_credit("gae").fn(cb, KNOBS)
     m = cb.batch.loss_mask
     whole = masked_whiten(adv, m)
     halves = [(adv[:3], m[:3]), (adv[3:], m[3:])]
@@ -264,7 +265,7 @@ def test_update_records_each_calls_advantage():
 
     trajs = _trajs("memsearcher", 0)
     cb = _credit_batch(trajs, "separate")
-    adv, _ = get_credit("multi_context").fn(cb, Knobs)
+    adv, _ = get_credit("multi_context").fn(cb, KNOBS)
     record_call_advantages(cb, adv)
     a = grpo_advantages(cb.rewards, cb.group_ids)
     for i, t in enumerate(trajs):
@@ -292,9 +293,9 @@ def test_gae_refuses_a_unit_that_is_not_a_chain():
     tree.reward = 1.0
     cb = _credit_batch([tree], "mem1_exact", with_values=True)
     with pytest.raises(ValueError, match="chain"):
-        get_credit("gae").fn(cb, Knobs)
+        get_credit("gae").fn(cb, KNOBS)
     paths = [TrainingUnit(tree, tuple(tree.path(leaf))) for leaf in tree.leaves()]
-    adv, _ = get_credit("gae").fn(_credit_batch([tree], "mem1_exact", paths, with_values=True), Knobs)
+    adv, _ = get_credit("gae").fn(_credit_batch([tree], "mem1_exact", paths, with_values=True), KNOBS)
     assert adv.abs().sum() > 0
 
 
@@ -310,7 +311,7 @@ def test_merge_tree_refuses_chains_that_share_nothing():
 def test_traces_written_before_calls_had_parents_load_as_chains(tmp_path):
     import json
 
-    from memkit.trajectory import load_jsonl
+    from memkit.core.trajectory import load_jsonl
 
     t = oracle_traces("mem1", 2, 3, 11)[0]
     d = t.to_dict()

@@ -8,6 +8,7 @@ tiny Llama on the kit's tokenizer.
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -15,21 +16,22 @@ import torch
 from memkit.agents import get_method
 from memkit.agents.memact import PRUNE_OPENER
 from memkit.rl.credit import CreditBatch, get_credit
+from memkit.rl.config import TrainConfig
 from memkit.rl.packed_forward import packing_gap
 from memkit.rl.packing import pack
 from memkit.rl.segments import dcpo_units, sample_segments, sample_segments_loop, sampler_draws, segment_calls, \
     segment_units
-from memkit.trajectory import Trajectory, TrainingUnit
+from memkit.core.trajectory import Trajectory, TrainingUnit
 from tests.fixtures.traces import kit, oracle_tasks, oracle_traces
 
 
-class Knobs:
-    grpo_norm_std, dcpo_group_stats, dcpo_segments = True, "all", 12
+#: a real trainer config (the rules read its fields; no stand-in with defaults of its own)
+KNOBS = TrainConfig(method="memact", credit="dcpo", dcpo_group_stats="all", dcpo_segments=12)
 
 
 @pytest.fixture(scope="module")
 def model():
-    from memkit.policies import fresh_tiny
+    from memkit.lab.policies import fresh_tiny
 
     return fresh_tiny(kit(), seed=3).model.eval()
 
@@ -164,8 +166,7 @@ def _cb(trajs, units) -> CreditBatch:
 @pytest.mark.parametrize("n_seg", [2, 12])
 def test_dcpo_equals_its_loop_reference_on_sampled_segments(stats, n_seg):
     rule = get_credit("dcpo")
-    cfg = Knobs()
-    cfg.dcpo_group_stats = stats
+    cfg = replace(KNOBS, dcpo_group_stats=stats)
     for seed in range(3):
         trajs = _group(seed=seed)
         cb = _cb(trajs, dcpo_units(trajs, n_seg, seed))
@@ -184,14 +185,14 @@ def test_each_segment_inherits_its_trajectorys_advantage_by_hand():
         trajs.append(t)
     units = [segment_units(trajs[0])[0], segment_units(trajs[0])[1], segment_units(trajs[3])[0]]
     cb = _cb(trajs, units)
-    cfg = Knobs()
+    cfg = KNOBS
     r = torch.tensor([1.0, 0.0, 0.0, -0.1])
     a_all = (r - r.mean()) / (r.std() + 1e-6)
     got, _ = get_credit("dcpo").fn(cb, cfg)
     m = cb.batch.loss_mask > 0
     for row, traj in enumerate([0, 0, 3]):
         assert torch.allclose(got[row][m[row]], a_all[traj].expand(int(m[row].sum())), atol=1e-5)
-    cfg.dcpo_group_stats = "sampled"
+    cfg = replace(KNOBS, dcpo_group_stats="sampled")
     got, _ = get_credit("dcpo").fn(cb, cfg)
     pair = torch.tensor([1.0, -0.1])
     a_s = (pair - pair.mean()) / (pair.std() + 1e-6)
@@ -239,7 +240,7 @@ class Scripted:
 
 
 def test_fixed_schedule_forces_a_prune_every_interval_calls():
-    from memkit.evaluation import rollout
+    from memkit.lab.evaluation import rollout
 
     tasks = list(oracle_tasks(4, 3, 11))
     for traj in rollout("memact", tasks, kit(), policy="oracle", method_kwargs=dict(schedule="fixed", interval=3)):
@@ -252,7 +253,7 @@ def test_fixed_schedule_forces_a_prune_every_interval_calls():
 
 
 def test_window_keeps_the_last_records_and_has_no_prune_tool():
-    from memkit.evaluation import rollout
+    from memkit.lab.evaluation import rollout
 
     tasks = list(oracle_tasks(4, 3, 11))
     for traj in rollout("memact", tasks, kit(), policy="oracle", method_kwargs=dict(schedule="window", window=2)):

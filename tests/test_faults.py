@@ -2,7 +2,7 @@
 a log line, then ``memkit train --resume`` in a new process ends with the same parameters and logs
 as a run that was never interrupted; incomplete checkpoints are skipped with a message; LoRA too.
 
-The kill lands at a fixed place through ``MEMKIT_KILL_AT=<point>:<n>`` (:func:`memkit.io.kill_point`):
+The kill lands at a fixed place through ``MEMKIT_KILL_AT=<point>:<n>`` (:func:`memkit.core.io.kill_point`):
 the process kills itself with SIGKILL (no handler, no cleanup), as an OOM kill or a pulled plug would.
 """
 from __future__ import annotations

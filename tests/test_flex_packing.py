@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from memkit.policies import fresh_tiny
+from memkit.lab.policies import fresh_tiny
 from memkit.rl.block_attention import block_attention, block_plan, flex_available, flex_block_mask
 from memkit.rl.config import TrainConfig
 from memkit.rl.packed_forward import packed_attention, packed_token_logprobs, packing_gap

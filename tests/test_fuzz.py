@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memkit.metrics import exact_match, normalize_answer, score_multi, split_answers
+from memkit.metrics.qa import exact_match, normalize_answer, score_multi, split_answers
 from memkit.rollout.engine import tag_char_spans
 
 pytestmark = pytest.mark.fuzz
@@ -181,7 +181,7 @@ def call_layouts(draw):
     """A random trajectory: calls whose contexts are the prompt then any in-order mix of earlier
     outputs / observations (as refs) and literal chat tokens; ids from a tiny vocabulary so that
     coincidental repeats test the trie's sharing. Returns (trajectory, chosen call indices)."""
-    from memkit.trajectory import Call, Trajectory
+    from memkit.core.trajectory import Call, Trajectory
 
     ids = st.integers(5, 12)
     prompt = draw(st.lists(ids, min_size=1, max_size=4))
@@ -222,7 +222,7 @@ def test_packing_random_layouts(layout):
     ``mem1_exact`` are exact all the way down: positions are the rollout's, and every key's own view
     is the prefix of the query's (so its hidden state is what the rollout computed)."""
     from memkit.rl.packing import MODES, pack
-    from memkit.trajectory import TrainingUnit
+    from memkit.core.trajectory import TrainingUnit
 
     traj, chosen = layout
     unit = TrainingUnit(traj, chosen)

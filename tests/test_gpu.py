@@ -28,7 +28,7 @@ def no_tf32():
 
 @pytest.fixture(scope="module")
 def kit():
-    from memkit.kit import load_kit
+    from memkit.lab.kit import load_kit
 
     return load_kit(0)
 
@@ -90,7 +90,7 @@ def test_cuda_training_run_learns_logs_and_checkpoints(kit, tmp_path, precision)
     finite logs, a checkpoint that loads. bf16 autocast re-scores the old log-probs (its forward
     differs from the float32 rollout's), so its first PPO ratio is 1 up to bf16 rounding."""
     from memkit.models import build_tiny, load_policy
-    from memkit.training import train
+    from memkit.lab.runs import train
 
     res = train(_loop_cfg(tmp_path / "r", 2, device="cuda", mixed_precision=precision), kit, progress=False)
     assert next(res.model.parameters()).device.type == "cuda"

@@ -5,9 +5,9 @@ import math
 
 import pytest
 
-from memkit.evaluation import measure_headroom
+from memkit.lab.evaluation import measure_headroom
 from memkit.rl.headroom import exploration_headroom, slot_scores
-from memkit.trajectory import Trajectory
+from memkit.core.trajectory import Trajectory
 
 
 def _t(task, answer, golds, valid=True):
@@ -54,7 +54,7 @@ def test_headroom_bad_input():
 
 
 def test_oracle_has_no_headroom():
-    from memkit.kit import load_kit
+    from memkit.lab.kit import load_kit
 
     h = measure_headroom("mem1", load_kit(0), "oracle", k=2, n_tasks=3, n_samples=2)
     assert h["slots"] == 6 and h["greedy_em"] == 1.0 and h["headroom"] == 0.0 and h["em_bound"] == 1.0
@@ -65,8 +65,8 @@ def test_oracle_has_no_headroom():
 
 def test_policy_spec_is_loaded_once(monkeypatch):
     """Greedy and samples must score one model: "tiny" builds a random model per call."""
-    import memkit.policies as policies
-    from memkit.kit import load_kit
+    import memkit.lab.policies as policies
+    from memkit.lab.kit import load_kit
 
     built = []
     real = policies.fresh_tiny

@@ -1,4 +1,4 @@
-"""memkit.lanes: tasks with dependencies on lanes of pinned worker processes (memkit reproduce --jobs)."""
+"""memkit.core.lanes: tasks with dependencies on lanes of pinned worker processes (memkit reproduce --jobs)."""
 from __future__ import annotations
 
 import io
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from memkit.lanes import Task, check_tasks, critical_path, lane_cores, run_tasks
+from memkit.core.lanes import Task, check_tasks, critical_path, lane_cores, run_tasks
 
 
 def note(name: str, seconds: float = 0.05) -> dict:
@@ -92,7 +92,7 @@ def test_a_failed_task_fails_what_needs_it_and_the_rest_goes_on():
 
 
 def test_reproduce_jobs_refuses_smoke_and_bad_seeds(tmp_path):
-    from memkit.reproduce import reproduce
+    from memkit.course.reproduce import reproduce
 
     with pytest.raises(ValueError, match="drop --jobs"):
         reproduce(smoke=True, jobs=2, notebooks_dir=tmp_path, stream=io.StringIO())
@@ -106,13 +106,13 @@ def test_reproduce_jobs_refuses_smoke_and_bad_seeds(tmp_path):
 def test_reproduce_on_two_lanes_runs_every_notebook_and_passes_n_seeds(tmp_path):
     """Lab mode on 2 lanes (notebooks that load no lab clone): both notebooks run, each in its own
     lane, N_SEEDS reaches the notebook that declares it, the report and summary list both."""
-    from memkit.reproduce import reproduce
+    from memkit.course.reproduce import reproduce
     from nbtools import make_notebook
 
     nbs = tmp_path / "nbs"
-    body = "import os, memkit.nb as nb\nnb.record('cores', sorted(os.sched_getaffinity(0)))\nnb.record('seeds', N_SEEDS)"
+    body = "import os, memkit.course.nb as nb\nnb.record('cores', sorted(os.sched_getaffinity(0)))\nnb.record('seeds', N_SEEDS)"
     make_notebook(nbs / "xa.ipynb", [body], parameters="SMOKE = True\nN_SEEDS = 1\n")
-    make_notebook(nbs / "xb.ipynb", ["import memkit.nb as nb; nb.record('seed', SEED)"], parameters="SEED = 0\n")
+    make_notebook(nbs / "xb.ipynb", ["import memkit.course.nb as nb; nb.record('seed', SEED)"], parameters="SEED = 0\n")
     run = reproduce(smoke=False, model="tiny", out_root=tmp_path / "runs", notebooks_dir=nbs, jobs=2, seeds=3,
                     stream=io.StringIO())  # stems outside the lab's 00-06 names load no lab clone
     summary = json.loads((run / "summary.json").read_text())

@@ -1,18 +1,17 @@
 """memkit's layers: every ``memkit.*`` import (module level and inside functions) points down or
 sideways, and the module-level imports form no cycle.
 
-Layers, bottom to top (a module may import its own layer and the ones below):
+Layers, bottom to top (a module may import its own layer and the ones below); each is a top-level
+package, so the tree is this diagram:
 
-    0  io, cpu, lanes, trajectory              files, threads, lanes of worker processes, the data model
-    1  world, retrieval, metrics,              tasks, conversation streams, search backends, scores
-       metrics_locomo
+    0  core                                    files, threads, lanes of worker processes, the data model
+    1  world, retrieval, metrics               tasks, conversation streams, search backends, scores
     2  models                                  policies, generation
     3  agents, envs, rollout                   memory formats, the search env, the engine
-    4  rl, sft, pretrain, train                training algorithms (take a kit-like object; no assembly)
-    5  kit, policies, evaluation, training,    assembly: a kit, policy specs, rollouts/eval, SFT/RL runs,
-       lab, conversation_eval, memt_lab,       the RL lab's recipes, Mem-T's evaluation and lab
-       memt_hindsight                          (retrieval; construction by hindsight SFT)
-    6  nb, reproduce, results, viz             notebook helpers, the claims page
+    4  rl, train                               training algorithms (take a kit-like object; no assembly)
+    5  lab                                     assembly: a kit, policy specs, rollouts/eval, SFT/RL runs,
+                                               the RL lab's recipes, Mem-T's lab
+    6  course, viz                             notebook helpers, reproduce, the claims page, widgets
     7  cli                                     the ``memkit`` command
 """
 from __future__ import annotations
@@ -23,13 +22,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "memkit"
 
 LAYERS = (
-    ("io", "cpu", "lanes", "trajectory"),
-    ("world", "retrieval", "metrics", "metrics_locomo"),
+    ("core",),
+    ("world", "retrieval", "metrics"),
     ("models",),
     ("agents", "envs", "rollout"),
-    ("rl", "sft", "pretrain", "train"),
-    ("kit", "policies", "evaluation", "training", "lab", "conversation_eval", "memt_lab", "memt_hindsight"),
-    ("nb", "reproduce", "results", "viz"),
+    ("rl", "train"),
+    ("lab",),
+    ("course", "viz"),
     ("cli",),
 )
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
@@ -81,6 +80,15 @@ def test_every_module_has_a_layer():
     mods, _ = graph()
     unplaced = sorted(m for m in mods if m != "memkit" and layer(m) is None)
     assert not unplaced, f"add these modules to a layer in tests/test_layers.py: {unplaced}"
+
+
+def test_the_tree_is_the_layer_diagram():
+    """Every layer is a top-level package and every top-level package a layer: no loose modules
+    beside ``memkit/__init__.py``, so ``ls memkit`` reads as the diagram above."""
+    loose = sorted(p.name for p in ROOT.glob("*.py") if p.name != "__init__.py")
+    assert not loose, f"move these into the package of their layer: {loose}"
+    packages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()}
+    assert packages == set(RANK), f"packages without a layer: {packages - set(RANK)}; layers without a package: {set(RANK) - packages}"
 
 
 def test_no_upward_imports():
@@ -146,3 +154,39 @@ def test_no_import_error_is_swallowed_silently():
                 if names & {"ImportError", "ModuleNotFoundError"} and all(isinstance(b, ast.Pass) for b in node.body):
                     silent.append(f"{name}:{node.lineno}")
     assert not silent, f"silent `except ImportError: pass` in {silent}"
+
+
+def test_the_paper_locator_points_at_real_things():
+    """``memkit.paper(key)`` names each paper's format, credit rule, packing, notebook and recipe;
+    every one must exist, and the lazy public names must resolve."""
+    import importlib
+    import subprocess
+    import sys
+
+    import memkit
+    from memkit.rl.credit import CREDIT_RULES
+    from memkit.rl.packing import MODES
+
+    root = ROOT.parent
+    assert list(memkit.PAPERS) == ["mem1", "memsearcher", "mempo", "memact", "memt"]
+    for p in memkit.PAPERS.values():
+        assert p.credit in CREDIT_RULES and p.packing in MODES, p
+        assert (root / p.notebook).is_file(), p.notebook
+        module, _, attr = p.recipe.rpartition(".")
+        assert callable(getattr(importlib.import_module(module), attr)), p.recipe
+        shared = root.parent / "shared" / "papers" / p.file
+        assert not shared.parent.is_dir() or shared.is_file(), shared
+    assert memkit.paper("Mem-T") is memkit.PAPERS["memt"]
+    assert (memkit.paper("mem1").credit, memkit.paper("memsearcher").credit) == ("grpo", "multi_context")
+    for name in memkit.__all__:
+        assert getattr(memkit, name) is not None
+    try:
+        memkit.paper("memgpt")
+    except ValueError as e:
+        assert "choose from mem1, memsearcher" in str(e)
+    else:
+        raise AssertionError("an unknown paper must name the choices")
+    # `import memkit` stays light: the CLI's start-up depends on it
+    out = subprocess.run([sys.executable, "-c", "import memkit, sys; print('torch' in sys.modules)"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "False"

@@ -9,25 +9,27 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 import torch
 
 from memkit.rl.credit import CreditBatch, get_credit
+from memkit.rl.config import TrainConfig
 from memkit.rl.memory_reward import (BIASES, CONTEXTS, answer_probability, answer_probability_loop, memory_probes,
                                      memory_span, previous_memory, score_memories)
 from memkit.rl.packing import MODES, pack
-from memkit.trajectory import Trajectory, TrainingUnit
+from memkit.core.trajectory import Trajectory, TrainingUnit
 from tests.fixtures.traces import kit, oracle_traces
 
 
-class Knobs:
-    grpo_norm_std, mem_reward_norm = True, "pooled"
+#: a real trainer config (the rules read its fields; no stand-in with defaults of its own)
+KNOBS = TrainConfig(credit="mempo", mem_reward_norm="pooled")
 
 
 @pytest.fixture(scope="module")
 def model():
-    from memkit.policies import fresh_tiny
+    from memkit.lab.policies import fresh_tiny
 
     return fresh_tiny(kit(), seed=3).model.eval()
 
@@ -145,8 +147,7 @@ def test_score_memories_sets_r_m_as_the_bias_corrected_probability(model, bias):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("norm", ["pooled", "per_step"])
 def test_mempo_credit_matches_its_loop_reference(mode, norm):
-    class K(Knobs):
-        mem_reward_norm = norm
+    K = replace(KNOBS, mem_reward_norm=norm)
 
     rule = get_credit("mempo")
     for seed in range(3):
@@ -180,8 +181,7 @@ def _hand_case():
 def test_pooling_on_a_hand_checked_case(norm, expected):
     """Pooled (eq. 6-8): mean 0.4 and std sqrt(0.2/3) over all four memories. Per step: turn 1
     is (0.1, 0.3), turn 2 (0.5, 0.7), each mean +- 0.1 with std sqrt(0.02)."""
-    class K(Knobs):
-        mem_reward_norm = norm
+    K = replace(KNOBS, mem_reward_norm=norm)
 
     trajs = _hand_case()
     assert all(memory_span(c) for t in trajs for c in t.calls)
@@ -208,14 +208,14 @@ def test_equal_memory_rewards_make_mempo_grpo():
             if c.reward is not None:
                 c.reward = 0.5  # exactly representable: the group mean is exact, the std 0
     cb = _cb(trajs)
-    assert torch.allclose(get_credit("mempo").fn(cb, Knobs)[0], get_credit("grpo").fn(cb, Knobs)[0], atol=1e-6)
+    assert torch.allclose(get_credit("mempo").fn(cb, KNOBS)[0], get_credit("grpo").fn(cb, KNOBS)[0], atol=1e-6)
 
 
 def test_an_unscored_memory_is_an_error_not_a_silent_zero():
     trajs = _copies(2, 0)
     next(c for c in trajs[0].calls if memory_span(c)).reward = None
     with pytest.raises(ValueError, match="score_memories"):
-        get_credit("mempo").fn(_cb(trajs), Knobs)
+        get_credit("mempo").fn(_cb(trajs), KNOBS)
 
 
 def test_learner_scores_memories_and_trains_them(model):
@@ -223,7 +223,7 @@ def test_learner_scores_memories_and_trains_them(model):
     policy, the stats report it, and the update differs from GRPO's on the same batch."""
     from accelerate import Accelerator
 
-    from memkit.policies import fresh_tiny
+    from memkit.lab.policies import fresh_tiny
     from memkit.rl.config import TrainConfig
     from memkit.rl.update import Learner
 

@@ -9,8 +9,8 @@ import pytest
 from memkit.agents.base import OracleConfig
 from memkit.agents.memt import MemT
 from memkit.agents.memt_tools import parse_tool_calls, tool_call
-from memkit.kit import _ByteTokenizer
-from memkit.metrics_locomo import bleu1, locomo_f1, normalize, token_f1
+from memkit.lab.kit import _ByteTokenizer
+from memkit.metrics.locomo import bleu1, locomo_f1, normalize, token_f1
 from memkit.models.generation import Generation
 from memkit.rollout.engine import OraclePolicy, RolloutConfig
 from memkit.rollout.streams import build_memories, stream_rollouts

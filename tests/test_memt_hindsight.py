@@ -10,12 +10,12 @@ import torch
 
 from memkit.agents.base import OracleConfig
 from memkit.agents.memt import MemT
-from memkit.memt_hindsight import (OpPool, hindsight_sft, op_examples, random_filter, tool_call_token_spans,
+from memkit.lab.memt.construction import (OpPool, hindsight_sft, op_examples, random_filter, tool_call_token_spans,
                                    update_history_rate)
 from memkit.rl.mot import construction_ops, hindsight_filter, hindsight_scores, score_query
 from memkit.rollout.engine import OraclePolicy, RolloutConfig, _to_trajectory
 from memkit.rollout.streams import build_memories
-from memkit.sft import make_batch, sft_loss
+from memkit.train.sft import make_batch, sft_loss
 from memkit.world.streams import make_conversations
 from tests.fixtures.traces import kit
 from tests.test_mot import forest
@@ -79,7 +79,7 @@ def test_a_target_mask_equals_moving_the_unmasked_prefix_into_the_context():
     spans = tool_call_token_spans(kit().tokenizer, call.output_ids)
     j = spans[1][0]  # clone only from the second tool call on
     mask = [i >= j for i in range(len(call.output_ids))]
-    from memkit.policies import fresh_tiny
+    from memkit.lab.policies import fresh_tiny
 
     model = fresh_tiny(kit(), seed=0).model.eval()
     with torch.no_grad():
@@ -94,7 +94,7 @@ def test_hindsight_sft_raises_the_likelihood_of_the_kept_operations():
     pool = _pool()
     tok = kit().tokenizer
     examples = op_examples(pool, hindsight_filter(pool.ops, pool.scores), tok)
-    from memkit.policies import fresh_tiny
+    from memkit.lab.policies import fresh_tiny
 
     start = fresh_tiny(kit(), seed=0).model.eval()
     batch = make_batch(examples, 0)
@@ -120,7 +120,7 @@ def test_the_update_history_rate_sees_the_teachers_forgetting():
 
 
 def test_a_pool_scores_every_operation_of_every_conversation():
-    from memkit.memt_hindsight import score_pool
+    from memkit.lab.memt.construction import score_pool
 
     convs = make_conversations(kit().world, 2, seed=5, size="smoke")
     noisy = OracleConfig(p_wasted_search=0.5, p_wrong_answer=0.3)

@@ -6,13 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memkit.metrics import (
+from memkit.metrics.qa import (
     dependency, dependency_loop, exact_match, f1, format_table, memory_actions, normalize_answer, peak_tokens,
     score_multi, split_answers, step_peak_tokens, summarize, tool_calls, total_tokens,
 )
 from fixtures.traces import oracle_traces
 from memkit.agents import METHODS, get_method
-from memkit.trajectory import Call, Trajectory
+from memkit.core.trajectory import Call, Trajectory
 
 
 # ---------------------------------------------------------------------------- accuracy
@@ -218,7 +218,7 @@ def test_summarize_and_table():
 def test_em_by_kind_by_hand():
     from dataclasses import replace
 
-    from memkit.metrics import em_by_kind
+    from memkit.metrics.qa import em_by_kind
     from memkit.world.schema import Question, Task
 
     q = lambda kind, gold: Question(id=gold, text="?", answers=[gold], kind=kind)  # noqa: E731
@@ -235,7 +235,7 @@ def test_em_by_kind_by_hand():
 
 
 def test_summarize_round_trips_through_jsonl(tmp_path):
-    from memkit.trajectory import load_jsonl, save_jsonl
+    from memkit.core.trajectory import load_jsonl, save_jsonl
 
     rng = random.Random(3)
     trajs = [traj([call(i + 1, rng.randint(1, 50), rng.randint(1, 20), system=1) for i in range(4)],
@@ -246,7 +246,7 @@ def test_summarize_round_trips_through_jsonl(tmp_path):
 
 # ------------------------------------------------------------- context tokens per turn (MemSearcher Fig. 3)
 def test_context_tokens_per_turn_by_hand():
-    from memkit.metrics import context_tokens_per_turn
+    from memkit.metrics.qa import context_tokens_per_turn
 
     # MemSearcher-like: act calls (ctx 30, 34) with memory updates between them; a shorter second trajectory
     a = traj([call(1, 30, 5, system=10), call(1, 50, 8, role="memory"), call(2, 34, 4, system=10)])
@@ -283,7 +283,7 @@ def role_trajs(draw):
 @settings(max_examples=60, deadline=None)
 @given(role_trajs(), st.sampled_from(["act", "memory", None]), st.sampled_from([(), ("system",)]))
 def test_context_tokens_per_turn_matches_loop(trajs, role, exclude):
-    from memkit.metrics import context_tokens_per_turn, context_tokens_per_turn_loop
+    from memkit.metrics.qa import context_tokens_per_turn, context_tokens_per_turn_loop
 
     mean, count = context_tokens_per_turn(trajs, role=role, exclude=exclude)
     ref_mean, ref_count = context_tokens_per_turn_loop(trajs, role=role, exclude=exclude)

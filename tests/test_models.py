@@ -475,9 +475,9 @@ def test_smollm2_loads_offline_and_chat_wrap_renders(tmp_path_factory):
 def test_rollouts_with_sample_seeds_repeat_alone_what_they_did_in_the_batch():
     """``sample_seeds`` gives every trajectory its own stream: rolled out one at a time with its seed,
     a trajectory repeats its batched self (ids and log-probs); a wrong seed count is a clear error."""
-    from memkit.evaluation import rollout
-    from memkit.kit import load_kit
-    from memkit.policies import fresh_tiny
+    from memkit.lab.evaluation import rollout
+    from memkit.lab.kit import load_kit
+    from memkit.lab.policies import fresh_tiny
     from memkit.world import make_tasks
 
     kit = load_kit(0)

@@ -10,6 +10,7 @@ from functools import lru_cache
 import pytest
 import torch
 
+from memkit.rl.config import TrainConfig
 from memkit.agents.base import OracleConfig
 from memkit.agents.memt import MemT
 from memkit.rl.credit import CreditBatch, get_credit
@@ -113,8 +114,9 @@ def test_mot_credit_rule_equals_its_loop_reference_on_packed_trees(mode):
     cb = CreditBatch(batch=pack(units, mode), units=units, unit_traj=torch.arange(len(trees)),
                      rewards=torch.zeros(len(trees)), group_ids=groups, trajectories=trees)
     rule = get_credit("mot")
-    adv, _ = rule.fn(cb, None)
-    assert torch.allclose(adv, torch.tensor(rule.loop(cb, None), dtype=adv.dtype), atol=1e-5)
+    cfg = TrainConfig(method="memt", credit="mot")
+    adv, _ = rule.fn(cb, cfg)
+    assert torch.allclose(adv, torch.tensor(rule.loop(cb, cfg), dtype=adv.dtype), atol=1e-5)
     assert float(adv.abs().sum()) > 0  # the trees disagree somewhere
     for row in range(adv.shape[0]):  # every node's tokens carry its Call.advantage from score_query
         tree = trees[int(cb.batch.traj_index[row])]
@@ -125,7 +127,7 @@ def test_mot_credit_rule_equals_its_loop_reference_on_packed_trees(mode):
 
 def test_packed_tree_logprobs_equal_per_node_recompute():
     """One exact prefix-trie row per tree (shared ancestors once) against one forward per node."""
-    from memkit.policies import fresh_tiny
+    from memkit.lab.policies import fresh_tiny
 
     model = fresh_tiny(kit(), seed=3).model.eval()
     _, _, _, grown = forest()
@@ -197,7 +199,7 @@ def html_escaped(text: str) -> str:
 def test_a_learner_update_on_scored_trees_moves_the_policy():
     """The `mot` rule through the real update: MemT's defaults (credit mot, one exact trie row per
     tree), trees of the teacher, the tiny model; A_total = 0 everywhere would leave only the KL."""
-    from memkit.policies import fresh_tiny
+    from memkit.lab.policies import fresh_tiny
     from memkit.rl.config import TrainConfig
     from memkit.rl.update import Learner
 

@@ -4,7 +4,7 @@ A number typed into prose goes stale the moment a run changes (issue 52: "mean P
 ~0.015" described a 60-step study the notebook does not run). So the prose says the shape in words
 ("both arms lift EM above the start; MemPO does not beat GRPO beyond the seed spread") and a code
 cell prints the numbers from the variables the notebook computed (and records with
-``memkit.nb.record`` / ``record_all``). This module scans the markdown cells of every
+``memkit.course.nb.record`` / ``record_all``). This module scans the markdown cells of every
 ``notebooks/*.ipynb`` (no execution) for measured-figure patterns, outside ``$...$`` / ``$$...$$``
 math, ```code``` spans and URLs:
 

@@ -1,5 +1,5 @@
 """Notebook contract: static checks (fast), papermill smoke runs with recorded-number checks (slow),
-and tests of the harness itself (memkit.nb, memkit.reproduce) on small notebooks built here.
+and tests of the harness itself (memkit.course.nb, memkit.course.reproduce) on small notebooks built here.
 
 One execution per notebook serves both kinds of check: the SMOKE run's records are checked against
 EXPECTATIONS, and its executed cells against the committed outputs of cells tagged
@@ -21,17 +21,17 @@ import pytest
 from nbtools import (NOTEBOOKS_DIR, check_expectations, code_cells_with_outputs, make_notebook,
                      output_check_problems, run_notebook)
 
-from memkit import nb as mnb
+from memkit.course import nb as mnb
 from memkit.cli import main
-from memkit.results import CLAIMS, NOT_REPRODUCED, NOT_RUN, REPRODUCED, THREE_SEED_SPREAD, judge_all
-from memkit.nb import _runs_this_python, declared_parameters, resolve_kernel
-from memkit.reproduce import reproduce, select_notebooks
+from memkit.course.results import CLAIMS, NOT_REPRODUCED, NOT_RUN, REPRODUCED, THREE_SEED_SPREAD, judge_all
+from memkit.course.nb import _runs_this_python, declared_parameters, resolve_kernel
+from memkit.course.reproduce import reproduce, select_notebooks
 
 # Recorded numbers each notebook must produce in SMOKE mode (SEED=0, MODEL="tiny").
 # Keys: <record>_min, <record>_max, <record>_eq, <record>_close=(target, abs_tol).
 # Every notebook in notebooks/ needs a non-empty entry: an untested notebook fails the suite.
 # Entries for notebooks still being written are the agreed targets; their authors align the
-# record names (memkit.nb.record(name, value)) with these keys or edit them here.
+# record names (memkit.course.nb.record(name, value)) with these keys or edit them here.
 EXPECTATIONS: dict[str, dict] = {
     "00_tour": {"n_calls_min": 15, "html_calls_missing_eq": 0, "oracle_em_min": 0.95, "invalid_without_reason_eq": 0,
                 "tiny_invalid_rate_min": 0.25, "parser_rejects_malformed_eq": True, "memt_teacher_f1_min": 0.95,
@@ -179,7 +179,7 @@ def test_notebook_smoke_run(path, out_dir, tmp_path):
     assert not problems, f"{path.name}:\n  " + "\n  ".join(problems)
     # every claim docs/results.md judges on this notebook finds the records it reads
     unjudged = [r["says"] for r in judge_all({path.stem: records}) if r["notebook"] == path.stem and r["status"] == NOT_RUN]
-    assert not unjudged, f"{path.name} does not record what these claims read (memkit.results): {unjudged}"
+    assert not unjudged, f"{path.name} does not record what these claims read (memkit.course.results): {unjudged}"
 
 
 # ------------------------------------------------------------------ harness: static (fast)
@@ -234,7 +234,7 @@ def test_check_expectations_fails_when_it_should():
 
 
 def test_run_notebook_refuses_undeclared_parameter(tmp_path):
-    p = make_notebook(tmp_path / "small.ipynb", ["import memkit.nb as nb; nb.record('x', SEED)"],
+    p = make_notebook(tmp_path / "small.ipynb", ["import memkit.course.nb as nb; nb.record('x', SEED)"],
                       parameters="SMOKE = True\nSEED = 0\n")
     with pytest.raises(ValueError, match=r"does not declare parameter\(s\) \['LR', 'MODEL'\]"):
         run_notebook(p, {"SEED": 1, "MODEL": "tiny", "LR": 0.1}, tmp_path / "exec")
@@ -263,7 +263,7 @@ def test_kernel_must_run_this_python():
         resolve_kernel("nope-kernel")
 
 
-# ------------------------------------------------------------------ memkit.nb (fast)
+# ------------------------------------------------------------------ memkit.course.nb (fast)
 def test_record_sidecar_roundtrip(tmp_path, monkeypatch):
     np = pytest.importorskip("numpy")
     torch = pytest.importorskip("torch")
@@ -288,7 +288,7 @@ def test_record_default_path_and_load_errors(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     mnb.record("x", 1)
     assert mnb.load_records(tmp_path / "records.json") == {"x": 1}
-    with pytest.raises(FileNotFoundError, match="must call memkit.nb.record"):
+    with pytest.raises(FileNotFoundError, match="must call memkit.course.nb.record"):
         mnb.load_records(tmp_path / "missing.json")
     (tmp_path / "broken.json").write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
@@ -320,7 +320,7 @@ def test_budget_left_counts_from_the_notebook_start():
 
 # ------------------------------------------------------------------ harness: execution (slow)
 RECORDER = """
-import sys, memkit.nb as nb
+import sys, memkit.course.nb as nb
 nb.record("prefix", sys.prefix)
 nb.record("papermill", nb.in_papermill())
 nb.record("params", {"SMOKE": SMOKE, "MODEL": MODEL, "SEED": SEED, "OUT_DIR": OUT_DIR})
@@ -343,9 +343,9 @@ def test_run_notebook_uses_this_python_and_injects(tmp_path, out_dir):
 def test_reproduce_reports_failure_and_continues(tmp_path, out_dir):
     nbs = tmp_path / "nbs"
     make_notebook(nbs / "00_ok.ipynb", [RECORDER])
-    make_notebook(nbs / "01_fails.ipynb", ["import memkit.nb as nb; nb.record('before', 1.5)",
+    make_notebook(nbs / "01_fails.ipynb", ["import memkit.course.nb as nb; nb.record('before', 1.5)",
                                            "raise ZeroDivisionError('no luck')"])
-    make_notebook(nbs / "02_minimal.ipynb", ["import memkit.nb as nb; nb.record('seed', SEED)"],
+    make_notebook(nbs / "02_minimal.ipynb", ["import memkit.course.nb as nb; nb.record('seed', SEED)"],
                   parameters="SEED = 0\n")  # declares only SEED: only SEED is injected
     out = io.StringIO()
     run = reproduce(smoke=True, model="m1", out_root=tmp_path / "runs", seed=3,
@@ -366,7 +366,7 @@ def test_reproduce_reports_failure_and_continues(tmp_path, out_dir):
     assert rc == 1
     assert main(["reproduce", "--only", "zz", "--notebooks-dir", str(nbs)]) == 2
     # resume: the failed notebook (now fixed) runs again, the others are kept with their numbers
-    make_notebook(nbs / "01_fails.ipynb", ["import memkit.nb as nb; nb.record('before', 2.5)"])
+    make_notebook(nbs / "01_fails.ipynb", ["import memkit.course.nb as nb; nb.record('before', 2.5)"])
     with pytest.raises(ValueError, match="same --smoke"):
         reproduce(smoke=False, model="m1", seed=3, notebooks_dir=nbs, resume=run, stream=io.StringIO())
     out = io.StringIO()
@@ -387,7 +387,7 @@ def test_reproduce_names_the_checkpoints_each_notebook_trained(tmp_path, monkeyp
     monkeypatch.setenv("MEMKIT_CACHE", str(cache))  # the kernel inherits it
     nbs = tmp_path / "nbs"
     make_notebook(nbs / "00_trains.ipynb", [
-        "from memkit.io import cache_dir\nd = cache_dir() / 'sft' / 'new'\nd.mkdir(parents=True)\n"
+        "from memkit.core.io import cache_dir\nd = cache_dir() / 'sft' / 'new'\nd.mkdir(parents=True)\n"
         "(d / 'memkit.json').write_text('{}')"])
     make_notebook(nbs / "01_reads.ipynb", ["x = 1"])
     run = reproduce(smoke=True, out_root=tmp_path / "runs", notebooks_dir=nbs, stream=io.StringIO())
@@ -404,7 +404,7 @@ def test_results_page_judges_claims_on_a_reproduce_run(tmp_path):
     the seed spread is not reproduced), the other claims say "not run", `memkit results` rewrites it."""
     nbs = tmp_path / "nbs"
     make_notebook(nbs / "06_memt_tree_backprop.ipynb", [
-        "import memkit.nb as nb\n"
+        "import memkit.course.nb as nb\n"
         "nb.record_all({'f1_start': 0.30, 'f1_MoT-GRPO': 0.36, 'f1_MoT-GRPO_std': 0.01, 'f1_GRPO': 0.35,\n"
         "               'f1_GRPO_std': 0.02, 'f1_w/o A_intra': 0.35, 'f1_w/o A_intra_std': 0.005,\n"
         "               'f1_w/o A_inter': 0.30, 'f1_w/o A_inter_std': 0.005, 'cons_f1_start': 0.2,\n"

@@ -14,7 +14,7 @@ from memkit.rl.plans import PLANS, ChainPlan, TreePlan
 
 @pytest.fixture(scope="module")
 def kit():
-    from memkit.kit import load_kit
+    from memkit.lab.kit import load_kit
 
     return load_kit(0)
 
@@ -25,8 +25,8 @@ def test_every_method_declares_a_plan_the_trainer_knows():
 
 
 def _memt_trainer(kit, **over):
-    from memkit.memt_lab import memt_wrap
-    from memkit.policies import fresh_tiny
+    from memkit.lab.memt.retrieval import memt_wrap
+    from memkit.lab.policies import fresh_tiny
     from memkit.rl.trainer import Trainer
 
     kw = dict(method="memt", init="tiny", packing="mem1_exact", steps=1, tasks_per_step=2, n_samples=2,
@@ -59,7 +59,7 @@ def test_memt_trains_trees_or_chains_through_the_trainer(kit, monkeypatch):
 
 
 def test_wiki_methods_keep_the_chain_plan(kit):
-    from memkit.policies import fresh_tiny
+    from memkit.lab.policies import fresh_tiny
     from memkit.rl.trainer import Trainer
 
     cfg = TrainConfig(method="mem1", init="tiny", steps=1, tasks_per_step=2, n_samples=2, max_turns=2,

@@ -6,12 +6,12 @@ from dataclasses import asdict, replace
 import pytest
 import torch
 
-from memkit import pretrain
-from memkit.kit import load_kit
+from memkit.train import pretrain
+from memkit.lab.kit import load_kit
 from memkit.models import TAGS, load_policy
-from memkit.pretrain import (COPY_KINDS, PretrainConfig, batch_ids, copy_example, heldout_sample, partial_path, text_world,
+from memkit.train.pretrain import (COPY_KINDS, PretrainConfig, batch_ids, copy_example, heldout_sample, partial_path, text_world,
                              train_base, value_pools)
-from memkit.sft import SFTConfig
+from memkit.train.sft import SFTConfig
 
 #: A few-second run: short rows, a fixed kernel (exact resume), no wall-clock budget.
 TINY = PretrainConfig(seq_len=48, batch_size=4, steps=8, warmup=2, max_seconds=None, heldout_passages=4,
@@ -26,7 +26,7 @@ def kit():
 @pytest.fixture(autouse=True)
 def one_thread(monkeypatch):
     """Train these tiny batches on one thread: a second adds only OpenMP spin-waits, which cost
-    ~20x on a CPU shared with other jobs (memkit.cpu). ``all_cores`` itself is tested in test_sft."""
+    ~20x on a CPU shared with other jobs (memkit.core.cpu). ``all_cores`` itself is tested in test_sft."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     monkeypatch.setattr(pretrain, "all_cores", lambda: nullcontext(1))
@@ -102,7 +102,7 @@ def test_an_interrupted_run_continues_exactly_where_it_stopped(kit, tmp_path):
 
 
 def test_sft_from_the_base_starts_from_its_weights(kit, tmp_path, monkeypatch):
-    from memkit import policies, training
+    from memkit.lab import policies, runs as training
 
     monkeypatch.setenv("MEMKIT_CACHE", str(tmp_path))  # the default base's path, filled by a tiny run
     train_base(kit, TINY, policies.base_checkpoint_path(), progress=False)
@@ -127,7 +127,7 @@ def test_sft_from_the_base_starts_from_its_weights(kit, tmp_path, monkeypatch):
 
 
 def test_sft_tags_and_cache_keys_differ_per_init(tmp_path, monkeypatch):
-    from memkit.policies import config_hash, sft_cache_key, sft_tag
+    from memkit.lab.policies import config_hash, sft_cache_key, sft_tag
 
     d = SFTConfig()
     assert sft_tag(d) == "default" and sft_tag(replace(d, init="base")) == "default-base"
@@ -146,7 +146,7 @@ def test_sft_tags_and_cache_keys_differ_per_init(tmp_path, monkeypatch):
 
 
 def test_base_path_names_the_config_but_not_how_it_is_watched(monkeypatch, tmp_path):
-    from memkit.policies import base_checkpoint_path
+    from memkit.lab.policies import base_checkpoint_path
 
     monkeypatch.setenv("MEMKIT_CACHE", str(tmp_path))
     p = base_checkpoint_path()
@@ -157,7 +157,7 @@ def test_base_path_names_the_config_but_not_how_it_is_watched(monkeypatch, tmp_p
 
 
 def test_sft_init_refuses_other_tokenizers_and_nonsense(kit):
-    from memkit.policies import sft_init
+    from memkit.lab.policies import sft_init
 
     with pytest.raises(ValueError, match="scratch"):
         sft_init(SFTConfig(init="tiny"), kit)

@@ -20,7 +20,7 @@ from memkit.agents.base import OracleConfig
 from memkit.rl.credit import CREDIT_RULES, get_credit
 from memkit.rl.packed_forward import packed_token_logprobs
 from memkit.rl.packing import MODES, pack
-from memkit.trajectory import Trajectory, TrainingUnit
+from memkit.core.trajectory import Trajectory, TrainingUnit
 from tests.fixtures.traces import kit, oracle_tasks
 
 #: format -> (method, credit rule): every method with its own rule, and MEM1's PPO (gae, §3.2)
@@ -57,7 +57,7 @@ def _recorded(method: str) -> tuple:
     rewarded as notebook 02's one-step probe does (R = 1 for the first sample, 0 for the other) so
     the group has spread whatever the teacher's answers scored. Mem-T: the first question's three
     operation trees, scored by MoT's node rewards (``score_query``, eq. 10)."""
-    from memkit.evaluation import rollout
+    from memkit.lab.evaluation import rollout
     from memkit.models import sequence_logprobs
 
     if method == "memt":

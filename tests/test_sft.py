@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from memkit.models import build_tiny, train_tokenizer
-from memkit.sft import (AttentionProbe, SFTConfig, collect_examples, lr_shape, make_batch, save_checkpoint, sft_uses_bf16,
+from memkit.train.sft import (AttentionProbe, SFTConfig, collect_examples, lr_shape, make_batch, save_checkpoint, sft_uses_bf16,
                         sft_loss, train_sft)
 
 
@@ -65,7 +65,7 @@ def test_sft_loss_matches_per_example_loop(tok, w):
 def test_sft_loss_on_a_context_subset_matches_loop(tok, monkeypatch, lm_head_on_scored_only):
     """context_keep scores a subset of context tokens; both code paths (LM head on the scored
     positions only, and the full-logits path a DDP-wrapped model takes) equal the loop."""
-    import memkit.sft as sft
+    import memkit.train.sft as sft
 
     if not lm_head_on_scored_only:
         monkeypatch.setattr(sft, "decoder_and_head", lambda model: None)
@@ -204,7 +204,7 @@ def test_budget_note_names_the_minutes_a_slow_machine_needs():
     """A machine where a step takes 0.42 s (an AVX2-only CPU with the earlier words4 tokenizer): 1,383
     steps in the 10-minute budget, EM 0.21. The note says so and names the budget that reaches
     SKILL_STEPS at the measured pace."""
-    from memkit.sft import SKILL_STEPS, budget_note
+    from memkit.train.sft import SKILL_STEPS, budget_note
 
     cfg = SFTConfig()
     slow = [{"step": 0, "seconds": 1.0}, {"step": 1382, "seconds": 583.0}]
@@ -251,7 +251,7 @@ def test_decoder_and_head_refuses_models_that_rescale_their_logits(tok):
 def test_sft_trains_on_all_cores_and_restores_the_callers_threads():
     import os
 
-    from memkit.cpu import all_cores
+    from memkit.core.cpu import all_cores
 
     before = torch.get_num_threads()
     try:
@@ -264,7 +264,7 @@ def test_sft_trains_on_all_cores_and_restores_the_callers_threads():
 
 
 def test_busy_cpu_note_warns_only_when_other_jobs_hold_the_cores():
-    from memkit.cpu import busy_cpu_note, cpu_busy_share
+    from memkit.core.cpu import busy_cpu_note, cpu_busy_share
 
     assert busy_cpu_note(busy=0.05) is None
     note = busy_cpu_note(busy=0.9)
@@ -278,7 +278,7 @@ def test_keep_freed_memory_sets_glibc_thresholds_once(monkeypatch):
     process; a C library without glibc's mallopt, or MEMKIT_KEEP_FREED_MEMORY=0, leaves malloc alone."""
     import ctypes
 
-    import memkit.cpu as cpu
+    import memkit.core.cpu as cpu
 
     calls = []
 
@@ -317,7 +317,7 @@ def test_keep_freed_memory_takes_effect_on_this_machine():
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "MEMKIT_KEEP_FREED_MEMORY"}
-    out = subprocess.run([sys.executable, "-c", "from memkit.cpu import keep_freed_memory as k; print(k(), k())"],
+    out = subprocess.run([sys.executable, "-c", "from memkit.core.cpu import keep_freed_memory as k; print(k(), k())"],
                          capture_output=True, text=True, timeout=60, env=env)
     expected = "True True" if platform.libc_ver()[0] == "glibc" else "False False"
     assert out.stdout.strip() == expected, out.stderr
@@ -328,9 +328,9 @@ def test_sft_variants_get_their_own_cache_tag_and_never_replace_the_default(caps
     and `memkit train` start from. A variant recipe now saves under a tag naming it, evaluates that
     model, and loads back as tiny-sft:<tag>; a missing tag and a bad --tag get one clear error."""
     from memkit.cli import main
-    from memkit.policies import init_spec
+    from memkit.lab.policies import init_spec
     from memkit.rl.config import TrainConfig
-    from memkit.policies import sft_checkpoint_path, sft_tag
+    from memkit.lab.policies import sft_checkpoint_path, sft_tag
 
     assert sft_tag(SFTConfig(method="memsearcher", steps=10, max_seconds=None)) == "default"
     assert sft_tag(SFTConfig(objectives=(1, 2, 3))) == "k1-2-3-n4000-s0"

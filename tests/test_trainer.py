@@ -133,7 +133,7 @@ def test_naive_micro_batch_mean_would_not_be_exact(monkeypatch):
 def test_micro_batches_group_similar_lengths():
     """Micro-batches are cut from a mini-batch sorted by trajectory length: fewer padded token slots
     than cutting it in rollout order, and (test above) the same update."""
-    from memkit.trajectory import TrainingUnit
+    from memkit.core.trajectory import TrainingUnit
 
     trajs = dw.trajectories(range(4))
     assert len({TrainingUnit.of(t).n_tokens for t in trajs}) > 2  # uneven lengths, or there is nothing to sort
@@ -277,7 +277,7 @@ def test_trajectory_gae_is_the_same_for_every_packing():
 # ============================================================================ the loop
 @pytest.fixture(scope="module")
 def kit():
-    from memkit.kit import load_kit
+    from memkit.lab.kit import load_kit
 
     return load_kit(0)
 
@@ -296,7 +296,7 @@ def test_resume_continues_exactly(kit, tmp_path):
     identical parameters and history. PPO (critic, two optimizers, warmup schedulers); the
     random policy earns no reward, so the entropy bonus and KL are what move it."""
     from memkit.models import load_policy
-    from memkit.training import train
+    from memkit.lab.runs import train
 
     a = train(_loop_cfg(tmp_path / "a", 4), kit, progress=False)
     train(_loop_cfg(tmp_path / "b", 2), kit, progress=False)
@@ -335,7 +335,7 @@ def test_resume_continues_exactly(kit, tmp_path):
 def test_wall_clock_budget_stops_evaluates_and_saves(kit, tmp_path):
     """`max_seconds`: the loop stops before a step would start past the budget, and the stop
     ends like a finished run (a final eval at the stop step, a checkpoint of it)."""
-    from memkit.training import train
+    from memkit.lab.runs import train
 
     res = train(_loop_cfg(tmp_path / "r", 50, max_seconds=1e-3, eval_every=10, save_every=10), kit, progress=False)
     assert len(res.history) == 1  # the first step starts inside the budget and overruns it
@@ -460,8 +460,8 @@ def test_train_rolls_out_with_the_prompt_sft_used(kit, tmp_path, monkeypatch):
     """The tiny model is SFT'd on the compact instruction; `train()` must roll it out with that
     prompt (TrainConfig.prompt="auto"), not the paper's, which the model has never seen."""
     from memkit.agents import get_method
-    from memkit import training as tr
-    from memkit.policies import prompt_wrap
+    from memkit.lab import runs as tr
+    from memkit.lab.policies import prompt_wrap
     from memkit.world import make_tasks
 
     method = get_method("mem1")
@@ -500,7 +500,7 @@ def test_readme_train_commands_parse_to_the_notebooks_settings():
     from pathlib import Path
 
     from memkit.cli import build_parser
-    from memkit.nb import declared_parameters
+    from memkit.course.nb import declared_parameters
     from memkit.cli.train import train_config
 
     root = Path(__file__).resolve().parents[1]
@@ -519,8 +519,8 @@ def test_readme_train_commands_parse_to_the_notebooks_settings():
     assert "EVAL_KS = (1, 2, 4, 8, 16)" in nb02 and mem1.eval_every >= mem1.steps  # evaluated at the start and end
     assert (ms.algo, ms.packing, ms.agg, ms.tasks_per_step, ms.n_samples) == ("grpo", "separate", "seq-mean-token-mean", 8, 5)
     assert (ms.lr, ms.temperature, ms.eval_seed, ms.eval_every) == (3e-4, 0.5, 3000, 10)
-    # the lab's 5 minutes of RL from the lab's SFT recipe (memkit.lab), which tiny-sft:flaw-fe names
-    from memkit.lab import LAB_RL_MINUTES, lab_sft_config
+    # the lab's 5 minutes of RL from the lab's SFT recipe (memkit.lab.recipes), which tiny-sft:flaw-fe names
+    from memkit.lab.recipes import LAB_RL_MINUTES, lab_sft_config
 
     assert mem1.steps == ms.steps == 300 and mem1.max_seconds == ms.max_seconds == LAB_RL_MINUTES * 60
     assert mem1.init == ms.init == mp.init == "tiny-sft:flaw-fe"

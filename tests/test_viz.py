@@ -11,7 +11,7 @@ import torch
 
 from fixtures.traces import oracle_traces
 from memkit.agents import get_method
-from memkit.trajectory import Call, Trajectory, load_jsonl, save_jsonl
+from memkit.core.trajectory import Call, Trajectory, load_jsonl, save_jsonl
 from memkit.viz import PALETTE, MaskViewer, TraceViewer, color_for, plot_mask, render_call_html, to_html
 from memkit.viz.html import diff_html, part_counts, record_spans, render_spans
 

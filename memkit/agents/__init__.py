@@ -13,7 +13,7 @@ memt           a conversation chunk / a candidate + related memories   ``memt.py
 =============  ======================================================  ===================
 
 ``METHODS`` are the wiki-QA formats (tasks of k questions); ``STREAM_METHODS`` read conversation
-streams (:mod:`memkit.rollout.streams`, :mod:`memkit.conversation_eval`).
+streams (:mod:`memkit.rollout.streams`, :mod:`memkit.lab.memt.evaluation`).
 
 ``get_method(name, **kw)`` builds one; keyword arguments go to its constructor
 (``memsearcher``: ``memory_budget_words``, ``on_over_budget``; ``memact``: ``prune_after``).

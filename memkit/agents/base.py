@@ -24,9 +24,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from memkit import metrics
-from memkit.metrics import split_answers
-from memkit.trajectory import Parsed, Segment
+from memkit.metrics import qa as metrics
+from memkit.metrics.qa import split_answers
+from memkit.core.trajectory import Parsed, Segment
 from memkit.world.schema import Task
 
 # Tags used for span colouring and token accounting.
@@ -186,7 +186,7 @@ def wrap_information(obs: str, hint: str = "") -> str:
     return f"\n<information>{hint}{body}</information>\n"
 
 
-# ---- answer scoring: memkit.metrics (SQuAD normalisation; MEM1 App. B.4 EM and F1 per slot) ---
+# ---- answer scoring: memkit.metrics.qa (SQuAD normalisation; MEM1 App. B.4 EM and F1 per slot) ---
 def exact_match(pred: str, golds: list[str]) -> float:
     return metrics.exact_match(pred, golds)
 

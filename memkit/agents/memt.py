@@ -1,6 +1,6 @@
 """Mem-T: build a hierarchical memory while reading a conversation, answer by searching it.
 
-One episode per conversation, in two phases (§3.1), every step a :class:`~memkit.trajectory.Call`:
+One episode per conversation, in two phases (§3.1), every step a :class:`~memkit.core.trajectory.Call`:
 
 * **construction**, one *formation* call per incoming chunk x_t (a session):
   ``a_form ~ pi_form(. | x_t, M_work)`` (eq. 3) writes candidate facts and experiences, the
@@ -12,7 +12,7 @@ One episode per conversation, in two phases (§3.1), every step a :class:`~memki
   step (eq. 6) until ``finish`` gives the answer; at most ``max_steps`` steps (the paper: 6).
 
 Calls are JSON tool calls as in the released prompts (App. C), one per ``<tool_call>`` tag.
-Reward: the answer's LoCoMo F1 for its category (``memkit.metrics_locomo``), times the format
+Reward: the answer's LoCoMo F1 for its category (``memkit.metrics.locomo``), times the format
 indicator of eq. 10 (an invalid retrieval output scores 0). A malformed construction output
 ends only its own call (recorded invalid with its reason); the stream reads on.
 
@@ -38,7 +38,7 @@ from memkit.agents.base import AgentState, CallSpec, Env, Method, OracleConfig, 
 from memkit.agents.memt_tools import (EVOLUTION_TOOLS, FORMATION_TOOLS, RETRIEVAL_TOOLS, SEARCH_TOOLS,
                                       parse_tool_calls, text_arg)
 from memkit.envs.memory_store import MEMORY_TYPES, MemoryStore, StoreError
-from memkit.metrics_locomo import locomo_f1
+from memkit.metrics.locomo import locomo_f1
 from memkit.world.conversation import Conversation, Turn
 from memkit.world.schema import Question, Task
 

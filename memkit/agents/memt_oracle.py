@@ -29,7 +29,7 @@ import re
 from memkit.agents.base import AgentState, OracleConfig
 from memkit.agents.memt_tools import SEARCH_TOOLS, tool_call
 from memkit.envs.memory_store import ID_PREFIX
-from memkit.metrics_locomo import normalize
+from memkit.metrics.locomo import normalize
 from memkit.world.conversation import NOT_MENTIONED, StreamFact
 
 #: how an UPDATE's document states a slot's current value (a slot's kind -> template)

@@ -36,7 +36,7 @@ not the copy: docs/findings.md, 'Negative results'.)
 ``show_comparison`` (off by default; ``memkit sft --show-comparison``) is not a mistake but a
 different trace: in the turn a comparison's second value arrives the state reads "A founded: 1989;
 B founded: 1975, so B." instead of "B." alone. It targets the tiny model's weakest questions
-(``metrics.em_by_kind``) and did not help them: the model copied both values but often named a
+(``memkit.metrics.qa.em_by_kind``) and did not help them: the model copied both values but often named a
 winner they contradict (measured: docs/findings.md, 'Negative results').
 
 State lives in ``state.oracle`` (never shown to the model): ``known`` (hop key -> answer),

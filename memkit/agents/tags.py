@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import re
 
-from memkit.trajectory import Parsed
+from memkit.core.trajectory import Parsed
 
 _OPEN = "<{}>"
 _CLOSE = "</{}>"

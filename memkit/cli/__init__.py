@@ -49,9 +49,9 @@ def main(argv=None) -> int:
     # the top-level parser has no option that takes a value: the first word is the subcommand
     command = next((a for a in argv if not a.startswith("-")), "")
     args = build_parser(only=command).parse_args(argv)
-    from memkit.cpu import keep_freed_memory
+    from memkit.core.cpu import keep_freed_memory
 
-    keep_freed_memory()  # reuse freed tensor memory instead of page-faulting it back (memkit.cpu)
+    keep_freed_memory()  # reuse freed tensor memory instead of page-faulting it back (memkit.core.cpu)
     try:
         return args.func(args) or 0
     except (ValueError, FileNotFoundError, KeyError) as e:

@@ -42,7 +42,7 @@ class NotAnEvalFlag(argparse.Action):
 
 def run_streams(args, kit) -> None:
     """``--method memt``: build memories, answer every question, print the per-category table."""
-    from memkit.conversation_eval import evaluate_streams, format_stream_table
+    from memkit.lab.memt.evaluation import evaluate_streams, format_stream_table
     from memkit.world.locomo import load_locomo
     from memkit.world.streams import make_conversations
 
@@ -56,16 +56,16 @@ def run_streams(args, kit) -> None:
     print(f"memt on {where}: {len(trajs)} questions, {summary[0]['wall_seconds']:.1f} s")
     print(format_stream_table(summary))
     if args.out_dir:
-        from memkit.trajectory import save_jsonl
+        from memkit.core.trajectory import save_jsonl
 
         save_jsonl(trajs, Path(args.out_dir) / f"memt-{args.policy.replace('/', '_')}.jsonl")
 
 
 def run(args) -> int:
-    from memkit.evaluation import evaluate
-    from memkit.kit import load_kit
-    from memkit.metrics import format_table
-    from memkit.trajectory import save_jsonl
+    from memkit.lab.evaluation import evaluate
+    from memkit.lab.kit import load_kit
+    from memkit.metrics.qa import format_table
+    from memkit.core.trajectory import save_jsonl
 
     kit = load_kit(args.world_seed, retriever=args.retriever)
     rows = []

@@ -1,6 +1,6 @@
 """``memkit pretrain``: train the tiny base every format's SFT can start from (cached, resumable).
 
-Every :class:`~memkit.pretrain.PretrainConfig` field is a flag (``--seq-len``, ``--copy-fraction``, ...).
+Every :class:`~memkit.train.pretrain.PretrainConfig` field is a flag (``--seq-len``, ``--copy-fraction``, ...).
 Run it again after an interruption to continue; a finished base is reused. Start SFT from the
 default base with ``memkit sft --method M --init base``.
 """
@@ -27,10 +27,10 @@ def run(args) -> int:
     from memkit.train.config import PretrainConfig
 
     cfg = config_from_args(PretrainConfig, args)  # a bad value is named before torch loads
-    from memkit.cpu import busy_cpu_note
-    from memkit.kit import load_kit
-    from memkit.policies import base_checkpoint_path, ensure_base
-    from memkit.pretrain import partial_path
+    from memkit.core.cpu import busy_cpu_note
+    from memkit.lab.kit import load_kit
+    from memkit.lab.policies import base_checkpoint_path, ensure_base
+    from memkit.train.pretrain import partial_path
 
     path = base_checkpoint_path(cfg)
     t0 = time.perf_counter()
@@ -47,7 +47,7 @@ def run(args) -> int:
         run_ = ensure_base(kit, cfg, log=lambda r: print(
             f"step {r['step']:6d}  loss {r['loss']:.4f}  lr {r['lr']:.2e}  {r['seconds']:.0f}s  "
             f"{r['tokens'] / 1e6:.2f}M tokens  attention {r['attention']}", flush=True))
-    except KeyboardInterrupt as e:  # the first Ctrl-C saved the step it finished (memkit.pretrain)
+    except KeyboardInterrupt as e:  # the first Ctrl-C saved the step it finished (memkit.train.pretrain)
         saved = (partial_path(path) / "state.pt").is_file()
         print(f"\n{e or 'interrupted'}; " + ("state saved in " + str(partial_path(path)) + ": run the same command "
               "again to continue" if saved else "nothing saved yet"), file=sys.stderr)

@@ -1,4 +1,4 @@
-"""``memkit reproduce``: run every notebook with papermill and write a report (:mod:`memkit.reproduce`)."""
+"""``memkit reproduce``: run every notebook with papermill and write a report (:mod:`memkit.course.reproduce`)."""
 from __future__ import annotations
 
 import sys
@@ -7,7 +7,7 @@ HELP = "run every notebook with papermill and write a report"
 
 
 def add_arguments(p) -> None:
-    from memkit.reproduce import __doc__ as doc
+    from memkit.course.reproduce import __doc__ as doc
 
     p.description = doc.split("\n\n")[0]
     p.add_argument("--smoke", action="store_true",
@@ -35,7 +35,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     """Exit status 1 if any notebook failed, 2 on a bad argument."""
-    from memkit.reproduce import failed_notebooks, reproduce
+    from memkit.course.reproduce import failed_notebooks, reproduce
 
     try:
         run_dir = reproduce(smoke=args.smoke, model=args.model, notebooks=args.only,

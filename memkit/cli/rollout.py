@@ -22,7 +22,7 @@ def add_arguments(sp) -> None:
     add_context_options(sp)
 
 
-#: the policy specs :func:`memkit.policies.resolve_policy` reads (the ``--policy`` help lists them)
+#: the policy specs :func:`memkit.lab.policies.resolve_policy` reads (the ``--policy`` help lists them)
 POLICY_SPECS = ("oracle", "tiny", "tiny-sft", "tiny-sft:<tag>", "smollm2-135m",
                 "<local checkpoint dir or memkit train run dir>", "<HF model id>")
 
@@ -44,9 +44,9 @@ def add_context_options(sp) -> None:
 
 
 def run(args) -> int:
-    from memkit.evaluation import rollout
-    from memkit.kit import load_kit
-    from memkit.trajectory import save_jsonl
+    from memkit.lab.evaluation import rollout
+    from memkit.lab.kit import load_kit
+    from memkit.core.trajectory import save_jsonl
     from memkit.world import load_tasks_jsonl, make_tasks
 
     kit = load_kit(args.world_seed, retriever=args.retriever)

@@ -1,6 +1,6 @@
 """``memkit sft``: behaviour-clone a method's oracle into the tiny model (a cached checkpoint).
 
-Every :class:`~memkit.sft.SFTConfig` field is a flag (``--batch-size``, ``--oracle-p-drop-fact``, ...).
+Every :class:`~memkit.train.sft.SFTConfig` field is a flag (``--batch-size``, ``--oracle-p-drop-fact``, ...).
 """
 from __future__ import annotations
 
@@ -38,12 +38,12 @@ def run(args) -> int:
 
     cfg = config_from_args(SFTConfig, args)  # a bad value is named before torch loads
     check_tag(args.tag)
-    from memkit.cpu import busy_cpu_note
-    from memkit.evaluation import evaluate
-    from memkit.kit import load_kit
-    from memkit.policies import sft_checkpoint_path, sft_tag
-    from memkit.sft import budget_note
-    from memkit.training import train_sft_model
+    from memkit.core.cpu import busy_cpu_note
+    from memkit.lab.evaluation import evaluate
+    from memkit.lab.kit import load_kit
+    from memkit.lab.policies import sft_checkpoint_path, sft_tag
+    from memkit.train.sft import budget_note
+    from memkit.lab.runs import train_sft_model
 
     tag = check_tag(args.tag or sft_tag(cfg))
     kit = load_kit(cfg.world_seed)

@@ -41,7 +41,7 @@ def train_config(args):
 
 def run(args) -> int:
     cfg = train_config(args)  # a bad value is named before the trainer (torch) loads
-    from memkit.training import train
+    from memkit.lab.runs import train
 
     def log(r):
         print(f"step {r['step']:4d}  reward {r['reward_mean']:.3f}  EM {r['em']:.3f}  kl {r['kl']:.4f}  "

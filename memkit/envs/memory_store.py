@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
-from memkit.trajectory import ModelError
+from memkit.core.trajectory import ModelError
 from memkit.world.schema import Passage
 
 #: the stores an agent can search (eq. 6) and the id prefix of each

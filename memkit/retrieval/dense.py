@@ -25,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from memkit.io import cache_dir as memkit_cache_dir
+from memkit.core.io import cache_dir as memkit_cache_dir
 from memkit.retrieval.base import Hit, check_k, check_passages, check_query, passage_text
 from memkit.world.schema import Passage
 

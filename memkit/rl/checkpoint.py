@@ -25,7 +25,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from memkit.io import atomic_write_text, kill_point, latest_checkpoint, replace_dir
+from memkit.core.io import atomic_write_text, kill_point, latest_checkpoint, replace_dir
 
 
 class RunFiles:
@@ -68,7 +68,7 @@ class RunFiles:
 
     # ------------------------------------------------------------------------- checkpoints
     def latest(self) -> Path | None:
-        """The checkpoint to resume from (:func:`memkit.io.latest_checkpoint`); says which
+        """The checkpoint to resume from (:func:`memkit.core.io.latest_checkpoint`); says which
         incomplete ones it skipped."""
         path = latest_checkpoint(self.ckpt_dir)
         skipped = sorted(p.name for p in self.ckpt_dir.glob("*step-*") if p.is_dir() and p != path

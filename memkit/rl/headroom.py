@@ -14,16 +14,16 @@ The bound is optimistic: it assumes RL turns every slot it ever sampled right in
 answer (and breaks none). The sample accuracy on greedy-*right* slots says how much of an RL
 run's training-reward rise is mere sharpening (sampling catching up with greedy), which moves
 the greedy EM not at all. Slots are scored by EM with the count rule of the methods' rewards
-(:func:`memkit.metrics.score_multi`: a wrong answer count scores every slot 0; an invalid
+(:func:`memkit.metrics.qa.score_multi`: a wrong answer count scores every slot 0; an invalid
 trajectory answers nothing) — EM, also where the training reward is F1 (MemSearcher eq. 9).
-:func:`memkit.evaluation.measure_headroom` rolls out a policy spec and calls this.
+:func:`memkit.lab.evaluation.measure_headroom` rolls out a policy spec and calls this.
 """
 from __future__ import annotations
 
 from collections import defaultdict
 
-from memkit.metrics import score_multi
-from memkit.trajectory import Trajectory
+from memkit.metrics.qa import score_multi
+from memkit.core.trajectory import Trajectory
 
 
 def slot_scores(traj: Trajectory) -> list[float]:

@@ -40,7 +40,7 @@ from memkit.rl.losses import token_logprobs
 from memkit.rl.packed_forward import packed_attention
 from memkit.rl.packing import pack
 from memkit.rollout.engine import token_char_ends
-from memkit.trajectory import Call, Trajectory, TrainingUnit
+from memkit.core.trajectory import Call, Trajectory, TrainingUnit
 
 MEM_TAG = "mem"
 EMPTY_MEMORY = "<mem>\n</mem>"
@@ -263,7 +263,7 @@ def prepare_memory_reward(trajs: list[Trajectory], learner) -> dict:
 def _memories(cb: CreditBatch, cfg) -> tuple[list[tuple[int, int]], list[float], list]:
     """Every scored memory of the update: (trajectory, call), its R_M, and its normalisation group:
     the task (``pooled``, eq. 6-8: all (i, t) of the N samples) or (task, turn) (``per_step``)."""
-    per_step = getattr(cfg, "mem_reward_norm", "pooled") == "per_step"
+    per_step = cfg.mem_reward_norm == "per_step"
     if not cb.trajectories:
         raise ValueError("credit rule 'mempo' needs CreditBatch.trajectories (the update's trajectories)")
     where, r = scored_calls(cb, lambda call: memory_span(call) is not None,
@@ -278,7 +278,7 @@ def mempo_loop(cb: CreditBatch, cfg) -> list[list[float]]:
     walked token by token, counting each call's output position."""
     a_t = group_advantages_loop(cb, cfg)
     where, r, keys = _memories(cb, cfg)
-    a_m = dict(zip(where, grpo_advantages_loop(r, keys, norm_std=getattr(cfg, "grpo_norm_std", True))))
+    a_m = dict(zip(where, grpo_advantages_loop(r, keys, norm_std=cfg.grpo_norm_std)))
     b = cb.batch
     B, L = b.loss_mask.shape
     out = [[0.0] * L for _ in range(B)]
@@ -311,7 +311,7 @@ def mempo(cb: CreditBatch, cfg):
     b = cb.batch
     a_t = group_advantages(cb, cfg).cpu()
     where, r, keys = _memories(cb, cfg)
-    a_m = grpo_advantages(torch.tensor(r), keys, norm_std=getattr(cfg, "grpo_norm_std", True)) if r else None
+    a_m = grpo_advantages(torch.tensor(r), keys, norm_std=cfg.grpo_norm_std) if r else None
     a_m_of = dict(zip(where, a_m.tolist() if a_m is not None else []))
     # table[u, c, o]: A^M on output token o of call c of unit u when it lies in <mem>, else 0
     n_out = max((len(u.traj.calls[c].output_ids) for u in cb.units for c in u.calls), default=0)

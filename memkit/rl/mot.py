@@ -33,7 +33,7 @@ import torch
 from memkit.rl.advantages import grpo_advantages_loop
 from memkit.rl.choices import MOT_COMBINES as COMBINES  # noqa: F401  A_intra + A_inter, or sequential
 from memkit.rl.credit.registry import call_values_to_tokens, register_credit, scored_calls
-from memkit.trajectory import Trajectory, TrainingUnit
+from memkit.core.trajectory import Trajectory, TrainingUnit
 
 _RETRIEVED = re.compile(r"^\[([A-Za-z]+\d+)\] ", re.M)
 
@@ -122,10 +122,9 @@ class MoTConfig:
 
 
 def mot_config(cfg) -> MoTConfig:
-    """The :class:`MoTConfig` of a trainer config's ``mot_*`` knobs (``TrainConfig``; any object with
-    them, defaults for those it lacks): one reading for the node rewards and the advantages."""
-    return MoTConfig(alpha=getattr(cfg, "mot_alpha", 0.5), combine=getattr(cfg, "mot_combine", "sum"),
-                     intra=getattr(cfg, "mot_intra", True), inter=getattr(cfg, "mot_inter", True))
+    """The :class:`MoTConfig` of a ``TrainConfig``'s ``mot_*`` knobs: one reading for the node
+    rewards and the advantages."""
+    return MoTConfig(alpha=cfg.mot_alpha, combine=cfg.mot_combine, intra=cfg.mot_intra, inter=cfg.mot_inter)
 
 
 def tree_advantages(rewards: torch.Tensor, tree_ids, query_ids, cfg: MoTConfig = MoTConfig()) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """Packing training units into tensors: one row per call, or one row per unit with a 2D
 attention mask (MEM1 §3.2, App. B.7).
 
-``pack`` takes :class:`memkit.trajectory.TrainingUnit`s (a trajectory and a subset of its calls;
+``pack`` takes :class:`memkit.core.trajectory.TrainingUnit`s (a trajectory and a subset of its calls;
 a plain trajectory means all its calls that generated tokens), so a MEM1 trajectory, a
 MemSearcher call, a DCPO segment and a tree path all become rows the same way. Context refs
 resolve through the whole trajectory: a ref to a call outside the unit is placed as ordinary
@@ -65,7 +65,7 @@ from typing import NamedTuple
 import torch
 
 from memkit.rl.choices import PACKING_MODES as MODES  # noqa: F401  the three packings pack() builds
-from memkit.trajectory import Call, Trajectory, TrainingUnit, as_unit
+from memkit.core.trajectory import Call, Trajectory, TrainingUnit, as_unit
 
 
 

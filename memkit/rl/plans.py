@@ -45,7 +45,7 @@ class ChainPlan:
         return {}
 
     def evaluate(self, trainer) -> list[dict]:
-        from memkit.metrics import em_by_kind, summarize
+        from memkit.metrics.qa import em_by_kind, summarize
 
         cfg, rows = trainer.cfg, []
         for k in cfg.eval_objectives:

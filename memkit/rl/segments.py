@@ -35,7 +35,7 @@ import torch
 
 from memkit.rl.advantages import grpo_advantages, grpo_advantages_loop
 from memkit.rl.credit.registry import CreditBatch, register_credit
-from memkit.trajectory import Trajectory, TrainingUnit
+from memkit.core.trajectory import Trajectory, TrainingUnit
 
 
 def segment_calls(traj: Trajectory) -> list[tuple[int, ...]]:
@@ -148,11 +148,11 @@ def _dcpo_trajectory_advantages(cb: CreditBatch, cfg, loop: bool = False):
     """A(tau) of every trajectory (eq. 4): group statistics over all N_traj samples of the prompt
     (``dcpo_group_stats='all'``, the paper) or over the trajectories with a sampled segment
     (``'sampled'``, the authors' code; the others get 0 and are not trained)."""
-    keep = [True] * len(cb.group_ids) if cb.trained is None or getattr(cfg, "dcpo_group_stats", "all") == "all" \
+    keep = [True] * len(cb.group_ids) if cb.trained is None or cfg.dcpo_group_stats == "all" \
         else [bool(k) for k in cb.trained.tolist()]
     idx = [i for i, k in enumerate(keep) if k]
     groups = [cb.group_ids[i] for i in idx]
-    norm = getattr(cfg, "grpo_norm_std", True)
+    norm = cfg.grpo_norm_std
     if loop:
         part = grpo_advantages_loop([float(cb.rewards[i]) for i in idx], groups, norm_std=norm)
         out = [0.0] * len(keep)
@@ -173,7 +173,7 @@ def dcpo_loop(cb: CreditBatch, cfg) -> list[list[float]]:
 
 
 def _dcpo_units(trajs, cfg, seed: int):
-    return dcpo_units(trajs, getattr(cfg, "dcpo_segments", 12), seed)
+    return dcpo_units(trajs, cfg.dcpo_segments, seed)
 
 
 @register_credit("dcpo", dcpo_loop, units=_dcpo_units, paper="MemAct eq. 4-6, Algorithm 1 (DCPO)")

@@ -36,7 +36,7 @@ from memkit.rl.checkpoint import RunFiles
 from memkit.rl.config import RESUME_KEYS, TrainConfig
 from memkit.rl.plans import PLANS
 from memkit.rl.update import Learner, make_accelerator
-from memkit.trajectory import Trajectory
+from memkit.core.trajectory import Trajectory
 from memkit.world.task_sets import training_tasks
 
 
@@ -44,7 +44,7 @@ class Trainer(Learner):
     """:class:`~memkit.rl.update.Learner` + the loop: tasks, rollouts, logs, eval, checkpoints.
 
     ``kit``: anything with ``world`` (the tasks' world) and ``env_for(k_docs)`` (the search env),
-    e.g. :func:`memkit.kit.load_kit`'s. ``task_pool``: the training tasks (default below).
+    e.g. :func:`memkit.lab.kit.load_kit`'s. ``task_pool``: the training tasks (default below).
     ``backend``: the rollout-backend factory ``(model, tokenizer) -> RolloutBackend``; None = memkit's
     HF decode loop (:func:`memkit.models.backend.hf_backend`). ``plan``: how a step rolls out
     (:mod:`memkit.rl.plans`); None = the one the method declares (``Method.rollout_plan``: chains of
@@ -72,7 +72,7 @@ class Trainer(Learner):
     def step_tasks(self, step: int) -> list:
         """The global task list of ``step`` (a function of (seed, step): resumable)."""
         if self.kit is None:
-            raise ValueError("this Trainer has no kit; pass kit=memkit.kit.load_kit() to roll out")
+            raise ValueError("this Trainer has no kit; pass kit=memkit.lab.kit.load_kit() to roll out")
         if self.task_pool is None:
             self.task_pool = training_tasks(self.kit.world, self.cfg.objectives, self.cfg.n_train_tasks, self.cfg.seed,
                                             split=self.cfg.question_split)
@@ -123,7 +123,7 @@ class Trainer(Learner):
             self.evaluate()
         t0 = time.perf_counter()
         if self.plan is None:
-            raise ValueError("this Trainer has no kit; pass kit=memkit.kit.load_kit() to roll out")
+            raise ValueError("this Trainer has no kit; pass kit=memkit.lab.kit.load_kit() to roll out")
         local = self.plan.tasks(self, self.step)[self.rank::self.world]
         trajs, units = self.plan.rollout(self, local, self.step)
         t1 = time.perf_counter()
@@ -178,7 +178,7 @@ class Trainer(Learner):
         return self.global_sums([float(time.perf_counter() - t0 >= self.cfg.max_seconds)])[0] > 0
 
     def _rollout_stats(self, trajs) -> dict:
-        from memkit.metrics import peak_tokens, summarize
+        from memkit.metrics.qa import peak_tokens, summarize
 
         n = len(trajs)
         s = summarize(trajs) if n else {"em": 0.0, "f1": 0.0}

@@ -35,7 +35,7 @@ from memkit.rl.critic import ValueModel, loss_weights
 from memkit.rl.losses import kl_penalty, ppo_clip_terms, token_logprobs, value_terms
 from memkit.rl.packed_forward import packed_attention
 from memkit.rl.packing import PackedBatch, length_groups, pack
-from memkit.trajectory import TrainingUnit, Trajectory
+from memkit.core.trajectory import TrainingUnit, Trajectory
 
 
 def make_accelerator(cfg: TrainConfig):

@@ -7,7 +7,7 @@ context ids, generated ids and their log-probs, spans by tag, and the observatio
 packing and credit assignment can be done later without re-running anything.
 
 A model's failure never raises: a malformed output, an output the environment cannot run
-(:class:`memkit.trajectory.ModelError`), an over-long context or running out of turns ends that
+(:class:`memkit.core.trajectory.ModelError`), an over-long context or running out of turns ends that
 trajectory with a recorded reason and the method's format penalty as reward. Any other exception
 while applying an output is memkit's own bug and propagates.
 """
@@ -25,7 +25,7 @@ import torch
 
 from memkit.agents.base import AgentState, CallSpec, Env, Method, OracleConfig, Segment
 from memkit.models.generation import Generation  # one output type for oracle and model policies
-from memkit.trajectory import Call, ModelError, Trajectory
+from memkit.core.trajectory import Call, ModelError, Trajectory
 
 _TAG_RE = re.compile(r"<(/?)([a-z_]+)>")
 

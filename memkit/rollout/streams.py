@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from memkit.rollout.engine import Policy, RolloutConfig, advance, fork
-from memkit.trajectory import Trajectory
+from memkit.core.trajectory import Trajectory
 from memkit.world.conversation import Conversation
 
 

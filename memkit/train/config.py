@@ -2,7 +2,7 @@
 tiny base's pretraining (:class:`PretrainConfig`, ``memkit pretrain``), one documented field per knob.
 
 They import no torch, so the command line builds its flags and reports a bad value in well under a
-second; the training that reads them lives in :mod:`memkit.sft` and :mod:`memkit.pretrain`.
+second; the training that reads them lives in :mod:`memkit.train.sft` and :mod:`memkit.train.pretrain`.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from memkit.agents.base import OracleConfig
 
 #: learning-rate shapes after warmup (:func:`lr_shape`)
 SCHEDULES = ("wsd", "cosine")
-#: CPU attention kernels training can time and pick between (:class:`memkit.sft.AttentionProbe`)
+#: CPU attention kernels training can time and pick between (:class:`memkit.train.sft.AttentionProbe`)
 ATTENTION_KERNELS = ("eager", "sdpa")
 
 
@@ -58,7 +58,7 @@ class SFTConfig:
     """bfloat16 autocast for the forward/backward (weights and AdamW stay float32). None = GPUs
     with bf16, float32 on CPUs (:func:`sft_uses_bf16`; measured: docs/findings.md, 'SFT recipe')."""
     max_seconds: float | None = 600.0
-    """Wall-clock budget (``training.train_sft_model``: data + training): the schedule runs on
+    """Wall-clock budget (``memkit.lab.runs.train_sft_model``: data + training): the schedule runs on
     max(step/steps, elapsed/budget) and training stops when either ends (machine-dependent; None =
     by steps). The default is `memkit sft`'s 10 minutes, so a notebook that trains the default
     model gets the same one as the command line."""
@@ -122,10 +122,10 @@ class PretrainConfig:
     """The task world: its tokenizer is used; its text is not (see TEXT_WORLD_OFFSET)."""
     bf16: bool | None = None
     """bfloat16 autocast (weights and AdamW stay float32); None = CUDA with bf16, float32 on CPUs
-    (:func:`memkit.sft.sft_uses_bf16`)."""
+    (:func:`memkit.train.sft.sft_uses_bf16`)."""
     cpu_attention: str = field(default="auto", metadata={"choices": ("auto", *ATTENTION_KERNELS)})
     """Attention kernel of CPU training: "eager", "sdpa" or "auto" = time both on the first steps of
-    each session and keep the faster (:class:`memkit.sft.AttentionProbe`). Same numbers to ~1e-5;
+    each session and keep the faster (:class:`memkit.train.sft.AttentionProbe`). Same numbers to ~1e-5;
     an exact resume needs a fixed kernel."""
     log_every: int = 50
     """Log a row (mean loss since the last row) every N steps."""

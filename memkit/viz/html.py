@@ -14,8 +14,8 @@ from pathlib import Path
 
 from memkit.agents.memact import INFO_PRUNED_IDS
 from memkit.agents.memt import INFO_STORE_OPS, INFO_STORE_SIZES
-from memkit.io import atomic_write_text
-from memkit.trajectory import Call, Trajectory
+from memkit.core.io import atomic_write_text
+from memkit.core.trajectory import Call, Trajectory
 from memkit.viz.colors import CSS, css_class, legend_html, span_open
 
 MEMORY_KINDS = ("memory", "mem")  # preferred; "think" is the fallback (MEM1-style internal state)

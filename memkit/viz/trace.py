@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 
-from memkit.trajectory import Trajectory
+from memkit.core.trajectory import Trajectory
 from memkit.viz.html import render_call_html, trajectory_header_html
 
 

@@ -15,7 +15,7 @@ import html
 import ipywidgets as widgets
 
 from memkit.rl.mot import MoTConfig, tree_advantages, tree_nodes
-from memkit.trajectory import Trajectory
+from memkit.core.trajectory import Trajectory
 from memkit.viz.html import render_call_html
 
 X_STEP, Y_STEP, R = 46, 56, 14

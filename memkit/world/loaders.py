@@ -17,7 +17,7 @@ import zipfile
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from memkit.io import atomic_write_text, read_jsonl
+from memkit.core.io import atomic_write_text, read_jsonl
 from memkit.world.schema import Passage, Question, Task, compose_prompt
 
 TASK_SCHEMA = ('one JSON object per line: {"id": str, "prompt": str, "questions": [{"id", "text", '

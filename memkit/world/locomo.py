@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 from typing import Iterable
 
-from memkit.io import atomic_write_text
+from memkit.core.io import atomic_write_text
 from memkit.world.conversation import CATEGORIES, Conversation
 from memkit.world.loaders import _limit, _read_json
 

@@ -32,7 +32,7 @@ import torch
 
 from memkit.rl.advantages import gae, gae_loop, grpo_advantages, grpo_advantages_loop
 from memkit.rl.packing import PackedBatch
-from memkit.trajectory import Trajectory, TrainingUnit
+from memkit.core.trajectory import Trajectory, TrainingUnit
 
 
 @dataclass
@@ -129,12 +129,12 @@ def scored_calls(cb: CreditBatch, selects: Callable, fix: str) -> tuple[list[tup
 # ----------------------------------------------------------------------------- grpo
 def group_advantages(cb: CreditBatch, cfg) -> torch.Tensor:
     """``[N]``: GRPO advantage of every trajectory of the update (eq. 5 of MemSearcher)."""
-    return grpo_advantages(cb.rewards, cb.group_ids, norm_std=getattr(cfg, "grpo_norm_std", True))
+    return grpo_advantages(cb.rewards, cb.group_ids, norm_std=cfg.grpo_norm_std)
 
 
 def group_advantages_loop(cb: CreditBatch, cfg) -> list[float]:
     """Loop reference for :func:`group_advantages` (python floats, ``N`` of them)."""
-    return grpo_advantages_loop(cb.rewards.tolist(), list(cb.group_ids), norm_std=getattr(cfg, "grpo_norm_std", True))
+    return grpo_advantages_loop(cb.rewards.tolist(), list(cb.group_ids), norm_std=cfg.grpo_norm_std)
 
 
 def grpo_loop(cb: CreditBatch, cfg) -> list[list[float]]:
@@ -266,7 +266,7 @@ def gae_rule_loop(cb: CreditBatch, cfg):
         vals = torch.tensor([[float(cb.values[r, t]) for r, t in where]])
         rew = torch.zeros_like(vals)
         rew[0, -1] = float(cb.rewards[int(cb.unit_traj[u_idx])])
-        a, g = gae_loop(rew, vals, torch.ones_like(vals), getattr(cfg, "gamma", 1.0), getattr(cfg, "lam", 1.0))
+        a, g = gae_loop(rew, vals, torch.ones_like(vals), cfg.gamma, cfg.lam)
         for k, (r, t) in enumerate(where):
             adv[r][t], ret[r][t] = a[0][k], g[0][k]
     return adv, ret
@@ -290,8 +290,8 @@ def gae_credit(cb: CreditBatch, cfg):
             raise ValueError(f"credit rule 'gae' needs each unit to be a chain (every call's parent the unit's "
                              f"previous call); unit {unit.calls} of {unit.traj.task_id!r} is not: train tree paths "
                              "as separate units (Trajectory.path)")
-    return trajectory_gae(cb.batch, cb.values, cb.rewards[cb.unit_traj], getattr(cfg, "gamma", 1.0),
-                          getattr(cfg, "lam", 1.0))
+    return trajectory_gae(cb.batch, cb.values, cb.rewards[cb.unit_traj], cfg.gamma,
+                          cfg.lam)
 
 
 def record_call_advantages(cb: CreditBatch, advantages: torch.Tensor) -> None:

@@ -22,7 +22,7 @@ Batch ``s`` is a pure function of ``(seed, s)``, so the data position is the ste
 model, optimizer, step, elapsed time and torch RNG every ``checkpoint_every_seconds`` (and on a
 first Ctrl-C), and continues from there when started again: the same losses and weights as an
 uninterrupted run (on a fixed attention kernel and a step budget; a wall-clock budget depends on
-the machine's pace). The cache location and the SFT hook are in :mod:`memkit.policies`.
+the machine's pace). The cache location and the SFT hook are in :mod:`memkit.lab.policies`.
 """
 from __future__ import annotations
 
@@ -39,10 +39,10 @@ from pathlib import Path
 
 import torch
 
-from memkit.cpu import all_cores
-from memkit.io import atomic_dir
+from memkit.core.cpu import all_cores
+from memkit.core.io import atomic_dir
 from memkit.models import build_tiny
-from memkit.sft import AttentionProbe, lr_shape, save_checkpoint, sft_uses_bf16
+from memkit.train.sft import AttentionProbe, lr_shape, save_checkpoint, sft_uses_bf16
 from memkit.train.config import PretrainConfig
 from memkit.world.generator import ATTR_BY_NAME, ATTRS, SUBJECT, make_world
 

@@ -1,7 +1,7 @@
 """Run the notebooks end to end with papermill and write a report: ``memkit reproduce``.
 
 Two modes: SMOKE (``--smoke``: small sizes, what ``make test`` runs, minutes) and the lab
-(``SMOKE = False``: the RL lab of :mod:`memkit.lab`, real learned numbers; 2.5-3 hours on 2 cores from an
+(``SMOKE = False``: the RL lab of :mod:`memkit.lab.recipes`, real learned numbers; 2.5-3 hours on 2 cores from an
 empty cache, about 1.5 hours with the clones cached).
 Each notebook runs in a fresh kernel of *this* Python environment with its ``parameters``
 cell overridden (only the parameters it declares: ``SMOKE``, ``MODEL``, ``SEED``,
@@ -21,12 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memkit.io import atomic_write_text
-from memkit.nb import (
+from memkit.core.io import atomic_write_text
+from memkit.course.nb import (
     PAPERMILL_ENV,
     RECORD_ENV,
     declared_parameters,
     load_records,
+    repo_root,
     resolve_kernel,
 )
 
@@ -125,9 +126,8 @@ def execute_notebook(path: str | Path, out_dir: str | Path, params: dict[str, An
 
 # ----------------------------------------------------------------------------- many notebooks
 def default_notebooks_dir() -> Path:
-    root = Path(__file__).resolve().parent.parent
-    d = root / "notebooks"
-    return d if d.is_dir() else Path.cwd() / "notebooks"
+    root = repo_root()
+    return root / "notebooks" if root and (root / "notebooks").is_dir() else Path.cwd() / "notebooks"
 
 
 def select_notebooks(names: Sequence[str] | None, notebooks_dir: Path) -> list[Path]:
@@ -177,7 +177,7 @@ def _fmt(v: Any) -> str:
 def cache_checkpoints() -> set[str]:
     """The finished checkpoints in memkit's cache (directories holding ``memkit.json``), relative
     to it: the difference before and after a notebook names the models that notebook trained."""
-    from memkit.io import cache_dir
+    from memkit.core.io import cache_dir
 
     root = cache_dir()
     return {p.parent.relative_to(root).as_posix() for p in root.rglob("memkit.json")}
@@ -254,9 +254,9 @@ def _notebook_task(path: Path, run_dir: Path, params: dict[str, Any], kernel: st
 
 
 def _clone_task(name: str) -> list[str]:
-    """Lane task: lab clone ``name`` (:func:`memkit.lab.ensure_lab_clone`); its cache entry if trained now."""
-    from memkit.io import cache_dir
-    from memkit.lab import ensure_lab_clone
+    """Lane task: lab clone ``name`` (:func:`memkit.lab.recipes.ensure_lab_clone`); its cache entry if trained now."""
+    from memkit.core.io import cache_dir
+    from memkit.lab.recipes import ensure_lab_clone
 
     before = cache_checkpoints()
     path = ensure_lab_clone(name)
@@ -265,9 +265,9 @@ def _clone_task(name: str) -> list[str]:
 
 
 def _lab_tasks(paths: list[Path], run_dir: Path, params, kernel: str, timeout):
-    """The lanes' tasks: the notebooks, each after the lab clones it loads (:data:`memkit.lab.NOTEBOOK_CLONES`)."""
-    from memkit.lab import LAB_CLONES, LAB_NOTEBOOK_MINUTES, NOTEBOOK_CLONES
-    from memkit.lanes import Task
+    """The lanes' tasks: the notebooks, each after the lab clones it loads (:data:`memkit.lab.recipes.NOTEBOOK_CLONES`)."""
+    from memkit.lab.recipes import LAB_CLONES, LAB_NOTEBOOK_MINUTES, NOTEBOOK_CLONES
+    from memkit.core.lanes import Task
 
     uses = {p.stem: NOTEBOOK_CLONES.get(p.stem[:2], ()) for p in paths}
     needed, todo = set(), [c for cs in uses.values() for c in cs]
@@ -293,11 +293,11 @@ def reproduce(smoke: bool = True, model: str = "tiny", notebooks: Sequence[str] 
     ``smoke``: SMOKE=True (small sizes, minutes) or the lab mode (SMOKE=False: learned numbers,
     docs/reference.md 'The lab mode'; the SFT checkpoints are cached across notebooks and runs,
     and the report names the ones each notebook trained). ``jobs`` > 1 (lab mode, tiny model): the
-    lab's clones and the notebooks run side by side on that many lanes (:mod:`memkit.lanes`), each
+    lab's clones and the notebooks run side by side on that many lanes (:mod:`memkit.core.lanes`), each
     notebook once its clones are trained. ``seeds``: the ``N_SEEDS`` parameter of the notebooks that
     declare it (04-06: seeds per arm; their default is one). ``resume``: an earlier run directory;
     its notebooks that finished ok are kept and the others run again (the report and summary are
-    rewritten after every notebook). ``results``: also write the claims page (:mod:`memkit.results`)
+    rewritten after every notebook). ``results``: also write the claims page (:mod:`memkit.course.results`)
     there; ``RESULTS.md`` in the run directory is always written.
 
     Returns the run directory. Per notebook a start and a result line go to ``stream``
@@ -353,7 +353,7 @@ def reproduce(smoke: bool = True, model: str = "tiny", notebooks: Sequence[str] 
         _write_summary(run_dir, runs, meta, clones)
 
     if jobs > 1:
-        from memkit.lanes import run_tasks
+        from memkit.core.lanes import run_tasks
 
         def on_done(o) -> None:
             if o.name.startswith("clone "):
@@ -365,7 +365,7 @@ def reproduce(smoke: bool = True, model: str = "tiny", notebooks: Sequence[str] 
                 r.trained = [t for t in r.trained if t not in clone_dirs]
             report(r)
 
-        from memkit.lanes import lane_cores
+        from memkit.core.lanes import lane_cores
 
         meta["jobs"] = len(lane_cores(jobs))  # the lanes there are cores for
         run_tasks(tasks, jobs, on_done, on_start=lambda t, lane: started(t.name, f", lane {lane}"))
@@ -379,7 +379,7 @@ def reproduce(smoke: bool = True, model: str = "tiny", notebooks: Sequence[str] 
     meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     meta["wall_seconds"] = round(time.perf_counter() - t_all, 1)
     _write_summary(run_dir, runs, meta, clones)
-    from memkit.results import write_results
+    from memkit.course.results import write_results
 
     for path in [run_dir / "RESULTS.md"] + ([Path(results)] if results else []):
         write_results([run_dir], path)

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from memkit.io import atomic_dir
+from memkit.core.io import atomic_dir
 from memkit.models.loading import decoder_and_head
 from memkit.train.config import ATTENTION_KERNELS, SFTConfig, lr_shape
 

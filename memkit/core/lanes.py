@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from multiprocessing import get_context
 from typing import Any
 
-from memkit.cpu import usable_core_ids
+from memkit.core.cpu import usable_core_ids
 
 
 @dataclass

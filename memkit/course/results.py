@@ -1,7 +1,7 @@
 """Each paper's claims beside what memkit measured: ``docs/results.md``, written by ``memkit reproduce``.
 
 A :class:`Claim` names a paper's table or figure, says what the paper reports, and judges the
-numbers one notebook recorded (:func:`memkit.nb.record_all`) in a run of ``memkit reproduce``:
+numbers one notebook recorded (:func:`memkit.course.nb.record_all`) in a run of ``memkit reproduce``:
 
     status = judge(records)  in  {"shape reproduced", "not reproduced", "not applicable", "not run"}
 
@@ -277,7 +277,7 @@ def render_results(records_by_notebook: dict[str, dict], metas: list[dict]) -> s
 
 def write_results(run_dirs: list[str | Path], out: str | Path) -> Path:
     """Judge the claims on ``run_dirs`` and write the page atomically to ``out``."""
-    from memkit.io import atomic_write_text
+    from memkit.core.io import atomic_write_text
 
     by_nb, metas = records_from_runs(run_dirs)
     out = Path(out)

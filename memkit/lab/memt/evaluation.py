@@ -22,7 +22,7 @@ from collections import defaultdict
 from statistics import mean
 
 from memkit.agents.memt import RETRIEVAL_INSTRUCTION
-from memkit.metrics_locomo import bleu1, locomo_f1, normalize
+from memkit.metrics.locomo import bleu1, locomo_f1, normalize
 from memkit.world.conversation import CATEGORIES, Conversation
 from memkit.world.schema import Passage
 
@@ -139,7 +139,7 @@ def evaluate_streams(kit, conversations, policy: str = "oracle", temperature: fl
                      max_context_tokens: int | None = None):
     """Build and answer with a policy spec; returns ``(summary rows, question rows, trajectories)``."""
     from memkit.agents import get_method
-    from memkit.policies import resolve_policy
+    from memkit.lab.policies import resolve_policy
     from memkit.rollout.engine import RolloutConfig
     from memkit.rollout.streams import stream_rollouts
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memkit.agents.base import OracleConfig
-from memkit.sft import SFTConfig
-from memkit.training import ensure_sft
+from memkit.train.sft import SFTConfig
+from memkit.lab.runs import ensure_sft
 
 #: the flawed teacher every lab format clones (plus the default small random mistakes)
 LAB_ORACLE = OracleConfig(p_wasted_search=0.05, p_drop_fact=0.05, flaw="forget_earlier", flaw_rate=0.65)
@@ -55,7 +55,7 @@ LAB_WINDOW_STEPS = 1000
 def lab_window_sft_config() -> SFTConfig:
     """SFT of MemAct's sliding-window agent: the lab's MemAct clone, continued on the flawed teacher
     under a 3-record window and no prune tool (the same questions and teacher, fewer steps)."""
-    from memkit.policies import sft_cache_key
+    from memkit.lab.policies import sft_cache_key
 
     return SFTConfig(method="memact", method_kwargs=dict(LAB_WINDOW), max_seconds=None, oracle=LAB_ORACLE,
                      objectives=LAB_SFT["objectives"], steps=LAB_WINDOW_STEPS,
@@ -100,7 +100,7 @@ NOTEBOOK_CLONES = {"00": ("mem1",), "01": LAB_FORMATS, "02": ("mem1",), "03": ("
 def ensure_lab_clone(name: str, progress: bool = False) -> str | None:
     """Train lab clone ``name`` (:data:`LAB_CLONES`) into the cache unless it is there; returns its
     directory (None for "kit"). The recipes are the notebooks' own: the same cache entries."""
-    from memkit.kit import load_kit
+    from memkit.lab.kit import load_kit
 
     if name not in LAB_CLONES:
         raise ValueError(f"no lab clone {name!r}; choose from {', '.join(LAB_CLONES)}")
@@ -110,17 +110,17 @@ def ensure_lab_clone(name: str, progress: bool = False) -> str | None:
     if name == "memact-window":
         return str(ensure_lab_window_sft(kit, progress=progress))
     if name == "base":
-        from memkit.policies import ensure_base
+        from memkit.lab.policies import ensure_base
 
         return str(ensure_base(kit, progress=progress).path)
     if name == "memt-retrieval":
-        from memkit.memt_lab import MemTLab, ensure_memt_clone, memt_clone_path
+        from memkit.lab.memt.retrieval import MemTLab, ensure_memt_clone, memt_clone_path
 
         lab = MemTLab()
         ensure_memt_clone(kit, lab, progress=progress)
         return str(memt_clone_path(kit, lab))
     if name == "memt-construction":
-        from memkit.memt_hindsight import (
+        from memkit.lab.memt.construction import (
             ConstructionLab,
             construction_clone_path,
             ensure_construction_clone,

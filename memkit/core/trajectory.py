@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from memkit.io import atomic_write_text, read_jsonl
+from memkit.core.io import atomic_write_text, read_jsonl
 
 Span = tuple[int, int]  # [start, end) token indices
 

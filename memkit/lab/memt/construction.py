@@ -24,13 +24,13 @@ from dataclasses import asdict, dataclass, field
 from memkit.agents import get_method
 from memkit.agents.base import OracleConfig
 from memkit.agents.memt import INFO_STORE_OPS
-from memkit.memt_lab import MAX_CONTEXT_TOKENS, cached_clone, clone_examples, f1_by_category, memt_wrap, sampler
-from memkit.policies import sft_init
+from memkit.lab.memt.retrieval import MAX_CONTEXT_TOKENS, cached_clone, clone_examples, f1_by_category, memt_wrap, sampler
+from memkit.lab.policies import sft_init
 from memkit.rl.mot import MoTConfig, construction_ops, hindsight_filter, hindsight_scores, score_query
 from memkit.rollout.engine import OraclePolicy, RolloutConfig, _to_trajectory
 from memkit.rollout.streams import answer_questions, build_memories
 from memkit.rollout.trees import TreeConfig, grow_forest
-from memkit.sft import SFTConfig, train_sft
+from memkit.train.sft import SFTConfig, train_sft
 from memkit.world.streams import make_conversations
 
 CONSTRUCTION_ROLES = ("form", "evolve")
@@ -82,9 +82,9 @@ def ensure_construction_clone(kit, lab: ConstructionLab | None = None, progress:
 
 def construction_clone_path(kit, lab: ConstructionLab):
     """Where :func:`ensure_construction_clone` caches the construction clone of ``lab``."""
-    from memkit.io import cache_dir
+    from memkit.core.io import cache_dir
     from memkit.models.tokenizer import TOKENIZER_SCHEME
-    from memkit.policies import config_hash
+    from memkit.lab.policies import config_hash
 
     return cache_dir() / f"tiny-sft-memt-cons-w{kit.world_seed}-{TOKENIZER_SCHEME}-cfg{config_hash(asdict(lab))}"
 

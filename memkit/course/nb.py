@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, TypeVar
 
-from memkit.io import atomic_write_text
+from memkit.core.io import atomic_write_text
 
 T = TypeVar("T")
 
@@ -82,7 +82,7 @@ def load_records(path: str | Path | None = None, missing_ok: bool = False) -> di
         if missing_ok:
             return {}
         raise FileNotFoundError(
-            f"no records at {path}: the notebook must call memkit.nb.record(name, value) "
+            f"no records at {path}: the notebook must call memkit.course.nb.record(name, value) "
             f"(and {RECORD_ENV} must point to this file when it runs)")
     text = path.read_text(encoding="utf-8")
     try:
@@ -119,8 +119,10 @@ def record_all(values: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
-def _repo_root() -> Path | None:
-    root = Path(__file__).resolve().parent.parent
+def repo_root() -> Path | None:
+    """The checkout memkit runs from (memkit/course/nb.py -> the directory with pyproject.toml), or
+    None for an installed copy."""
+    root = Path(__file__).resolve().parents[2]
     return root if (root / "pyproject.toml").exists() else None
 
 
@@ -130,7 +132,7 @@ def figures_dir() -> Path:
     if env:
         d = Path(env)
     else:
-        root = _repo_root()
+        root = repo_root()
         d = (root if root is not None else Path.cwd()) / "figures"
     d.mkdir(parents=True, exist_ok=True)
     return d

@@ -9,9 +9,9 @@ import time
 
 from memkit.agents import get_method
 from memkit.agents.base import OracleConfig
-from memkit.metrics import em_by_kind, summarize
+from memkit.metrics.qa import em_by_kind, summarize
 from memkit.models import trained_k_docs
-from memkit.policies import load_spec, prompt_wrap, resolve_policy
+from memkit.lab.policies import load_spec, prompt_wrap, resolve_policy
 from memkit.rl.headroom import exploration_headroom
 from memkit.rollout.engine import RolloutConfig, run_rollouts
 from memkit.world.task_sets import DEFAULT_KINDS, held_out_tasks
@@ -51,7 +51,7 @@ def evaluate(method_name: str, kit, objectives=(1, 2, 4, 8), n_tasks: int = 50, 
     """Run :func:`memkit.world.held_out_tasks` at each objective count; returns
     ``{k: (summary_dict, trajectories)}``.
 
-    The summary is :func:`memkit.metrics.summarize`'s plus EM by question kind (``em_by_kind``).
+    The summary is :func:`memkit.metrics.qa.summarize`'s plus EM by question kind (``em_by_kind``).
     ``backend``: the rollout-backend factory of a model policy (:func:`rollout`)."""
     results = {}
     policy = load_spec(policy, method_name, kit, seed, backend)  # once for every k

@@ -15,12 +15,12 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from memkit.agents.base import PROMPTS, OracleConfig, compact_prompt_wrap
-from memkit.io import cache_dir
+from memkit.core.io import cache_dir
 from memkit.models import LoadedModel, LoraSpec, apply_lora, build_tiny, identity_wrap, load_policy
 from memkit.models.tokenizer import TOKENIZER_SCHEME
-from memkit.pretrain import PretrainConfig, cache_key, train_base
+from memkit.train.pretrain import PretrainConfig, cache_key, train_base
 from memkit.rollout.engine import ModelPolicy, OraclePolicy
-from memkit.sft import SFTConfig
+from memkit.train.sft import SFTConfig
 from memkit.world.splits import SPLIT_SCHEME
 
 
@@ -81,14 +81,14 @@ def sft_cache_key(cfg: SFTConfig) -> str:
 def base_checkpoint_path(cfg: PretrainConfig | None = None) -> Path:
     """Where ``memkit pretrain`` caches the tiny base of ``cfg`` (default: the default config):
     world, tokenizer scheme and a hash of the fields that shape the base are in the name. An
-    unfinished run keeps its resumable state beside it (``memkit.pretrain.partial_path``)."""
+    unfinished run keeps its resumable state beside it (``memkit.train.pretrain.partial_path``)."""
     cfg = cfg or PretrainConfig()
     return cache_dir() / f"tiny-base-w{cfg.world_seed}-{TOKENIZER_SCHEME}-{config_hash(cache_key(cfg))}"
 
 
 def ensure_base(kit, cfg: PretrainConfig | None = None, progress: bool = True, log=None):
     """The pretrained base of ``cfg`` (default: the default config on the kit's world) as a
-    :class:`memkit.pretrain.BaseRun`: reused when finished, else trained now (continuing an
+    :class:`memkit.train.pretrain.BaseRun`: reused when finished, else trained now (continuing an
     interrupted run)."""
     cfg = cfg or PretrainConfig(world_seed=kit.world_seed)
     return train_base(kit, cfg, base_checkpoint_path(cfg), progress=progress, log=log)

@@ -17,13 +17,13 @@ from dataclasses import asdict, dataclass, field
 
 from memkit.agents import get_method
 from memkit.agents.base import OracleConfig
-from memkit.policies import prompt_wrap, sft_init
-from memkit.conversation_eval import summarize_streams
+from memkit.lab.policies import prompt_wrap, sft_init
+from memkit.lab.memt.evaluation import summarize_streams
 from memkit.rl.plans import MAX_CONTEXT_TOKENS, TreePlan
 from memkit.rollout.engine import ModelPolicy, OraclePolicy, RolloutConfig
 from memkit.rollout.streams import answer_questions, stream_rollouts, teacher_built_stores
 from memkit.rollout.trees import TreeConfig
-from memkit.sft import SFTConfig, train_sft
+from memkit.train.sft import SFTConfig, train_sft
 from memkit.world.streams import make_conversations
 
 
@@ -83,7 +83,7 @@ def clone_retrieval(kit, lab: MemTLab | None = None, progress: bool = True, log=
 
 
 def f1_by_category(trajs) -> dict[str, float]:
-    """Mean F1 per category and "overall" (:func:`memkit.conversation_eval.summarize_streams`), and
+    """Mean F1 per category and "overall" (:func:`memkit.lab.memt.evaluation.summarize_streams`), and
     the fraction of invalid episodes over all of them."""
     rows = [{"category": t.info["category"], "f1": float(t.reward or 0.0), "valid": t.valid} for t in trajs]
     out = {"overall": 0.0, **{s["category"]: s["f1"] for s in summarize_streams(rows)}}
@@ -119,8 +119,8 @@ def ensure_memt_clone(kit, lab: MemTLab | None = None, progress: bool = True):
 
 def memt_clone_path(kit, lab: MemTLab):
     """Where :func:`ensure_memt_clone` caches the retrieval clone of ``lab``."""
-    from memkit.io import cache_dir
-    from memkit.policies import config_hash
+    from memkit.core.io import cache_dir
+    from memkit.lab.policies import config_hash
 
     key = {k: v for k, v in asdict(lab).items() if not (k == "init" and v == "base")}  # older caches stay valid
     return cache_dir() / f"tiny-sft-memt-w{kit.world_seed}-cfg{config_hash(key)}"
@@ -130,7 +130,7 @@ def cached_clone(kit, path, name: str, recipe, make):
     """The model saved at ``path``; if missing, ``make() -> (model, history, n_examples)`` trains it
     and it is saved there (atomically) with ``{name: recipe}`` and the history."""
     from memkit.models import load_policy
-    from memkit.sft import save_checkpoint
+    from memkit.train.sft import save_checkpoint
 
     if not (path / "config.json").exists():
         model, history, n = make()

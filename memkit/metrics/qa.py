@@ -37,7 +37,7 @@ from typing import Sequence
 
 import numpy as np
 
-from memkit.trajectory import Call, Trajectory
+from memkit.core.trajectory import Call, Trajectory
 
 EXCLUDE = ("system",)
 #: output tags counted as one tool call each
@@ -321,7 +321,7 @@ def summarize(trajs: Sequence[Trajectory], exclude: Sequence[str] = EXCLUDE) -> 
     """
     trajs = list(trajs)
     if not trajs:
-        raise ValueError("summarize() got no trajectories; roll some out first (memkit.evaluation.rollout)")
+        raise ValueError("summarize() got no trajectories; roll some out first (memkit.lab.evaluation.rollout)")
     em, f1s = [], []
     for t in trajs:
         if not t.golds:

@@ -1,7 +1,7 @@
 """Training runs on a kit: behaviour cloning (``memkit sft``) and RL (``memkit train``).
 
 Each function assembles what its algorithm takes as arguments (tasks, the initial policy, the
-prompt wrap) and runs it: the algorithms themselves (:mod:`memkit.sft`, :mod:`memkit.rl`) know
+prompt wrap) and runs it: the algorithms themselves (:mod:`memkit.train.sft`, :mod:`memkit.rl`) know
 nothing of kits, policy specs or caches.
 """
 from __future__ import annotations
@@ -13,15 +13,15 @@ from pathlib import Path
 import torch
 
 from memkit.agents import STREAM_METHODS
-from memkit.cpu import all_cores
-from memkit.evaluation import rollout
-from memkit.kit import Kit, load_kit
+from memkit.core.cpu import all_cores
+from memkit.lab.evaluation import rollout
+from memkit.lab.kit import Kit, load_kit
 from memkit.models import K_DOCS_ATTR
-from memkit.policies import init_spec, load_init, prompt_wrap, sft_cache_key, sft_checkpoint_path, sft_init
+from memkit.lab.policies import init_spec, load_init, prompt_wrap, sft_cache_key, sft_checkpoint_path, sft_init
 from memkit.rl.config import TrainConfig
 from memkit.rl.trainer import Trainer
 from memkit.rl.update import make_accelerator
-from memkit.sft import SFTConfig, collect_examples, save_checkpoint, train_sft
+from memkit.train.sft import SFTConfig, collect_examples, save_checkpoint, train_sft
 from memkit.world.task_sets import training_tasks
 
 
@@ -29,7 +29,7 @@ from memkit.world.task_sets import training_tasks
 def train_sft_model(method_name: str, kit: Kit, cfg: SFTConfig | None = None, progress: bool = True, log=None,
                     path: Path | None = None):
     """Clone the method's (imperfect) oracle into the tiny model ``cfg.init`` names (a fresh one,
-    the pretrained base, or a checkpoint to continue: :func:`~memkit.policies.sft_init`); save and
+    the pretrained base, or a checkpoint to continue: :func:`~memkit.lab.policies.sft_init`); save and
     return it.
 
     Returns ``(path, history, n_examples)``. ``cfg.max_seconds`` budgets the oracle data and the
@@ -98,9 +98,9 @@ def train(cfg: TrainConfig, kit: Kit | None = None, progress=True, log=None, res
 
 
 def _stream_init(cfg: TrainConfig, kit: Kit, progress: bool):
-    """Mem-T's ``tiny-sft``: the RL lab's retrieval clone (:func:`memkit.memt_lab.ensure_memt_clone`,
+    """Mem-T's ``tiny-sft``: the RL lab's retrieval clone (:func:`memkit.lab.memt.retrieval.ensure_memt_clone`,
     cached; trained on first use), LoRA-wrapped if asked -> ``(model, tokenizer, wrap)``."""
-    from memkit.memt_lab import ensure_memt_clone
+    from memkit.lab.memt.retrieval import ensure_memt_clone
     from memkit.models import LoraSpec, apply_lora, identity_wrap
 
     model = ensure_memt_clone(kit, progress=progress)
