@@ -23,14 +23,14 @@ import time
 
 import torch
 
+from memkit.core.trajectory import TrainingUnit
 from memkit.lab.evaluation import rollout
 from memkit.lab.kit import load_kit
-from memkit.lab.recipes import LAB_ORACLE
 from memkit.lab.policies import fresh_tiny
+from memkit.lab.recipes import LAB_ORACLE
 from memkit.rl.packed_forward import packed_token_logprobs, packing_gap
 from memkit.rl.packing import pack
 from memkit.rl.segments import segment_units
-from memkit.core.trajectory import TrainingUnit
 from memkit.world import make_tasks
 
 

@@ -35,8 +35,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     keep_freed_memory()
-    from memkit.lab.recipes import ensure_lab_sft
     from memkit.lab.policies import load_init, prompt_wrap
+    from memkit.lab.recipes import ensure_lab_sft
     from memkit.rl.trainer import Trainer, make_accelerator
 
     kit = load_kit(0)

@@ -35,9 +35,8 @@ import torch
 from memkit.core.cpu import keep_freed_memory, usable_cores
 from memkit.lab.evaluation import rollout
 from memkit.lab.kit import load_kit
+from memkit.lab.policies import fresh_tiny, sft_checkpoint_path
 from memkit.models import load_policy
-from memkit.lab.policies import fresh_tiny
-from memkit.lab.policies import sft_checkpoint_path
 from memkit.world import make_tasks
 
 

@@ -39,10 +39,9 @@ import torch
 
 from memkit.core.cpu import keep_freed_memory
 from memkit.lab.kit import load_kit
-from memkit.lab.policies import load_init, prompt_wrap
+from memkit.lab.policies import load_init, prompt_wrap, sft_checkpoint_path
 from memkit.rl.config import TrainConfig
 from memkit.rl.trainer import Trainer, make_accelerator
-from memkit.lab.policies import sft_checkpoint_path
 
 SETUPS = {  # the notebooks' full-mode batches (TrainConfig fields)
     "mem1": dict(algo="ppo", packing="mem1_exact", agg="token-mean", mini_batches=1, critic_lr=1e-3,

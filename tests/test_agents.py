@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_fuzz import depth
 
 from memkit.agents import METHODS, get_method
 from memkit.agents.base import OracleConfig, Parsed
@@ -21,7 +22,6 @@ from memkit.envs import SearchEnv, make_retriever
 from memkit.metrics.qa import exact_match, split_answers
 from memkit.rollout.engine import Generation, OraclePolicy, RolloutConfig, run_rollouts
 from memkit.world import make_tasks, make_world
-from test_fuzz import depth
 
 
 class CharTok:

@@ -11,13 +11,12 @@ import random
 import pytest
 import torch
 
+from memkit.core.trajectory import TrainingUnit, Trajectory
 from memkit.rl.advantages import masked_moments, masked_whiten, moments_to_mean_var
-from memkit.rl.credit import CREDIT_RULES, CreditBatch, get_credit, register_credit
 from memkit.rl.config import TrainConfig
+from memkit.rl.credit import CREDIT_RULES, CreditBatch, get_credit, register_credit
 from memkit.rl.packing import MODES, pack, row_pieces
-from memkit.core.trajectory import Trajectory, TrainingUnit
 from tests.fixtures.traces import kit, oracle_tasks, oracle_traces
-
 
 #: a real trainer config (the rules read its fields; no stand-in with defaults of its own)
 KNOBS = TrainConfig(gamma=0.9, lam=0.8)
@@ -149,7 +148,6 @@ def test_rl_package_compares_no_method_names():
     import re
 
     import memkit.rl
-
     from memkit.agents import METHODS
 
     pat = re.compile(r"==\s*[\"'](%s)[\"']" % "|".join(METHODS))
@@ -182,8 +180,15 @@ def test_a_unit_of_a_later_call_packs_the_untrained_earlier_output_as_context():
 
 def _tree(method="mem1", fork_after=1, n_children=3):
     from memkit.agents import OracleConfig, get_method
-    from memkit.rollout.engine import OraclePolicy, RolloutConfig, advance, continue_rollouts, fork, merge_tree, \
-        start_states
+    from memkit.rollout.engine import (
+        OraclePolicy,
+        RolloutConfig,
+        advance,
+        continue_rollouts,
+        fork,
+        merge_tree,
+        start_states,
+    )
 
     k = kit()
     m = get_method(method)

@@ -15,15 +15,20 @@ import torch
 
 from memkit.agents import get_method
 from memkit.agents.memact import PRUNE_OPENER
-from memkit.rl.credit import CreditBatch, get_credit
+from memkit.core.trajectory import Trajectory
 from memkit.rl.config import TrainConfig
+from memkit.rl.credit import CreditBatch, get_credit
 from memkit.rl.packed_forward import packing_gap
 from memkit.rl.packing import pack
-from memkit.rl.segments import dcpo_units, sample_segments, sample_segments_loop, sampler_draws, segment_calls, \
-    segment_units
-from memkit.core.trajectory import Trajectory, TrainingUnit
+from memkit.rl.segments import (
+    dcpo_units,
+    sample_segments,
+    sample_segments_loop,
+    sampler_draws,
+    segment_calls,
+    segment_units,
+)
 from tests.fixtures.traces import kit, oracle_tasks, oracle_traces
-
 
 #: a real trainer config (the rules read its fields; no stand-in with defaults of its own)
 KNOBS = TrainConfig(method="memact", credit="dcpo", dcpo_group_stats="all", dcpo_segments=12)

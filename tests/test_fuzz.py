@@ -221,8 +221,8 @@ def test_packing_random_layouts(layout):
     query predicting it sees exactly the call's context and output prefix. ``separate`` and
     ``mem1_exact`` are exact all the way down: positions are the rollout's, and every key's own view
     is the prefix of the query's (so its hidden state is what the rollout computed)."""
-    from memkit.rl.packing import MODES, pack
     from memkit.core.trajectory import TrainingUnit
+    from memkit.rl.packing import MODES, pack
 
     traj, chosen = layout
     unit = TrainingUnit(traj, chosen)

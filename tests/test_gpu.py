@@ -9,10 +9,9 @@ from __future__ import annotations
 import json
 import math
 
+import dist_worker as dw
 import pytest
 import torch
-
-import dist_worker as dw
 from test_trainer import _assert_same_update, _loop_cfg, _update
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -62,8 +61,9 @@ def _keep(learner):
 def test_cuda_generation_records_the_logprobs_a_fresh_forward_gives():
     """The batched engine on the GPU: recorded log-probs == a fresh forward (<= 1e-4), and greedy
     decoding picks the CPU's tokens."""
-    from memkit.models import HFBackend, build_tiny, sequence_logprobs, train_tokenizer
     from test_models import _texts
+
+    from memkit.models import HFBackend, build_tiny, sequence_logprobs, train_tokenizer
 
     tok = train_tokenizer(_texts(), vocab_size=512)
     model = build_tiny(tok, seed=0)
@@ -89,8 +89,8 @@ def test_cuda_training_run_learns_logs_and_checkpoints(kit, tmp_path, precision)
     """``train(device="cuda")`` end to end: rollouts on the GPU model, updates that move it,
     finite logs, a checkpoint that loads. bf16 autocast re-scores the old log-probs (its forward
     differs from the float32 rollout's), so its first PPO ratio is 1 up to bf16 rounding."""
-    from memkit.models import build_tiny, load_policy
     from memkit.lab.runs import train
+    from memkit.models import build_tiny, load_policy
 
     res = train(_loop_cfg(tmp_path / "r", 2, device="cuda", mixed_precision=precision), kit, progress=False)
     assert next(res.model.parameters()).device.type == "cuda"

@@ -5,9 +5,9 @@ import math
 
 import pytest
 
+from memkit.core.trajectory import Trajectory
 from memkit.lab.evaluation import measure_headroom
 from memkit.rl.headroom import exploration_headroom, slot_scores
-from memkit.core.trajectory import Trajectory
 
 
 def _t(task, answer, golds, valid=True):

@@ -14,14 +14,21 @@ from dataclasses import replace
 import pytest
 import torch
 
-from memkit.rl.credit import CreditBatch, get_credit
+from memkit.core.trajectory import TrainingUnit, Trajectory
 from memkit.rl.config import TrainConfig
-from memkit.rl.memory_reward import (BIASES, CONTEXTS, answer_probability, answer_probability_loop, memory_probes,
-                                     memory_span, previous_memory, score_memories)
+from memkit.rl.credit import CreditBatch, get_credit
+from memkit.rl.memory_reward import (
+    BIASES,
+    CONTEXTS,
+    answer_probability,
+    answer_probability_loop,
+    memory_probes,
+    memory_span,
+    previous_memory,
+    score_memories,
+)
 from memkit.rl.packing import MODES, pack
-from memkit.core.trajectory import Trajectory, TrainingUnit
 from tests.fixtures.traces import kit, oracle_traces
-
 
 #: a real trainer config (the rules read its fields; no stand-in with defaults of its own)
 KNOBS = TrainConfig(credit="mempo", mem_reward_norm="pooled")

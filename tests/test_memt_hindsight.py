@@ -10,8 +10,14 @@ import torch
 
 from memkit.agents.base import OracleConfig
 from memkit.agents.memt import MemT
-from memkit.lab.memt.construction import (OpPool, hindsight_sft, op_examples, random_filter, tool_call_token_spans,
-                                   update_history_rate)
+from memkit.lab.memt.construction import (
+    OpPool,
+    hindsight_sft,
+    op_examples,
+    random_filter,
+    tool_call_token_spans,
+    update_history_rate,
+)
 from memkit.rl.mot import construction_ops, hindsight_filter, hindsight_scores, score_query
 from memkit.rollout.engine import OraclePolicy, RolloutConfig, _to_trajectory
 from memkit.rollout.streams import build_memories

@@ -3,16 +3,28 @@ the action counts, real oracle rollouts of every method (``fixtures.traces``).""
 import random
 
 import pytest
+from fixtures.traces import oracle_traces
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memkit.metrics.qa import (
-    dependency, dependency_loop, exact_match, f1, format_table, memory_actions, normalize_answer, peak_tokens,
-    score_multi, split_answers, step_peak_tokens, summarize, tool_calls, total_tokens,
-)
-from fixtures.traces import oracle_traces
 from memkit.agents import METHODS, get_method
 from memkit.core.trajectory import Call, Trajectory
+from memkit.metrics.qa import (
+    dependency,
+    dependency_loop,
+    exact_match,
+    f1,
+    format_table,
+    memory_actions,
+    normalize_answer,
+    peak_tokens,
+    score_multi,
+    split_answers,
+    step_peak_tokens,
+    summarize,
+    tool_calls,
+    total_tokens,
+)
 
 
 # ---------------------------------------------------------------------------- accuracy

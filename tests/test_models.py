@@ -8,8 +8,18 @@ import pytest
 import torch
 
 from memkit.agents.base import Segment
-from memkit.models import (TAGS, Generation, HFBackend, LoraSpec, build_tiny, chat_wrap, load_policy,
-                           sequence_logprobs, tag_ids, train_tokenizer)
+from memkit.models import (
+    TAGS,
+    Generation,
+    HFBackend,
+    LoraSpec,
+    build_tiny,
+    chat_wrap,
+    load_policy,
+    sequence_logprobs,
+    tag_ids,
+    train_tokenizer,
+)
 from memkit.models import smollm as smollm_mod
 from memkit.models.tokenizer import DEFAULT_VOCAB, TOKENIZER_SCHEME
 

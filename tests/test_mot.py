@@ -10,12 +10,23 @@ from functools import lru_cache
 import pytest
 import torch
 
-from memkit.rl.config import TrainConfig
 from memkit.agents.base import OracleConfig
 from memkit.agents.memt import MemT
+from memkit.rl.config import TrainConfig
 from memkit.rl.credit import CreditBatch, get_credit
-from memkit.rl.mot import (MoTConfig, construction_ops, hindsight_filter, hindsight_scores, mot_units, node_rewards,
-                           node_rewards_loop, score_query, tree_advantages, tree_advantages_loop, tree_nodes)
+from memkit.rl.mot import (
+    MoTConfig,
+    construction_ops,
+    hindsight_filter,
+    hindsight_scores,
+    mot_units,
+    node_rewards,
+    node_rewards_loop,
+    score_query,
+    tree_advantages,
+    tree_advantages_loop,
+    tree_nodes,
+)
 from memkit.rl.packed_forward import packing_gap
 from memkit.rl.packing import pack
 from memkit.rollout.engine import OraclePolicy, RolloutConfig, _to_trajectory

@@ -18,14 +18,20 @@ import time
 import nbformat
 import papermill
 import pytest
-from nbtools import (NOTEBOOKS_DIR, check_expectations, code_cells_with_outputs, make_notebook,
-                     output_check_problems, run_notebook)
+from nbtools import (
+    NOTEBOOKS_DIR,
+    check_expectations,
+    code_cells_with_outputs,
+    make_notebook,
+    output_check_problems,
+    run_notebook,
+)
 
-from memkit.course import nb as mnb
 from memkit.cli import main
-from memkit.course.results import CLAIMS, NOT_REPRODUCED, NOT_RUN, REPRODUCED, THREE_SEED_SPREAD, judge_all
+from memkit.course import nb as mnb
 from memkit.course.nb import _runs_this_python, declared_parameters, resolve_kernel
 from memkit.course.reproduce import reproduce, select_notebooks
+from memkit.course.results import CLAIMS, NOT_REPRODUCED, NOT_RUN, REPRODUCED, THREE_SEED_SPREAD, judge_all
 
 # Recorded numbers each notebook must produce in SMOKE mode (SEED=0, MODEL="tiny").
 # Keys: <record>_min, <record>_max, <record>_eq, <record>_close=(target, abs_tol).

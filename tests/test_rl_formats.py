@@ -17,10 +17,10 @@ import torch
 
 from memkit.agents import METHODS, STREAM_METHODS, get_method
 from memkit.agents.base import OracleConfig
+from memkit.core.trajectory import TrainingUnit, Trajectory
 from memkit.rl.credit import CREDIT_RULES, get_credit
 from memkit.rl.packed_forward import packed_token_logprobs
 from memkit.rl.packing import MODES, pack
-from memkit.core.trajectory import Trajectory, TrainingUnit
 from tests.fixtures.traces import kit, oracle_tasks
 
 #: format -> (method, credit rule): every method with its own rule, and MEM1's PPO (gae, §3.2)

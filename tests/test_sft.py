@@ -5,8 +5,17 @@ import pytest
 import torch
 
 from memkit.models import build_tiny, train_tokenizer
-from memkit.train.sft import (AttentionProbe, SFTConfig, collect_examples, lr_shape, make_batch, save_checkpoint, sft_uses_bf16,
-                        sft_loss, train_sft)
+from memkit.train.sft import (
+    AttentionProbe,
+    SFTConfig,
+    collect_examples,
+    lr_shape,
+    make_batch,
+    save_checkpoint,
+    sft_loss,
+    sft_uses_bf16,
+    train_sft,
+)
 
 
 @pytest.fixture(scope="module")
@@ -328,9 +337,8 @@ def test_sft_variants_get_their_own_cache_tag_and_never_replace_the_default(caps
     and `memkit train` start from. A variant recipe now saves under a tag naming it, evaluates that
     model, and loads back as tiny-sft:<tag>; a missing tag and a bad --tag get one clear error."""
     from memkit.cli import main
-    from memkit.lab.policies import init_spec
+    from memkit.lab.policies import init_spec, sft_checkpoint_path, sft_tag
     from memkit.rl.config import TrainConfig
-    from memkit.lab.policies import sft_checkpoint_path, sft_tag
 
     assert sft_tag(SFTConfig(method="memsearcher", steps=10, max_seconds=None)) == "default"
     assert sft_tag(SFTConfig(objectives=(1, 2, 3))) == "k1-2-3-n4000-s0"

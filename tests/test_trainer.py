@@ -8,18 +8,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import dist_worker as dw
 import pytest
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-import dist_worker as dw
 from memkit.rl.advantages import gae_loop
 from memkit.rl.config import TrainConfig
 from memkit.rl.credit import trajectory_gae
 from memkit.rl.critic import loss_weights
 from memkit.rl.losses import aggregate
 from memkit.rl.packing import pack
-
 
 # |g| above 10x AdamW's eps (1e-8): there its step lr * m / (sqrt(v) + eps) barely depends on
 # float rounding in g (the first step's sensitivity is lr * eps / g^2). Where an entry of g is
@@ -295,8 +294,8 @@ def test_resume_continues_exactly(kit, tmp_path):
     """4 steps straight == 2 steps, a fresh process state resumed from the checkpoint, 2 more:
     identical parameters and history. PPO (critic, two optimizers, warmup schedulers); the
     random policy earns no reward, so the entropy bonus and KL are what move it."""
-    from memkit.models import load_policy
     from memkit.lab.runs import train
+    from memkit.models import load_policy
 
     a = train(_loop_cfg(tmp_path / "a", 4), kit, progress=False)
     train(_loop_cfg(tmp_path / "b", 2), kit, progress=False)
@@ -375,8 +374,7 @@ def test_training_tasks_never_use_evaluation_seeds(kit):
     `evaluation.evaluate` and of every notebook's final table. No training seed lands in
     EVAL_SEEDS now, seeds 0-9 keep the values the cached SFT models were trained on, and
     TrainConfig.eval_seed refuses seeds outside EVAL_SEEDS."""
-    from memkit.world import EVAL_SEEDS, training_seed, training_tasks
-    from memkit.world import make_tasks
+    from memkit.world import EVAL_SEEDS, make_tasks, training_seed, training_tasks
 
     assert not {training_seed(s, k) for s in range(-3, 200) for k in range(1, 17)} & set(EVAL_SEEDS)
     assert [training_seed(s, 2) for s in (0, 1, 9)] == [2, 102, 902]
@@ -500,8 +498,8 @@ def test_readme_train_commands_parse_to_the_notebooks_settings():
     from pathlib import Path
 
     from memkit.cli import build_parser
-    from memkit.course.nb import declared_parameters
     from memkit.cli.train import train_config
+    from memkit.course.nb import declared_parameters
 
     root = Path(__file__).resolve().parents[1]
     readme = "\n".join((root / p).read_text() for p in ("README.md", "docs/reference.md")).replace("\\\n", " ")

@@ -8,8 +8,8 @@ import re
 import numpy as np
 import pytest
 import torch
-
 from fixtures.traces import oracle_traces
+
 from memkit.agents import get_method
 from memkit.core.trajectory import Call, Trajectory, load_jsonl, save_jsonl
 from memkit.viz import PALETTE, MaskViewer, TraceViewer, color_for, plot_mask, render_call_html, to_html
@@ -110,7 +110,9 @@ def test_memory_diff_marks_inserted_fact(memsearcher_traj):
 
 
 def test_diff_against_previous_call_of_same_role():
-    mem = lambda i, m, role: make_call(i, [("memory", m)], [("mem", "x")], role=role)
+    def mem(i, m, role):
+        return make_call(i, [("memory", m)], [("mem", "x")], role=role)
+
     traj = Trajectory("t", "memsearcher", calls=[mem(0, "A", "act"), mem(1, "A B", "memory"), mem(2, "A C", "act")])
     page = render_call_html(traj, 2)
     assert "against call 0" in page

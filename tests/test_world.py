@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from memkit.world import (
     ATTRS,
     MULTI_OBJECTIVE_TEMPLATE,
+    SPLITS,
     TYPES,
     Passage,
     Task,
@@ -28,7 +29,6 @@ from memkit.world import (
     make_questions,
     make_tasks,
     make_world,
-    SPLITS,
     question_split,
     save_corpus_jsonl,
     save_tasks_jsonl,

@@ -23,9 +23,9 @@ from __future__ import annotations
 from memkit.agents.base import AgentState, CallSpec, Env, Method, OracleConfig, Parsed, Segment
 from memkit.agents.mem1 import MEM1
 from memkit.agents.memact import MemAct
-from memkit.agents.memt import MemT
 from memkit.agents.mempo import MemPO
 from memkit.agents.memsearcher import MemSearcher
+from memkit.agents.memt import MemT
 from memkit.agents.react import ReAct
 
 METHODS = ("react", "mem1", "memsearcher", "mempo", "memact")

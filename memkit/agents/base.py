@@ -24,9 +24,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from memkit.core.trajectory import Parsed, Segment
 from memkit.metrics import qa as metrics
 from memkit.metrics.qa import split_answers
-from memkit.core.trajectory import Parsed, Segment
 from memkit.world.schema import Task
 
 # Tags used for span colouring and token accounting.

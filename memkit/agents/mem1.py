@@ -23,8 +23,18 @@ from __future__ import annotations
 import random
 
 from memkit.agents import oracle as script
-from memkit.agents.base import (AgentState, CallSpec, Env, Method, OracleConfig, Parsed, Segment, exact_match,
-                                slot_scores, wrap_information)
+from memkit.agents.base import (
+    AgentState,
+    CallSpec,
+    Env,
+    Method,
+    OracleConfig,
+    Parsed,
+    Segment,
+    exact_match,
+    slot_scores,
+    wrap_information,
+)
 from memkit.agents.react import question_segments
 from memkit.agents.tags import parse_action
 

@@ -34,7 +34,17 @@ import random
 import re
 
 from memkit.agents import oracle as script
-from memkit.agents.base import AgentState, CallSpec, Env, Method, OracleConfig, Parsed, Segment, exact_match, slot_scores
+from memkit.agents.base import (
+    AgentState,
+    CallSpec,
+    Env,
+    Method,
+    OracleConfig,
+    Parsed,
+    Segment,
+    exact_match,
+    slot_scores,
+)
 from memkit.agents.react import question_segments
 from memkit.agents.tags import extract, parse_action, tag_status
 

@@ -33,8 +33,18 @@ import random
 import re
 
 from memkit.agents import oracle as script
-from memkit.agents.base import (AgentState, CallSpec, Env, Method, OracleConfig, Parsed, Segment, exact_match, f1_score,
-                                slot_scores)
+from memkit.agents.base import (
+    AgentState,
+    CallSpec,
+    Env,
+    Method,
+    OracleConfig,
+    Parsed,
+    Segment,
+    exact_match,
+    f1_score,
+    slot_scores,
+)
 from memkit.agents.tags import extract, parse_action, tag_status, tool_call_query, words
 
 INSTRUCTION = (

@@ -35,8 +35,14 @@ import random
 
 from memkit.agents import memt_oracle
 from memkit.agents.base import AgentState, CallSpec, Env, Method, OracleConfig, Parsed, Segment
-from memkit.agents.memt_tools import (EVOLUTION_TOOLS, FORMATION_TOOLS, RETRIEVAL_TOOLS, SEARCH_TOOLS,
-                                      parse_tool_calls, text_arg)
+from memkit.agents.memt_tools import (
+    EVOLUTION_TOOLS,
+    FORMATION_TOOLS,
+    RETRIEVAL_TOOLS,
+    SEARCH_TOOLS,
+    parse_tool_calls,
+    text_arg,
+)
 from memkit.envs.memory_store import MEMORY_TYPES, MemoryStore, StoreError
 from memkit.metrics.locomo import locomo_f1
 from memkit.world.conversation import Conversation, Turn

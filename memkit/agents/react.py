@@ -13,7 +13,17 @@ from __future__ import annotations
 import random
 
 from memkit.agents import oracle as script
-from memkit.agents.base import AgentState, CallSpec, Env, Method, OracleConfig, Parsed, Segment, exact_match, slot_scores
+from memkit.agents.base import (
+    AgentState,
+    CallSpec,
+    Env,
+    Method,
+    OracleConfig,
+    Parsed,
+    Segment,
+    exact_match,
+    slot_scores,
+)
 from memkit.agents.tags import parse_action
 
 # Search-R1 (Jin et al., 2025) prompt, with the multi-objective answer rule of MEM1 Prompt 1.

@@ -8,7 +8,6 @@ from memkit.cli.args import methods, positive
 from memkit.cli.rollout import add_context_options, add_policy
 from memkit.cli.world import add_common
 
-
 HELP = "evaluate methods at several objective counts and print the table"
 
 
@@ -62,10 +61,10 @@ def run_streams(args, kit) -> None:
 
 
 def run(args) -> int:
+    from memkit.core.trajectory import save_jsonl
     from memkit.lab.evaluation import evaluate
     from memkit.lab.kit import load_kit
     from memkit.metrics.qa import format_table
-    from memkit.core.trajectory import save_jsonl
 
     kit = load_kit(args.world_seed, retriever=args.retriever)
     rows = []

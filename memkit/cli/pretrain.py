@@ -11,7 +11,6 @@ import time
 
 from memkit.cli.args import add_config_flags, add_max_minutes, config_from_args
 
-
 HELP = "pretrain the tiny base (world passages + copy/extract text; cached, resumable)"
 
 

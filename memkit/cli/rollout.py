@@ -4,7 +4,6 @@ from __future__ import annotations
 from memkit.cli.args import methods, positive
 from memkit.cli.world import add_common
 
-
 HELP = "roll out a method and write JSONL traces"
 
 
@@ -44,9 +43,9 @@ def add_context_options(sp) -> None:
 
 
 def run(args) -> int:
+    from memkit.core.trajectory import save_jsonl
     from memkit.lab.evaluation import rollout
     from memkit.lab.kit import load_kit
-    from memkit.core.trajectory import save_jsonl
     from memkit.world import load_tasks_jsonl, make_tasks
 
     kit = load_kit(args.world_seed, retriever=args.retriever)

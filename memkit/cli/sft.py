@@ -9,7 +9,6 @@ import time
 
 from memkit.cli.args import add_config_flags, add_max_minutes, config_from_args, ints
 
-
 HELP = "behaviour-clone the oracle into the tiny model (cached checkpoint)"
 
 
@@ -42,8 +41,8 @@ def run(args) -> int:
     from memkit.lab.evaluation import evaluate
     from memkit.lab.kit import load_kit
     from memkit.lab.policies import sft_checkpoint_path, sft_tag
-    from memkit.train.sft import budget_note
     from memkit.lab.runs import train_sft_model
+    from memkit.train.sft import budget_note
 
     tag = check_tag(args.tag or sft_tag(cfg))
     kit = load_kit(cfg.world_seed)

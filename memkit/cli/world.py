@@ -5,7 +5,6 @@ from pathlib import Path
 
 from memkit.cli.args import ints
 
-
 HELP = "write the synthetic corpus and tasks as JSONL"
 
 

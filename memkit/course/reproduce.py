@@ -214,8 +214,11 @@ def _write_summary(run_dir: Path, runs: list[NotebookRun], meta: dict[str, Any],
     """REPORT.md and summary.json as they stand (after every notebook: a killed run can resume)."""
     runs = sorted(runs, key=lambda r: r.name)
     atomic_write_text(run_dir / "REPORT.md", render_report(runs, meta, list(clones)))
-    row = lambda r: {"name": r.name, "ok": r.ok, "seconds": round(r.seconds, 3), "error": r.error,
-                     "trained": r.trained, "records": r.records}
+
+    def row(r):
+        return {"name": r.name, "ok": r.ok, "seconds": round(r.seconds, 3), "error": r.error, "trained": r.trained,
+                "records": r.records}
+
     summary = {"meta": meta, "notebooks": [row(r) for r in runs], "clones": [row(c) for c in clones]}
     atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
 
@@ -266,8 +269,8 @@ def _clone_task(name: str) -> list[str]:
 
 def _lab_tasks(paths: list[Path], run_dir: Path, params, kernel: str, timeout):
     """The lanes' tasks: the notebooks, each after the lab clones it loads (:data:`memkit.lab.recipes.NOTEBOOK_CLONES`)."""
-    from memkit.lab.recipes import LAB_CLONES, LAB_NOTEBOOK_MINUTES, NOTEBOOK_CLONES
     from memkit.core.lanes import Task
+    from memkit.lab.recipes import LAB_CLONES, LAB_NOTEBOOK_MINUTES, NOTEBOOK_CLONES
 
     uses = {p.stem: NOTEBOOK_CLONES.get(p.stem[:2], ()) for p in paths}
     needed, todo = set(), [c for cs in uses.values() for c in cs]

@@ -9,9 +9,9 @@ import time
 
 from memkit.agents import get_method
 from memkit.agents.base import OracleConfig
+from memkit.lab.policies import load_spec, prompt_wrap, resolve_policy
 from memkit.metrics.qa import em_by_kind, summarize
 from memkit.models import trained_k_docs
-from memkit.lab.policies import load_spec, prompt_wrap, resolve_policy
 from memkit.rl.headroom import exploration_headroom
 from memkit.rollout.engine import RolloutConfig, run_rollouts
 from memkit.world.task_sets import DEFAULT_KINDS, held_out_tasks

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from memkit.agents import METHODS, get_method
-from memkit.envs import SearchEnv, make_retriever
 from memkit.core.io import atomic_dir, cache_dir
+from memkit.envs import SearchEnv, make_retriever
 from memkit.models import train_tokenizer
 from memkit.models.tokenizer import DEFAULT_VOCAB, TOKENIZER_SCHEME
 from memkit.rollout.engine import OraclePolicy, RolloutConfig, run_rollouts

@@ -18,8 +18,8 @@ from memkit.agents.base import PROMPTS, OracleConfig, compact_prompt_wrap
 from memkit.core.io import cache_dir
 from memkit.models import LoadedModel, LoraSpec, apply_lora, build_tiny, identity_wrap, load_policy
 from memkit.models.tokenizer import TOKENIZER_SCHEME
-from memkit.train.pretrain import PretrainConfig, cache_key, train_base
 from memkit.rollout.engine import ModelPolicy, OraclePolicy
+from memkit.train.pretrain import PretrainConfig, cache_key, train_base
 from memkit.train.sft import SFTConfig
 from memkit.world.splits import SPLIT_SCHEME
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memkit.agents.base import OracleConfig
-from memkit.train.sft import SFTConfig
 from memkit.lab.runs import ensure_sft
+from memkit.train.sft import SFTConfig
 
 #: the flawed teacher every lab format clones (plus the default small random mistakes)
 LAB_ORACLE = OracleConfig(p_wasted_search=0.05, p_drop_fact=0.05, flaw="forget_earlier", flaw_rate=0.65)

@@ -16,8 +16,8 @@ from memkit.agents import STREAM_METHODS
 from memkit.core.cpu import all_cores
 from memkit.lab.evaluation import rollout
 from memkit.lab.kit import Kit, load_kit
-from memkit.models import K_DOCS_ATTR
 from memkit.lab.policies import init_spec, load_init, prompt_wrap, sft_cache_key, sft_checkpoint_path, sft_init
+from memkit.models import K_DOCS_ATTR
 from memkit.rl.config import TrainConfig
 from memkit.rl.trainer import Trainer
 from memkit.rl.update import make_accelerator

@@ -14,8 +14,17 @@ Public API::
 """
 from memkit.models.backend import BackendFactory, RolloutBackend, check_backend, hf_backend
 from memkit.models.generation import Generation, HFBackend, sample_next, sequence_logprobs
-from memkit.models.loading import (K_DOCS_ATTR, LoadedModel, LoraSpec, apply_lora, chat_wrap, decoder_and_head,
-                                   identity_wrap, load_policy, trained_k_docs)
+from memkit.models.loading import (
+                                   K_DOCS_ATTR,
+                                   LoadedModel,
+                                   LoraSpec,
+                                   apply_lora,
+                                   chat_wrap,
+                                   decoder_and_head,
+                                   identity_wrap,
+                                   load_policy,
+                                   trained_k_docs,
+)
 from memkit.models.smollm import find_gguf, load_smollm2
 from memkit.models.tiny import build_tiny, tiny_config
 from memkit.models.tokenizer import SPECIAL_TOKENS, TAGS, tag_ids, train_tokenizer

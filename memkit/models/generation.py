@@ -275,11 +275,11 @@ class HFBackend:
         for _ in range(max_new_tokens):
             tok, lp = sample_next(logits, temperature, top_p, generator)
             live = []
-            for j, (row, t, l) in enumerate(zip(rows, tok.tolist(), lp.tolist())):
+            for j, (row, t, tok_lp) in enumerate(zip(rows, tok.tolist(), lp.tolist())):
                 if row is None:  # finished earlier, still in the batch until the next compaction
                     continue
                 out_ids[row].append(t)
-                out_lp[row].append(l)
+                out_lp[row].append(tok_lp)
                 if t in self.eos_ids:
                     finish[row] = "eos"
                 elif stop and self._may_stop(t) and self._hits_stop(out_ids[row], stop, window):

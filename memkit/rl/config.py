@@ -11,8 +11,19 @@ from dataclasses import asdict, dataclass, field, fields
 
 from memkit.agents import METHODS, STREAM_METHODS
 from memkit.agents.base import PROMPTS
-from memkit.rl.choices import (AGG_MODES, ATTENTION_PATHS, KL_KINDS, MEM_BIASES, MEM_CONTEXTS, MEM_NORMS, MEM_OPENERS,
-                                MEM_SCORES, MOT_COMBINES, PACKING_MODES, PROBE_PACKINGS)
+from memkit.rl.choices import (
+    AGG_MODES,
+    ATTENTION_PATHS,
+    KL_KINDS,
+    MEM_BIASES,
+    MEM_CONTEXTS,
+    MEM_NORMS,
+    MEM_OPENERS,
+    MEM_SCORES,
+    MOT_COMBINES,
+    PACKING_MODES,
+    PROBE_PACKINGS,
+)
 from memkit.world.splits import TRAINING_SPLITS
 from memkit.world.task_sets import EVAL_SEEDS
 

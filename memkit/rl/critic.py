@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 
-
 class ValueModel(nn.Module):
     """V(s) = w^T h(s) + b: a *copy* of the policy's transformer backbone plus a linear head.
 

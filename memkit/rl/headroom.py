@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from memkit.metrics.qa import score_multi
 from memkit.core.trajectory import Trajectory
+from memkit.metrics.qa import score_multi
 
 
 def slot_scores(traj: Trajectory) -> list[float]:

@@ -32,15 +32,25 @@ from dataclasses import dataclass
 import torch
 
 from memkit.agents.oracle import ANSWER_PLAN
+from memkit.core.trajectory import Call, TrainingUnit, Trajectory
 from memkit.rl.advantages import grpo_advantages, grpo_advantages_loop
-from memkit.rl.choices import (MEM_BIASES as BIASES, MEM_CONTEXTS as CONTEXTS, MEM_NORMS as NORMS,  # noqa: F401
-                              MEM_OPENERS as OPENERS, MEM_SCORES as ANSWER_SCORES, PROBE_PACKINGS)
-from memkit.rl.credit.registry import CreditBatch, group_advantages, group_advantages_loop, register_credit, scored_calls
+from memkit.rl.choices import MEM_BIASES as BIASES  # noqa: F401
+from memkit.rl.choices import MEM_CONTEXTS as CONTEXTS
+from memkit.rl.choices import MEM_NORMS as NORMS
+from memkit.rl.choices import MEM_OPENERS as OPENERS
+from memkit.rl.choices import MEM_SCORES as ANSWER_SCORES
+from memkit.rl.choices import PROBE_PACKINGS
+from memkit.rl.credit.registry import (
+    CreditBatch,
+    group_advantages,
+    group_advantages_loop,
+    register_credit,
+    scored_calls,
+)
 from memkit.rl.losses import token_logprobs
 from memkit.rl.packed_forward import packed_attention
 from memkit.rl.packing import pack
 from memkit.rollout.engine import token_char_ends
-from memkit.core.trajectory import Call, Trajectory, TrainingUnit
 
 MEM_TAG = "mem"
 EMPTY_MEMORY = "<mem>\n</mem>"
@@ -205,7 +215,7 @@ def answer_probability_loop(model, probes: list[Probe], score: str = "joint") ->
         ids = torch.tensor([p.context_ids + p.answer_ids], device=device)
         logits = model(input_ids=ids, use_cache=False).logits[0].float()
         n = len(p.context_ids)
-        lp = [torch.log_softmax(logits[n - 1 + l], -1)[a].item() for l, a in enumerate(p.answer_ids)]
+        lp = [torch.log_softmax(logits[n - 1 + i], -1)[a].item() for i, a in enumerate(p.answer_ids)]
         if score == "joint":
             out.append(math.exp(sum(lp) / len(lp)))
             continue

@@ -30,10 +30,10 @@ from dataclasses import dataclass
 
 import torch
 
+from memkit.core.trajectory import TrainingUnit, Trajectory
 from memkit.rl.advantages import grpo_advantages_loop
 from memkit.rl.choices import MOT_COMBINES as COMBINES  # noqa: F401  A_intra + A_inter, or sequential
 from memkit.rl.credit.registry import call_values_to_tokens, register_credit, scored_calls
-from memkit.core.trajectory import Trajectory, TrainingUnit
 
 _RETRIEVED = re.compile(r"^\[([A-Za-z]+\d+)\] ", re.M)
 

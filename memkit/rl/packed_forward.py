@@ -18,12 +18,11 @@ import contextlib
 
 import torch
 
+from memkit.core.trajectory import TrainingUnit, Trajectory, as_unit
 from memkit.models.generation import sequence_logprobs
 from memkit.rl.block_attention import ATTENTION_PATHS, flex_available, flex_block_mask, register_blocks
 from memkit.rl.losses import token_logprobs
 from memkit.rl.packing import PackedBatch, pack
-from memkit.core.trajectory import TrainingUnit, Trajectory, as_unit
-
 
 MASK_FORMS = ("bool", "additive", "float01")
 

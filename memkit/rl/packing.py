@@ -64,9 +64,8 @@ from typing import NamedTuple
 
 import torch
 
+from memkit.core.trajectory import Call, TrainingUnit, Trajectory, as_unit
 from memkit.rl.choices import PACKING_MODES as MODES  # noqa: F401  the three packings pack() builds
-from memkit.core.trajectory import Call, Trajectory, TrainingUnit, as_unit
-
 
 
 @dataclass

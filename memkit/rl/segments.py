@@ -33,9 +33,9 @@ from typing import Hashable, Sequence
 
 import torch
 
+from memkit.core.trajectory import TrainingUnit, Trajectory
 from memkit.rl.advantages import grpo_advantages, grpo_advantages_loop
 from memkit.rl.credit.registry import CreditBatch, register_credit
-from memkit.core.trajectory import Trajectory, TrainingUnit
 
 
 def segment_calls(traj: Trajectory) -> list[tuple[int, ...]]:

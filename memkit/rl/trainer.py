@@ -31,12 +31,12 @@ from pathlib import Path
 
 import torch
 
+from memkit.core.trajectory import Trajectory
 from memkit.models.loading import trained_k_docs
 from memkit.rl.checkpoint import RunFiles
 from memkit.rl.config import RESUME_KEYS, TrainConfig
 from memkit.rl.plans import PLANS
 from memkit.rl.update import Learner, make_accelerator
-from memkit.core.trajectory import Trajectory
 from memkit.world.task_sets import training_tasks
 
 

@@ -28,6 +28,7 @@ import zlib
 
 import torch
 
+from memkit.core.trajectory import TrainingUnit, Trajectory
 from memkit.rl.advantages import masked_moments, masked_whiten, moments_to_mean_var
 from memkit.rl.config import TrainConfig
 from memkit.rl.credit import CreditBatch, get_credit, record_call_advantages
@@ -35,7 +36,6 @@ from memkit.rl.critic import ValueModel, loss_weights
 from memkit.rl.losses import kl_penalty, ppo_clip_terms, token_logprobs, value_terms
 from memkit.rl.packed_forward import packed_attention
 from memkit.rl.packing import PackedBatch, length_groups, pack
-from memkit.core.trajectory import TrainingUnit, Trajectory
 
 
 def make_accelerator(cfg: TrainConfig):

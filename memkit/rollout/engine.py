@@ -24,8 +24,8 @@ from typing import Callable, Protocol, Sequence
 import torch
 
 from memkit.agents.base import AgentState, CallSpec, Env, Method, OracleConfig, Segment
-from memkit.models.generation import Generation  # one output type for oracle and model policies
 from memkit.core.trajectory import Call, ModelError, Trajectory
+from memkit.models.generation import Generation  # one output type for oracle and model policies
 
 _TAG_RE = re.compile(r"<(/?)([a-z_]+)>")
 

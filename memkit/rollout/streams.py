@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from memkit.rollout.engine import Policy, RolloutConfig, advance, fork
 from memkit.core.trajectory import Trajectory
+from memkit.rollout.engine import Policy, RolloutConfig, advance, fork
 from memkit.world.conversation import Conversation
 
 

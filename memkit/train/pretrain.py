@@ -42,8 +42,8 @@ import torch
 from memkit.core.cpu import all_cores
 from memkit.core.io import atomic_dir
 from memkit.models import build_tiny
-from memkit.train.sft import AttentionProbe, lr_shape, save_checkpoint, sft_uses_bf16
 from memkit.train.config import PretrainConfig
+from memkit.train.sft import AttentionProbe, lr_shape, save_checkpoint, sft_uses_bf16
 from memkit.world.generator import ATTR_BY_NAME, ATTRS, SUBJECT, make_world
 
 COPY_KINDS = ("extract", "lookup", "repeat")

@@ -14,8 +14,8 @@ import html
 
 import ipywidgets as widgets
 
-from memkit.rl.mot import MoTConfig, tree_advantages, tree_nodes
 from memkit.core.trajectory import Trajectory
+from memkit.rl.mot import MoTConfig, tree_advantages, tree_nodes
 from memkit.viz.html import render_call_html
 
 X_STEP, Y_STEP, R = 46, 56, 14

@@ -7,6 +7,7 @@ Typical use::
     tasks = make_tasks(world, n=200, k=2, seed=0)   # MEM1 2-objective tasks
     convs = make_conversations(world, 4, size="full")  # Mem-T's conversation streams (LoCoMo schema)
 """
+from memkit.world.conversation import CATEGORIES, Conversation, ConvQA, Session, Turn
 from memkit.world.generator import (
     ATTRS,
     KINDS,
@@ -31,7 +32,6 @@ from memkit.world.loaders import (
     tasks_to_dataset,
     world_texts,
 )
-from memkit.world.conversation import CATEGORIES, Conversation, ConvQA, Session, Turn
 from memkit.world.locomo import load_locomo, save_locomo
 from memkit.world.schema import (
     MULTI_OBJECTIVE_TEMPLATE,

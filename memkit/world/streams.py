@@ -21,7 +21,7 @@ from __future__ import annotations
 import datetime as dt
 import random
 
-from memkit.world.conversation import CATEGORY_IDS, NOT_MENTIONED, ConvQA, Conversation, Hop, Session, StreamFact, Turn
+from memkit.world.conversation import CATEGORY_IDS, NOT_MENTIONED, Conversation, ConvQA, Hop, Session, StreamFact, Turn
 
 #: sessions and small-talk exchanges per session; "full" is LoCoMo-like (~19 sessions, ~300 turns)
 SIZES = {"smoke": {"sessions": 4, "small_talk": (1, 2)}, "medium": {"sessions": 10, "small_talk": (2, 4)},

@@ -24,7 +24,14 @@ from dataclasses import asdict, dataclass, field
 from memkit.agents import get_method
 from memkit.agents.base import OracleConfig
 from memkit.agents.memt import INFO_STORE_OPS
-from memkit.lab.memt.retrieval import MAX_CONTEXT_TOKENS, cached_clone, clone_examples, f1_by_category, memt_wrap, sampler
+from memkit.lab.memt.retrieval import (
+    MAX_CONTEXT_TOKENS,
+    cached_clone,
+    clone_examples,
+    f1_by_category,
+    memt_wrap,
+    sampler,
+)
 from memkit.lab.policies import sft_init
 from memkit.rl.mot import MoTConfig, construction_ops, hindsight_filter, hindsight_scores, score_query
 from memkit.rollout.engine import OraclePolicy, RolloutConfig, _to_trajectory
@@ -83,8 +90,8 @@ def ensure_construction_clone(kit, lab: ConstructionLab | None = None, progress:
 def construction_clone_path(kit, lab: ConstructionLab):
     """Where :func:`ensure_construction_clone` caches the construction clone of ``lab``."""
     from memkit.core.io import cache_dir
-    from memkit.models.tokenizer import TOKENIZER_SCHEME
     from memkit.lab.policies import config_hash
+    from memkit.models.tokenizer import TOKENIZER_SCHEME
 
     return cache_dir() / f"tiny-sft-memt-cons-w{kit.world_seed}-{TOKENIZER_SCHEME}-cfg{config_hash(asdict(lab))}"
 

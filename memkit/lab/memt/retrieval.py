@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, field
 
 from memkit.agents import get_method
 from memkit.agents.base import OracleConfig
-from memkit.lab.policies import prompt_wrap, sft_init
 from memkit.lab.memt.evaluation import summarize_streams
+from memkit.lab.policies import prompt_wrap, sft_init
 from memkit.rl.plans import MAX_CONTEXT_TOKENS, TreePlan
 from memkit.rollout.engine import ModelPolicy, OraclePolicy, RolloutConfig
 from memkit.rollout.streams import answer_questions, stream_rollouts, teacher_built_stores

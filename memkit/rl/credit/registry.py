@@ -30,9 +30,9 @@ from typing import Callable, Hashable, Sequence
 
 import torch
 
+from memkit.core.trajectory import TrainingUnit, Trajectory
 from memkit.rl.advantages import gae, gae_loop, grpo_advantages, grpo_advantages_loop
 from memkit.rl.packing import PackedBatch
-from memkit.core.trajectory import Trajectory, TrainingUnit
 
 
 @dataclass
