@@ -20,6 +20,14 @@ def note(name: str, seconds: float = 0.05) -> dict:
             "omp": os.environ.get("OMP_NUM_THREADS")}
 
 
+def torch_threads(name: str, seconds: float = 0.05) -> dict:
+    """A task that uses torch: :func:`note` plus the size of this process's torch thread pool."""
+    import torch
+
+    torch.ones(64, 64) @ torch.ones(64, 64)  # sizes the OpenMP pool
+    return {**note(name, seconds), "torch_threads": torch.get_num_threads()}
+
+
 def fail(name: str) -> None:
     raise RuntimeError(f"{name} broke")
 
@@ -82,6 +90,19 @@ def test_a_wide_task_runs_alone_on_every_core_first():
     assert out["after"].value["cores"] != cores  # the lane is narrowed again afterwards
 
 
+def test_after_a_wide_torch_task_the_lane_has_one_torch_thread_per_core():
+    """A wide task loads torch with a pool of two threads; the lane it returns to has one core, so
+    its pool must shrink to one (two spin-waiting threads on one core: an 18x slower SFT)."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 cores")
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    out = run_tasks([Task("wide", torch_threads, ("wide",), minutes=1, wide=True),
+                     *(Task(f"after{i}", torch_threads, (f"after{i}", 0.3), needs=("wide",)) for i in range(2))],
+                    2, cores=cores)
+    assert out["wide"].value["torch_threads"] == 2
+    assert [out[f"after{i}"].value["torch_threads"] for i in range(2)] == [1, 1]
+
+
 def test_a_failed_task_fails_what_needs_it_and_the_rest_goes_on():
     out = run_tasks([Task("bad", fail, ("bad",), minutes=3), Task("after", note, ("after",), needs=("bad",)),
                      Task("after2", note, ("after2",), needs=("after",)), Task("free", note, ("free",))], 1)
@@ -106,8 +127,9 @@ def test_reproduce_jobs_refuses_smoke_and_bad_seeds(tmp_path):
 def test_reproduce_on_two_lanes_runs_every_notebook_and_passes_n_seeds(tmp_path):
     """Lab mode on 2 lanes (notebooks that load no lab clone): both notebooks run, each in its own
     lane, N_SEEDS reaches the notebook that declares it, the report and summary list both."""
-    from memkit.course.reproduce import reproduce
     from nbtools import make_notebook
+
+    from memkit.course.reproduce import reproduce
 
     nbs = tmp_path / "nbs"
     body = "import os, memkit.course.nb as nb\nnb.record('cores', sorted(os.sched_getaffinity(0)))\nnb.record('seeds', N_SEEDS)"

@@ -15,6 +15,7 @@ independent work. A failed task fails the tasks that need it, with the reason; t
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -100,10 +101,16 @@ def critical_path(tasks: Sequence[Task]) -> dict[str, float]:
 
 
 def _pin(cores: list[int]) -> None:
-    """Lane initializer: this process and its children run on ``cores`` only."""
+    """Lane initializer: this process and its children run on ``cores`` only, with one torch thread
+    per core. If torch is loaded already (a wide task widened its pool), its pool is resized too:
+    two OpenMP threads spin-waiting on one core made a lane's SFT ~18x slower than on two free
+    cores (measured: docs/findings.md, 'make reproduce on two lanes, again')."""
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cores)
     os.environ["OMP_NUM_THREADS"] = str(len(cores))
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(len(cores))
 
 
 def _timed(fn, args, widen: list[int] | None = None):
