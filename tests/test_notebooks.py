@@ -372,6 +372,7 @@ def test_reproduce_reports_failure_and_continues(tmp_path, out_dir):
     assert rc == 1
     assert main(["reproduce", "--only", "zz", "--notebooks-dir", str(nbs)]) == 2
     # resume: the failed notebook (now fixed) runs again, the others are kept with their numbers
+    first_summary = (run / "summary.json").read_text()
     make_notebook(nbs / "01_fails.ipynb", ["import memkit.course.nb as nb; nb.record('before', 2.5)"])
     with pytest.raises(ValueError, match="same --smoke"):
         reproduce(smoke=False, model="m1", seed=3, notebooks_dir=nbs, resume=run, stream=io.StringIO())
@@ -381,6 +382,10 @@ def test_reproduce_reports_failure_and_continues(tmp_path, out_dir):
     assert text.count("kept from the resumed run") == 2 and re.search(r"01_fails\s+running", text)
     report = (run / "REPORT.md").read_text()
     assert "3/3 notebooks ok" in report and "| before | 2.5 |" in report and "| seed | 3 |" in report
+    # one run in two parts: the first start is kept, the resume is listed, the wall time adds up
+    first, meta = json.loads(first_summary)["meta"], json.loads((run / "summary.json").read_text())["meta"]
+    assert meta["started"] == first["started"] and len(meta["resumed"]) == 1
+    assert meta["wall_seconds"] > first["wall_seconds"]
 
 
 @pytest.mark.slow

@@ -30,6 +30,7 @@ from memkit.course.nb import (
     repo_root,
     resolve_kernel,
 )
+from memkit.course.results import render_report
 
 
 @dataclass
@@ -163,17 +164,6 @@ def _new_run_dir(out_root: Path) -> Path:
     raise RuntimeError(f"could not create a fresh run directory under {out_root}")
 
 
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        s = f"{v:.4g}"
-    elif isinstance(v, (list, dict)):
-        s = json.dumps(v)
-        s = s if len(s) <= 60 else s[:57] + "..."
-    else:
-        s = str(v)
-    return s.replace("|", "\\|").replace("\n", " ")
-
-
 def cache_checkpoints() -> set[str]:
     """The finished checkpoints in memkit's cache (directories holding ``memkit.json``), relative
     to it: the difference before and after a notebook names the models that notebook trained."""
@@ -183,31 +173,12 @@ def cache_checkpoints() -> set[str]:
     return {p.parent.relative_to(root).as_posix() for p in root.rglob("memkit.json")}
 
 
-def render_report(runs: list[NotebookRun], meta: dict[str, Any], clones: list[NotebookRun] = ()) -> str:
-    """REPORT.md: the minutes of each notebook and the cache checkpoints it had to train (a run from
-    an empty cache pays for every clone once: in the first notebook that needs it, or with
-    ``--jobs`` in a lane of its own, listed first), then each notebook's recorded numbers."""
-    n_ok = sum(r.ok for r in runs)
-    lines = ["# memkit reproduce", ""]
-    lines += [f"- {k}: `{v}`" for k, v in meta.items()]
-    lines += [f"- result: **{n_ok}/{len(runs)} notebooks ok**", "",
-              "| notebook | status | minutes | trained into the cache |", "|---|---|---:|---|"]
-    every = list(clones) + runs
-    for r in every:
-        lines.append(f"| {r.name} | {r.status} | {r.seconds / 60:.1f} | "
-                     f"{'<br>'.join(f'`{t}`' for t in r.trained) or '-'} |")
-    lines.append(f"| **total** (sum; wall time above) | {n_ok}/{len(runs)} ok | **{sum(r.seconds for r in every) / 60:.1f}** | "
-                 f"{sum(len(r.trained) for r in every)} checkpoints |")
-    for r in runs:
-        lines += ["", f"## {r.name}: {r.status} ({r.seconds:.1f} s)", "",
-                  f"executed notebook: `{r.executed_path.name}`, records: `{r.record_path.name}`, "
-                  f"kernel log: `{r.name}.log`"]
-        if r.error:
-            lines += ["", f"**error**: `{_fmt(r.error)}`"]
-        if r.records:
-            lines += ["", "| name | value |", "|---|---|"]
-            lines += [f"| {k} | {_fmt(v)} |" for k, v in sorted(r.records.items())]
-    return "\n".join(lines) + "\n"
+def _earlier_meta(run_dir: Path) -> dict[str, Any]:
+    """The meta of the run being resumed (its summary.json), {} when it has none."""
+    try:
+        return json.loads((run_dir / "summary.json").read_text()).get("meta", {})
+    except (OSError, ValueError):
+        return {}
 
 
 def _write_summary(run_dir: Path, runs: list[NotebookRun], meta: dict[str, Any], clones: list[NotebookRun] = ()) -> None:
@@ -324,9 +295,14 @@ def reproduce(smoke: bool = True, model: str = "tiny", notebooks: Sequence[str] 
         done = _finished_in(run_dir, smoke, model, seed, seeds)
     else:
         run_dir, done = _new_run_dir(Path(out_root)), {}
+    now = time.strftime("%Y-%m-%d %H:%M:%S")
     meta = {"smoke": smoke, "model": model, "seed": seed, "kernel": kernel_name,
-            "python": sys.executable, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "python": sys.executable, "started": now,
             "notebooks_dir": str(nb_dir), "jobs": jobs, "seeds": seeds or "notebook default"}
+    if resume is not None:  # one run in parts: its first start, each resume, and the wall time of every part
+        earlier = _earlier_meta(run_dir)
+        meta.update(started=earlier.get("started", now), resumed=[*earlier.get("resumed", []), now])
+    wall_before = _earlier_meta(run_dir).get("wall_seconds", 0.0) if resume is not None else 0.0
     mode = "smoke" if smoke else "lab"
     print(f"memkit reproduce: {len(paths)} notebook(s), {mode} mode, model={model}, "
           f"seed={seed}, jobs={jobs} -> {run_dir}", file=stream, flush=True)
@@ -353,6 +329,7 @@ def reproduce(smoke: bool = True, model: str = "tiny", notebooks: Sequence[str] 
         (clones if r.name.startswith("clone ") else runs).append(r)
         line = f"[{index[r.name]}/{len(names)}] {r.name:<{width}}  {r.status:<6} {r.seconds:7.1f} s"
         print(line + (f"  {r.error}" if r.error else ""), file=stream, flush=True)
+        meta["wall_seconds"] = round(wall_before + time.perf_counter() - t_all, 1)  # so far: a killed run keeps it
         _write_summary(run_dir, runs, meta, clones)
 
     if jobs > 1:
@@ -380,7 +357,7 @@ def reproduce(smoke: bool = True, model: str = "tiny", notebooks: Sequence[str] 
             started(p.stem)
             report(_notebook_task(p, run_dir, params(p), kernel_name, timeout))
     meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
-    meta["wall_seconds"] = round(time.perf_counter() - t_all, 1)
+    meta["wall_seconds"] = round(wall_before + time.perf_counter() - t_all, 1)
     _write_summary(run_dir, runs, meta, clones)
     from memkit.course.results import write_results
 

@@ -270,6 +270,8 @@ def render_results(records_by_notebook: dict[str, dict], metas: list[dict]) -> s
     for m in metas:
         nbs = sorted(k for k, v in records_by_notebook.items() if v.get("_run") == m["run"])
         wall = f"{m['wall_seconds'] / 60:.1f}" if "wall_seconds" in m else "-"
+        if m.get("resumed"):  # a run in parts: the minutes are every part's that recorded them
+            wall += f" (in {len(m['resumed']) + 1} parts, resumed {', '.join(m['resumed'])})"
         lines.append(f"| `{m['run']}` | {'smoke' if m.get('smoke') else 'lab'} | {m.get('model')} | {m.get('seed')} "
                      f"| {m.get('seeds', '-')} | {m.get('jobs', 1)} | {m.get('started', '-')} | {wall} | {', '.join(nbs) or '-'} |")
     return "\n".join(lines) + "\n"
@@ -284,3 +286,43 @@ def write_results(run_dirs: list[str | Path], out: str | Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, render_results(by_nb, metas))
     return out
+
+
+# ---- REPORT.md: one run's minutes and records ---------------------------------------------------
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        s = f"{v:.4g}"
+    elif isinstance(v, (list, dict)):
+        s = json.dumps(v)
+        s = s if len(s) <= 60 else s[:57] + "..."
+    else:
+        s = str(v)
+    return s.replace("|", "\\|").replace("\n", " ")
+
+
+def render_report(runs: list, meta: dict[str, Any], clones: list = ()) -> str:
+    """REPORT.md of a run's ``memkit.course.reproduce.NotebookRun`` records: the minutes of each notebook
+    and the cache checkpoints it had to train (a run from an empty cache pays for every clone once: in
+    the first notebook that needs it, or with ``--jobs`` in a lane of its own, listed first), then each
+    notebook's recorded numbers."""
+    n_ok = sum(r.ok for r in runs)
+    lines = ["# memkit reproduce", ""]
+    lines += [f"- {k}: `{v}`" for k, v in meta.items()]
+    lines += [f"- result: **{n_ok}/{len(runs)} notebooks ok**", "",
+              "| notebook | status | minutes | trained into the cache |", "|---|---|---:|---|"]
+    every = list(clones) + runs
+    for r in every:
+        lines.append(f"| {r.name} | {r.status} | {r.seconds / 60:.1f} | "
+                     f"{'<br>'.join(f'`{t}`' for t in r.trained) or '-'} |")
+    lines.append(f"| **total** (sum; wall time above) | {n_ok}/{len(runs)} ok | **{sum(r.seconds for r in every) / 60:.1f}** | "
+                 f"{sum(len(r.trained) for r in every)} checkpoints |")
+    for r in runs:
+        lines += ["", f"## {r.name}: {r.status} ({r.seconds:.1f} s)", "",
+                  f"executed notebook: `{r.executed_path.name}`, records: `{r.record_path.name}`, "
+                  f"kernel log: `{r.name}.log`"]
+        if r.error:
+            lines += ["", f"**error**: `{_fmt(r.error)}`"]
+        if r.records:
+            lines += ["", "| name | value |", "|---|---|"]
+            lines += [f"| {k} | {_fmt(v)} |" for k, v in sorted(r.records.items())]
+    return "\n".join(lines) + "\n"
