@@ -190,3 +190,9 @@ def test_the_paper_locator_points_at_real_things():
     out = subprocess.run([sys.executable, "-c", "import memkit, sys; print('torch' in sys.modules)"],
                          capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False"
+
+
+def test_no_module_over_400_lines():
+    """A module a reader can hold in one sitting: split one that grows past 400 lines."""
+    long = {name: n for name, path in modules().items() if (n := len(path.read_text(encoding="utf-8").splitlines())) > 400}
+    assert not long, f"split these modules (lines): {long}"

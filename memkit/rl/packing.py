@@ -1,11 +1,10 @@
 """Packing training units into tensors: one row per call, or one row per unit with a 2D
 attention mask (MEM1 §3.2, App. B.7).
 
-``pack`` takes :class:`memkit.core.trajectory.TrainingUnit`s (a trajectory and a subset of its calls;
-a plain trajectory means all its calls that generated tokens), so a MEM1 trajectory, a
-MemSearcher call, a DCPO segment and a tree path all become rows the same way. Context refs
-resolve through the whole trajectory: a ref to a call outside the unit is placed as ordinary
-(untrained) context tokens.
+``pack`` takes :class:`memkit.core.trajectory.TrainingUnit`s (a trajectory and a subset of its calls; a plain
+trajectory means all its calls that generated tokens), so a MEM1 trajectory, a MemSearcher call, a DCPO
+segment and a tree path all become rows the same way. Context refs resolve through the whole trajectory:
+a ref to a call outside the unit is placed as ordinary (untrained) context tokens.
 
 Conventions (all modes)
 -----------------------
