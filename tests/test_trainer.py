@@ -429,6 +429,20 @@ def test_cli_train_lora_grpo_smoke(kit, tmp_path, capsys):
     assert config["method_kwargs"] == {"reward_metric": "em"}
 
 
+def test_validate_checks_every_field_with_choices_from_its_metadata():
+    """One rule for every ``field(metadata={"choices": ...})``: a value outside them is named with the
+    choices (the same list the CLI's flag offers), whichever field it is."""
+    from dataclasses import fields, replace
+
+    checked = [f for f in fields(TrainConfig) if "choices" in f.metadata]
+    assert len(checked) >= 18
+    for f in checked:
+        with pytest.raises(ValueError, match=rf"TrainConfig\.{f.name}='nope': choose one of "):
+            replace(TrainConfig(), **{f.name: "nope"}).validate()
+    with pytest.raises(ValueError, match="test is evaluation's"):  # a field's hint rides along
+        TrainConfig(question_split="test").validate()
+
+
 def test_bad_inputs_name_the_fix(tmp_path, capsys, monkeypatch):
     from memkit.cli import main
 

@@ -88,7 +88,8 @@ class TrainConfig:
     """Questions per training task (MEM1 trains on 2-objective tasks)."""
     n_train_tasks: int = 1000
     """Size of the training task pool (``memkit.world.training_tasks`` of :attr:`question_split`)."""
-    question_split: str = field(default="rl", metadata={"choices": TRAINING_SPLITS})
+    question_split: str = field(default="rl", metadata={
+        "choices": TRAINING_SPLITS, "hint": "rl: questions SFT never saw; sft; train: both. test is evaluation's"})
     """Which questions the training tasks ask (``memkit.world.question_split``): ``"rl"`` (default),
     the tenth of the questions that behaviour cloning never saw, so RL rewards answers the policy
     had to search for rather than recall; ``"sft"`` the ones SFT cloned; ``"train"`` both. Never
@@ -288,22 +289,14 @@ class TrainConfig:
         def bad(name, why):
             raise ValueError(f"TrainConfig.{name}={getattr(self, name)!r}: {why}")
 
-        if self.algo not in ALGOS:
-            bad("algo", f"choose one of {ALGOS}")
-        if self.method not in METHODS + STREAM_METHODS:
-            bad("method", f"choose one of {METHODS + STREAM_METHODS}")
+        for f in fields(self):  # every field that declares its choices (the CLI's flags read the same list)
+            if "choices" in f.metadata and getattr(self, f.name) not in f.metadata["choices"]:
+                bad(f.name, f"choose one of {', '.join(map(str, f.metadata['choices']))}"
+                            + (f" ({f.metadata['hint']})" if "hint" in f.metadata else ""))
         try:
             get_method(self.method, **self.method_kwargs)
         except (TypeError, ValueError) as e:  # an unknown keyword or a bad value, named by the method
             bad("method_kwargs", f"{e} (see memkit.agents.{self.method})")
-        if self.packing != "auto" and self.packing not in PACKING_MODES:
-            bad("packing", f"choose auto or one of {PACKING_MODES}")
-        if self.prompt not in PROMPTS:
-            bad("prompt", "choose auto, paper or compact")
-        if self.agg not in AGG_MODES:
-            bad("agg", f"choose one of {AGG_MODES}")
-        if self.kl_kind not in KL_KINDS:
-            bad("kl_kind", f"choose one of {KL_KINDS}")
         for name in ("steps", "tasks_per_step", "n_samples", "ppo_epochs", "mini_batches", "micro_batch_size",
                      "row_groups", "n_train_tasks", "keep_checkpoints", "mot_pivots"):
             if int(getattr(self, name)) < 1:
@@ -328,29 +321,15 @@ class TrainConfig:
             bad("clip_ratio_c", "the dual-clip bound must be > 1 (e.g. 3.0) or None")
         if self.temperature <= 0:
             bad("temperature", "training rollouts must sample (temperature > 0, usually 1.0)")
-        if self.question_split not in TRAINING_SPLITS:
-            bad("question_split", "choose rl (questions SFT never saw), sft or train (both); test is evaluation's")
-        if self.device not in DEVICES:
-            bad("device", "choose auto, cpu or cuda")
-        if self.attention not in ATTENTION_PATHS:
-            bad("attention", f"choose one of {ATTENTION_PATHS}")
         if self.attention == "flex":
             import torch
 
             if self.device == "cpu" or not torch.cuda.is_available():
                 bad("attention", "flex_attention has no backward on CPU; use auto or blocks")
-        for name, choices in (("mem_reward_context", MEM_CONTEXTS), ("mem_reward_bias", MEM_BIASES),
-                              ("mem_reward_opener", MEM_OPENERS), ("mem_reward_score", MEM_SCORES),
-                              ("mem_reward_norm", MEM_NORMS), ("mem_reward_packing", PROBE_PACKINGS),
-                              ("dcpo_group_stats", DCPO_GROUP_STATS), ("mot_combine", MOT_COMBINES)):
-            if getattr(self, name) not in choices:
-                bad(name, f"choose one of {choices}")
         if self.mot_rounds < 0:
             bad("mot_rounds", "must be >= 0 (0: each tree is its seed chain only)")
         if self.dcpo_segments < 0:
             bad("dcpo_segments", "give N_seg >= 1 segments per prompt, or 0 for every segment once")
-        if self.mixed_precision not in PRECISIONS:
-            bad("mixed_precision", "choose no, bf16 or fp16")
         # last: the registry loads the rules (and torch), so every other bad value is named without it
         from memkit.rl.credit import CREDIT_RULES
 
