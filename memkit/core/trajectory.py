@@ -99,6 +99,25 @@ class Call:
         return len(self.context_ids) + len(self.output_ids)
 
 
+@dataclass(frozen=True)
+class LeafOutcome:
+    """One chain's outcome in a tree trajectory: ``memkit.rollout.engine.merge_tree`` keeps one per
+    leaf (in ``Trajectory.info["leaf_outcomes"]``, as plain dicts so traces stay JSON); read them
+    with :meth:`Trajectory.leaf_outcomes`."""
+
+    call: int | None  # index of the chain's last call in the tree
+    answer: str | None = None
+    reward: float | None = None
+    valid: bool = True
+    reason: str | None = None
+    group_index: int = 0
+
+    @property
+    def score(self) -> float:
+        """The leaf's reward, 0 when the chain was invalid or unscored (Mem-T's leaf F1)."""
+        return float(self.reward or 0.0) if self.valid else 0.0
+
+
 @dataclass
 class Trajectory:
     task_id: str
@@ -126,6 +145,10 @@ class Trajectory:
     def children(self, i: int | None) -> list[int]:
         """Indices of the calls whose parent is ``i`` (``None``: the roots)."""
         return [j for j, c in enumerate(self.calls) if c.parent == i]
+
+    def leaf_outcomes(self) -> list[LeafOutcome]:
+        """A tree's per-leaf outcomes (:class:`LeafOutcome`, in chain order); [] for a chain."""
+        return [LeafOutcome(**o) for o in self.info.get("leaf_outcomes", [])]
 
     def leaves(self) -> list[int]:
         """Calls no other call continues (one for a chain: its last call)."""

@@ -56,7 +56,7 @@ def tree_nodes(tree: Trajectory) -> tuple[list[int], dict[int, list[int]]]:
 
 
 def _leaf_f1(tree: Trajectory) -> dict[int, float]:
-    return {o["call"]: float(o["reward"] or 0.0) if o["valid"] else 0.0 for o in tree.info["leaf_outcomes"]}
+    return {o.call: o.score for o in tree.leaf_outcomes()}
 
 
 def _evidence(tree: Trajectory, nodes: list[int], store_sources: dict, evidence: list[str]) -> dict[int, float]:
@@ -88,7 +88,7 @@ def node_rewards_loop(tree: Trajectory, evidence: list[str], store_sources: dict
     """Loop reference for :func:`node_rewards`: Perform by recursion over explicit children,
     Evid by walking each node's path to the root."""
     calls = tree.calls
-    leaves = {o["call"]: (o["reward"] or 0.0) if o["valid"] else 0.0 for o in tree.info["leaf_outcomes"]}
+    leaves = {o.call: o.score for o in tree.leaf_outcomes()}
 
     def kids(i):
         return [j for j, c in enumerate(calls) if c.role == "act" and c.parent == i]
@@ -183,7 +183,7 @@ def score_query(trees: list[Trajectory], evidence: list[str], store_sources: dic
         trees[t].calls[i].reward, trees[t].calls[i].advantage = r, a
         out[t][i] = (r, a)
     for tree in trees:  # the tree's outcome for logs and the update: the mean of its leaves' F1
-        leaves = [float(o["reward"] or 0.0) if o["valid"] else 0.0 for o in tree.info["leaf_outcomes"]]
+        leaves = [o.score for o in tree.leaf_outcomes()]
         tree.reward = sum(leaves) / len(leaves) if leaves else 0.0
     return dict(out)
 
@@ -202,7 +202,7 @@ def hindsight_scores(ops: list[dict], queries: list[tuple[list[str], list[Trajec
     :func:`score_query`, whose leaves carry ``Call.advantage``)."""
     scores = [0.0] * len(ops)
     for evidence, trees in queries:
-        leaves = [(tree, o["call"]) for tree in trees for o in tree.info["leaf_outcomes"] if o["call"] is not None]
+        leaves = [(tree, o.call) for tree in trees for o in tree.leaf_outcomes() if o.call is not None]
         if not leaves:
             continue
         used = []

@@ -24,7 +24,7 @@ from typing import Callable, Protocol, Sequence
 import torch
 
 from memkit.agents.base import AgentState, CallSpec, Env, Method, OracleConfig, Segment
-from memkit.core.trajectory import Call, ModelError, Trajectory
+from memkit.core.trajectory import Call, LeafOutcome, ModelError, Trajectory
 from memkit.models.generation import Generation  # one output type for oracle and model policies
 
 _TAG_RE = re.compile(r"<(/?)([a-z_]+)>")
@@ -297,8 +297,8 @@ def merge_tree(trajs: list[Trajectory]) -> Trajectory:
                     c, parent=None if c.parent is None else local[c.parent],
                     context_refs=[(s, e, local[j], kind) for s, e, j, kind in c.context_refs]))
             local.append(index[id(c)])
-        leaves.append({"call": local[-1] if local else None, "answer": t.answer, "reward": t.reward,
-                       "valid": t.valid, "reason": t.reason, "group_index": t.group_index})
+        leaves.append(dataclasses.asdict(LeafOutcome(local[-1] if local else None, t.answer, t.reward, t.valid,
+                                                     t.reason, t.group_index)))
     first = trajs[0]
     return Trajectory(task_id=first.task_id, method=first.method, calls=calls, group_index=first.group_index,
                       golds=first.golds, reward=None, valid=all(t.valid for t in trajs),
