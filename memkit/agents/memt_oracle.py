@@ -27,7 +27,7 @@ import random
 import re
 
 from memkit.agents.base import AgentState, OracleConfig
-from memkit.agents.memt_tools import SEARCH_TOOLS, tool_call
+from memkit.agents.memt_tools import SEARCH_TOOLS, stream_conversation, stream_store, tool_call
 from memkit.envs.memory_store import ID_PREFIX
 from memkit.metrics.locomo import normalize
 from memkit.world.conversation import NOT_MENTIONED, StreamFact
@@ -56,7 +56,7 @@ def _flawed(o: dict, key: str, flaw: str, rng: random.Random, cfg: OracleConfig)
 
 
 def _form(method, state, rng, cfg) -> str:
-    conv, o = state.memory["conversation"], state.oracle
+    conv, o = stream_conversation(state), state.oracle
     date, turns = method.chunk(state)
     ids = {t.dia_id for t in turns}
     facts = [f for f in conv.facts if f.dia_id in ids] or _observed_facts(conv, state.memory["chunk"] + 1)
@@ -93,7 +93,7 @@ def _observed_facts(conv, session: int) -> list[StreamFact]:
 
 
 def _evolve(method, state, rng, cfg) -> str:
-    o, store = state.oracle, state.memory["store"]
+    o, store = state.oracle, stream_store(state)
     cand = state.memory["pending"][0]
     f: StreamFact = o["queued"].pop(0)
     related = store.search(cand["type"], cand["text"], method.related_k)  # what the context shows
@@ -181,7 +181,7 @@ def _retrieve(method, state, rng, cfg) -> str:
     if o["hop"] == len(hops):
         answer = hops[-1].answer
         if rng.random() < cfg.p_wrong_answer:
-            answer = rng.choice([f.value for f in state.memory["conversation"].facts if f.value != answer] or [answer])
+            answer = rng.choice([f.value for f in stream_conversation(state).facts if f.value != answer] or [answer])
         return _finish(answer, last, cfg)
     if o["hop"] == 1 and len(hops) > 1 and _flawed(o, state.task.id, "stop_early", rng, cfg):
         return _finish(hops[0].answer, last, cfg)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import re
 
-from memkit.envs.memory_store import StoreError
+from memkit.envs.memory_store import MemoryStore, StoreError
+from memkit.world.conversation import Conversation
 
 FORMATION_TOOLS = ("create_fact", "create_experience", "update_persona", "update_summary")
 EVOLUTION_TOOLS = ("add_item", "update_item", "delete_item", "ignore_item")
@@ -62,3 +63,14 @@ def text_arg(args: dict, key: str, required: bool = True) -> str:
     if not isinstance(value, (str, int, float)) or (required and not str(value).strip()):
         raise StoreError(f"argument {key!r} must be a non-empty string")
     return str(value).strip()
+
+
+# ---- a Mem-T episode's state (AgentState.memory, written by memkit.agents.memt.MemT) -------------
+def stream_conversation(state) -> Conversation:
+    """The conversation a Mem-T episode reads: read it here, not by its key in ``state.memory``."""
+    return state.memory["conversation"]
+
+
+def stream_store(state) -> MemoryStore:
+    """The memory store a Mem-T episode has built so far."""
+    return state.memory["store"]

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from memkit.agents.memt_tools import stream_conversation, stream_store
 from memkit.core.trajectory import LeafOutcome
 from memkit.rl.mot import mot_config, mot_units, score_query
 from memkit.rollout.engine import ModelPolicy, RolloutConfig
@@ -92,7 +93,7 @@ class TreePlan:
     def tasks(self, trainer, step: int) -> list:
         """``(built state, question index)`` pairs drawn without replacement from every stored question."""
         self._stores(trainer)
-        pool = [(b, qi) for b in self.built for qi in range(len(b.memory["conversation"].qa))]
+        pool = [(b, qi) for b in self.built for qi in range(len(stream_conversation(b).qa))]
         return random.Random(f"{trainer.cfg.seed}-{step}").sample(pool, min(trainer.cfg.tasks_per_step, len(pool)))
 
     def _policy(self, trainer, temperature: float, seed: int) -> ModelPolicy:
@@ -111,7 +112,7 @@ class TreePlan:
             trajs, mot = [], mot_config(cfg)
             for (b, qi), qt in zip(local, grow_forest(method, local, policy, trainer.tokenizer, tree_cfg, rc,
                                                       trainer.wrap)):
-                score_query(qt.trees, b.memory["conversation"].qa[qi].evidence, b.memory["store"].sources_of(), mot)
+                score_query(qt.trees, stream_conversation(b).qa[qi].evidence, stream_store(b).sources_of(), mot)
                 trajs += qt.trees
         else:  # the paper's GRPO baseline: independent chains per question
             by_state: dict[int, list[int]] = defaultdict(list)

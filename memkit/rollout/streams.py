@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from memkit.agents.memt_tools import stream_conversation
 from memkit.core.trajectory import Trajectory
 from memkit.rollout.engine import Policy, RolloutConfig, advance, fork
 from memkit.world.conversation import Conversation
@@ -36,7 +37,7 @@ def answer_questions(method, built, policy: Policy, tokenizer, cfg: RolloutConfi
     cfg = cfg or RolloutConfig()
     children, groups = [], []
     for i, state in enumerate(built):
-        conv = state.memory["conversation"]
+        conv = stream_conversation(state)
         for qi in (questions[i] if questions is not None else range(len(conv.qa))):
             for g in range(cfg.n):
                 (child,) = fork(state, 1) if not state.done else [_copy_failed(state)]

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from memkit.agents import get_method
 from memkit.agents.base import OracleConfig
 from memkit.agents.memt import INFO_STORE_OPS
+from memkit.agents.memt_tools import stream_conversation, stream_store
 from memkit.lab.memt.retrieval import (
     MAX_CONTEXT_TOKENS,
     cached_clone,
@@ -139,7 +140,7 @@ def score_pool(kit, cons_model, retr_model, convs, seed: int = 0, temperature: f
     rng = random.Random(f"pool-{seed}")
     jobs = []
     for b in built:
-        n = len(b.memory["conversation"].qa)
+        n = len(stream_conversation(b).qa)
         jobs += [(b, qi) for qi in sorted(rng.sample(range(n), min(questions or n, n)))]
     grown = []
     for at in range(0, len(jobs), QUERIES_PER_BATCH):
@@ -147,7 +148,7 @@ def score_pool(kit, cons_model, retr_model, convs, seed: int = 0, temperature: f
                              TreeConfig(tree_cfg.trees, tree_cfg.rounds, tree_cfg.pivots, seed), cfg, wrap)
     trajs, ops, scores = [], [], []
     for i, b in enumerate(built):
-        qa, sources = b.memory["conversation"].qa, b.memory["store"].sources_of()
+        qa, sources = stream_conversation(b).qa, stream_store(b).sources_of()
         queries = []
         for (bj, qi), qt in zip(jobs, grown):
             if bj is b:
