@@ -72,7 +72,10 @@ def test_every_config_field_has_a_flag_that_sets_it(command, cls):
     if command == "train":
         expect.out_dir = None  # the command computes runs/<method>-<algo> after parsing
     assert default == expect
-    docs = {**field_docs(cls), **{f"oracle.{k}": v for k, v in field_docs(type(SFTConfig().oracle)).items()}}
+    docs = dict(field_docs(cls))
+    for f in dataclasses.fields(cls):  # the nested configs' fields (SFT's oracle, the credit rules' knobs)
+        if dataclasses.is_dataclass(inner := getattr(cls(), f.name)):
+            docs.update({f"{f.name}.{k}": v for k, v in field_docs(type(inner)).items()})
     for dest, f, tp in _leaves(cls):
         if dest == "method":
             continue

@@ -20,6 +20,7 @@ from memkit.rl.config import TrainConfig
 from memkit.rl.credit import CreditBatch, get_credit
 from memkit.rl.packed_forward import packing_gap
 from memkit.rl.packing import pack
+from memkit.rl.rules import DCPOConfig
 from memkit.rl.segments import (
     dcpo_units,
     sample_segments,
@@ -31,7 +32,7 @@ from memkit.rl.segments import (
 from tests.fixtures.traces import kit, oracle_tasks, oracle_traces
 
 #: a real trainer config (the rules read its fields; no stand-in with defaults of its own)
-KNOBS = TrainConfig(method="memact", credit="dcpo", dcpo_group_stats="all", dcpo_segments=12)
+KNOBS = TrainConfig(method="memact", credit="dcpo", dcpo=DCPOConfig(group_stats="all", segments=12))
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +172,7 @@ def _cb(trajs, units) -> CreditBatch:
 @pytest.mark.parametrize("n_seg", [2, 12])
 def test_dcpo_equals_its_loop_reference_on_sampled_segments(stats, n_seg):
     rule = get_credit("dcpo")
-    cfg = replace(KNOBS, dcpo_group_stats=stats)
+    cfg = replace(KNOBS, dcpo=DCPOConfig(group_stats=stats))
     for seed in range(3):
         trajs = _group(seed=seed)
         cb = _cb(trajs, dcpo_units(trajs, n_seg, seed))
@@ -197,7 +198,7 @@ def test_each_segment_inherits_its_trajectorys_advantage_by_hand():
     m = cb.batch.loss_mask > 0
     for row, traj in enumerate([0, 0, 3]):
         assert torch.allclose(got[row][m[row]], a_all[traj].expand(int(m[row].sum())), atol=1e-5)
-    cfg = replace(KNOBS, dcpo_group_stats="sampled")
+    cfg = replace(KNOBS, dcpo=DCPOConfig(group_stats="sampled"))
     got, _ = get_credit("dcpo").fn(cb, cfg)
     pair = torch.tensor([1.0, -0.1])
     a_s = (pair - pair.mean()) / (pair.std() + 1e-6)
@@ -214,7 +215,7 @@ def test_the_learner_trains_dcpo_segments():
     from memkit.rl.update import Learner, _units_seed
 
     cfg = TrainConfig(method="memact", init="tiny", lr=1e-3, kl_coef=0.0, micro_batch_size=64, out_dir="",
-                      dcpo_segments=4, agg="seq-mean-token-mean")
+                      dcpo=DCPOConfig(segments=4), agg="seq-mean-token-mean")
     assert cfg.resolved_credit() == "dcpo" and cfg.resolved_packing() == "mem1_exact"
     learner = Learner(cfg, build_tiny(kit().tokenizer, seed=0), kit().tokenizer, accelerator=Accelerator(cpu=True))
     before = [p.detach().clone() for p in learner.policy.parameters()]

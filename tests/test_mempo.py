@@ -28,10 +28,11 @@ from memkit.rl.memory_reward import (
     score_memories,
 )
 from memkit.rl.packing import MODES, pack
+from memkit.rl.rules import MemPOConfig
 from tests.fixtures.traces import kit, oracle_traces
 
 #: a real trainer config (the rules read its fields; no stand-in with defaults of its own)
-KNOBS = TrainConfig(credit="mempo", mem_reward_norm="pooled")
+KNOBS = TrainConfig(credit="mempo", mem_reward=MemPOConfig(norm="pooled"))
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +155,7 @@ def test_score_memories_sets_r_m_as_the_bias_corrected_probability(model, bias):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("norm", ["pooled", "per_step"])
 def test_mempo_credit_matches_its_loop_reference(mode, norm):
-    K = replace(KNOBS, mem_reward_norm=norm)
+    K = replace(KNOBS, mem_reward=MemPOConfig(norm=norm))
 
     rule = get_credit("mempo")
     for seed in range(3):
@@ -188,7 +189,7 @@ def _hand_case():
 def test_pooling_on_a_hand_checked_case(norm, expected):
     """Pooled (eq. 6-8): mean 0.4 and std sqrt(0.2/3) over all four memories. Per step: turn 1
     is (0.1, 0.3), turn 2 (0.5, 0.7), each mean +- 0.1 with std sqrt(0.02)."""
-    K = replace(KNOBS, mem_reward_norm=norm)
+    K = replace(KNOBS, mem_reward=MemPOConfig(norm=norm))
 
     trajs = _hand_case()
     assert all(memory_span(c) for t in trajs for c in t.calls)

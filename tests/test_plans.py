@@ -10,6 +10,7 @@ import pytest
 from memkit.agents import METHODS, get_method
 from memkit.rl.config import TrainConfig
 from memkit.rl.plans import PLANS, ChainPlan, TreePlan
+from memkit.rl.rules import MoTConfig
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +31,7 @@ def _memt_trainer(kit, **over):
     from memkit.rl.trainer import Trainer
 
     kw = dict(method="memt", init="tiny", packing="mem1_exact", steps=1, tasks_per_step=2, n_samples=2,
-              n_train_tasks=2, eval_tasks=1, mot_rounds=1, mot_pivots=1, eval_every=0, micro_batch_size=4)
+              n_train_tasks=2, eval_tasks=1, mot=MoTConfig(rounds=1, pivots=1), eval_every=0, micro_batch_size=4)
     cfg = TrainConfig(**{**kw, **over})
     return Trainer(cfg, fresh_tiny(kit, 0).model, kit.tokenizer, memt_wrap(kit), kit)
 
@@ -43,7 +44,7 @@ def test_memt_trains_trees_or_chains_through_the_trainer(kit, monkeypatch):
     seen = []
     real = plans.score_query
     monkeypatch.setattr(plans, "score_query", lambda trees, ev, src, cfg: seen.append(cfg) or real(trees, ev, src, cfg))
-    mot = _memt_trainer(kit, mot_alpha=0.8, mot_combine="sequential")
+    mot = _memt_trainer(kit, mot=MoTConfig(rounds=1, pivots=1, alpha=0.8, combine="sequential"))
     assert isinstance(mot.plan, TreePlan)
     local = mot.plan.tasks(mot, 0)
     trajs, units = mot.plan.rollout(mot, local, 0)

@@ -21,6 +21,7 @@ from memkit.core.trajectory import TrainingUnit, Trajectory
 from memkit.rl.credit import CREDIT_RULES, get_credit
 from memkit.rl.packed_forward import packed_token_logprobs
 from memkit.rl.packing import MODES, pack
+from memkit.rl.rules import DCPOConfig
 from tests.fixtures.traces import kit, oracle_tasks
 
 #: format -> (method, credit rule): every method with its own rule, and MEM1's PPO (gae, §3.2)
@@ -86,7 +87,7 @@ def _cfg(fmt: str, packing: str):
 
     method, credit = FORMATS[fmt]
     return TrainConfig(method=method, credit=credit, packing=packing, algo="ppo" if get_credit(credit).needs_values
-                       else "grpo", init="tiny", lr=1e-4, kl_coef=0.0, micro_batch_size=64, dcpo_segments=4,
+                       else "grpo", init="tiny", lr=1e-4, kl_coef=0.0, micro_batch_size=64, dcpo=DCPOConfig(segments=4),
                        out_dir="", seed=0).validate()
 
 

@@ -432,13 +432,21 @@ def test_cli_train_lora_grpo_smoke(kit, tmp_path, capsys):
 def test_validate_checks_every_field_with_choices_from_its_metadata():
     """One rule for every ``field(metadata={"choices": ...})``: a value outside them is named with the
     choices (the same list the CLI's flag offers), whichever field it is."""
+    import dataclasses
+    import re
     from dataclasses import fields, replace
 
-    checked = [f for f in fields(TrainConfig) if "choices" in f.metadata]
+    base, checked = TrainConfig(), []
+    for f in fields(TrainConfig):  # top-level fields, and the nested rule configs' (mem_reward, dcpo, mot)
+        if "choices" in f.metadata:
+            checked.append((f.name, replace(base, **{f.name: "nope"})))
+        elif dataclasses.is_dataclass(inner := getattr(base, f.name)):
+            checked += [(f"{f.name}.{g.name}", replace(base, **{f.name: replace(inner, **{g.name: "nope"})}))
+                        for g in fields(inner) if "choices" in g.metadata]
     assert len(checked) >= 18
-    for f in checked:
-        with pytest.raises(ValueError, match=rf"TrainConfig\.{f.name}='nope': choose one of "):
-            replace(TrainConfig(), **{f.name: "nope"}).validate()
+    for name, cfg in checked:
+        with pytest.raises(ValueError, match=rf"TrainConfig\.{re.escape(name)}='nope': choose one of "):
+            cfg.validate()
     with pytest.raises(ValueError, match="test is evaluation's"):  # a field's hint rides along
         TrainConfig(question_split="test").validate()
 
@@ -552,3 +560,15 @@ def test_readme_train_commands_parse_to_the_notebooks_settings():
     for method in ("mem1", "memsearcher", "mempo", "memact"):
         lab = lab_sft_config(method)
         assert (lab.oracle.flaw, lab.steps, lab.objectives, lab.max_seconds) == ("forget_earlier", 3000, (1, 2), None)
+
+
+def test_from_dict_folds_the_flat_rule_knobs_of_older_checkpoints():
+    """Checkpoints written before the rule configs were nested hold ``mem_reward_bias``, ``dcpo_segments``,
+    ``mot_alpha``...: they load into ``cfg.mem_reward.bias`` and so on; a round trip is exact."""
+    flat = {k: v for k, v in TrainConfig().to_dict().items() if k not in ("mem_reward", "dcpo", "mot")}
+    cfg = TrainConfig.from_dict({**flat, "mem_reward_bias": "none", "dcpo_segments": 3, "mot_alpha": 0.8, "mot_rounds": 2})
+    assert (cfg.mem_reward.bias, cfg.dcpo.segments, cfg.mot.alpha, cfg.mot.rounds) == ("none", 3, 0.8, 2)
+    assert cfg.mem_reward.norm == "pooled" and cfg.mot.pivots == 2  # the rest keep their defaults
+    assert TrainConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match="unknown MoTConfig fields"):
+        TrainConfig.from_dict({"mot_beta": 1.0})

@@ -15,20 +15,13 @@ from memkit.rl.choices import (
     AGG_MODES,
     ATTENTION_PATHS,
     KL_KINDS,
-    MEM_BIASES,
-    MEM_CONTEXTS,
-    MEM_NORMS,
-    MEM_OPENERS,
-    MEM_SCORES,
-    MOT_COMBINES,
     PACKING_MODES,
-    PROBE_PACKINGS,
 )
+from memkit.rl.rules import DCPOConfig, MemPOConfig, MoTConfig
 from memkit.world.splits import TRAINING_SPLITS
 from memkit.world.task_sets import EVAL_SEEDS
 
 DEVICES = ("auto", "cpu", "cuda")
-DCPO_GROUP_STATS = ("all", "sampled")
 PRECISIONS = ("no", "bf16", "fp16")
 
 #: algorithm -> its credit rule (``memkit.rl.credit``); "method" = the memory format's own
@@ -179,52 +172,12 @@ class TrainConfig:
     """PPO: whiten GAE advantages over the whole rollout batch, all processes (verl)."""
     vf_clip: float | None = 0.5
     """PPO value clipping range around the old values (None = off)."""
-    mem_reward_context: str = field(default="question", metadata={"choices": MEM_CONTEXTS})
-    """MemPO (credit ``mempo``) eq. 5: what conditions P[ans | ., mem_t]: ``question`` (the question
-    context + mem_t, as eq. 5 writes it) or ``call`` (call t's whole context + mem_t)."""
-    mem_reward_bias: str = field(default="previous", metadata={"choices": MEM_BIASES})
-    """MemPO eq. 4's bias epsilon_t = P[ans | prefix before t]: ``previous`` = P[ans | q, mem_{t-1}] (an
-    empty memory before the first: R_M is what the memory update added), ``call`` = P[ans | the context
-    call t saw, an empty memory], ``none`` = 0 (the Fig. 3 ablation)."""
-    mem_reward_opener: str = field(default="think", metadata={"choices": MEM_OPENERS})
-    """MemPO eq. 5: what follows ``</mem>`` before the scored answer: ``think`` (the format's answering
-    step, ``<think>`` + the teacher's answering thought + ``<answer>``) or ``answer`` (``<answer>`` at
-    once, eq. 5 literally; out of format for a cloned tiny model: docs/findings.md, 'MemPO')."""
-    mem_reward_score: str = field(default="joint", metadata={"choices": MEM_SCORES})
-    """MemPO eq. 5 over a k-question gold: ``joint`` (the geometric mean over every answer token, the
-    paper's) or ``per_slot`` (eq. 5 within each question's answer tokens, then their mean: a memory
-    holding one of two answers scores ~1/2, not ~0)."""
-    mem_reward_norm: str = field(default="pooled", metadata={"choices": MEM_NORMS})
-    """MemPO eq. 6-8: normalise R_M over every memory of a task's N samples (``pooled``) or only
-    over those written at the same turn (``per_step``; the 'without pooling' ablation)."""
-    mem_reward_answer_tags: bool = False
-    """MemPO eq. 5: also score the closing ``</answer>`` after the gold answer tokens."""
-    mem_reward_log: bool = False
-    """Score every ``<mem>`` (and log ``mem_p``, the mean P[ans | q, mem_t], per step) under a credit
-    rule that does not use it, e.g. GRPO, to compare with MemPO's curve; costs the probes' forwards."""
-    mem_reward_packing: str = field(default="separate", metadata={"choices": PROBE_PACKINGS})
-    """Layout of the probe rows: ``separate`` (one row per probe) or ``mem1_exact`` (one prefix-trie
-    row per trajectory, the question once); the same P either way (``benchmarks/mempo_cost.py``)."""
-    dcpo_segments: int = 12
-    """DCPO (credit ``dcpo``): N_seg, the segments drawn round-robin per prompt (MemAct §4.3.1: 12 from
-    N_traj = 5); 0 = every segment of every sample once (``memkit.rl.segments.dcpo_units``)."""
-    dcpo_group_stats: str = field(default="all", metadata={"choices": DCPO_GROUP_STATS})
-    """DCPO eq. 4's group: ``all`` N_traj samples of the prompt (the paper) or ``sampled``, only those
-    with a drawn segment (the authors' code)."""
-    mot_alpha: float = 0.5
-    """MoT-GRPO (credit ``mot``): eq. 10's weight of the evidence share Evid(v) in a node's reward."""
-    mot_combine: str = field(default="sum", metadata={"choices": MOT_COMBINES})
-    """MoT-GRPO's advantage: ``sum`` = A_intra + A_inter (Mem-T eq. 13) or ``sequential`` = Tree-GRPO's
-    normalisation over the query's trees, then again within each tree (``memkit.rl.mot``)."""
-    mot_intra: bool = True
-    """Keep A_intra (eq. 11); False is the paper's "w/o A_intra" ablation."""
-    mot_inter: bool = True
-    """Keep A_inter (eq. 12); False is the paper's "w/o A_inter" ablation."""
-    mot_rounds: int = 1
-    """MoT-GRPO's trees (``memkit.rl.plans.TreePlan``): M expansion rounds after each tree's seed chain
-    (eq. 9); the trees per question are ``n_samples`` (G)."""
-    mot_pivots: int = 2
-    """N_v pivot nodes per tree and round (Mem-T §4.1: 3; the lab: 2)."""
+    mem_reward: MemPOConfig = field(default_factory=MemPOConfig)
+    """MemPO's memory reward (credit ``mempo``): :class:`memkit.rl.rules.MemPOConfig`, flags ``--mem-reward-*``."""
+    dcpo: DCPOConfig = field(default_factory=DCPOConfig)
+    """MemAct's DCPO (credit ``dcpo``): :class:`memkit.rl.rules.DCPOConfig`, flags ``--dcpo-*``."""
+    mot: MoTConfig = field(default_factory=MoTConfig)
+    """Mem-T's MoT-GRPO (credit ``mot``): :class:`memkit.rl.rules.MoTConfig`, flags ``--mot-*``."""
 
     # ---- evaluation, logging, checkpoints --------------------------------------------------
     eval_every: int = 10
@@ -289,18 +242,20 @@ class TrainConfig:
         def bad(name, why):
             raise ValueError(f"TrainConfig.{name}={getattr(self, name)!r}: {why}")
 
-        for f in fields(self):  # every field that declares its choices (the CLI's flags read the same list)
-            if "choices" in f.metadata and getattr(self, f.name) not in f.metadata["choices"]:
-                bad(f.name, f"choose one of {', '.join(map(str, f.metadata['choices']))}"
-                            + (f" ({f.metadata['hint']})" if "hint" in f.metadata else ""))
+        for name, f, value in _choice_fields(self):  # every field that declares choices (the CLI's flags offer them)
+            if value not in f.metadata["choices"]:
+                raise ValueError(f"TrainConfig.{name}={value!r}: choose one of {', '.join(map(str, f.metadata['choices']))}"
+                                 + (f" ({f.metadata['hint']})" if "hint" in f.metadata else ""))
         try:
             get_method(self.method, **self.method_kwargs)
         except (TypeError, ValueError) as e:  # an unknown keyword or a bad value, named by the method
             bad("method_kwargs", f"{e} (see memkit.agents.{self.method})")
         for name in ("steps", "tasks_per_step", "n_samples", "ppo_epochs", "mini_batches", "micro_batch_size",
-                     "row_groups", "n_train_tasks", "keep_checkpoints", "mot_pivots"):
+                     "row_groups", "n_train_tasks", "keep_checkpoints"):
             if int(getattr(self, name)) < 1:
                 bad(name, "must be >= 1")
+        if self.mot.pivots < 1:
+            raise ValueError(f"TrainConfig.mot.pivots={self.mot.pivots!r}: must be >= 1 (N_v pivot nodes per tree and round)")
         if self.eval_seed not in EVAL_SEEDS or self.eval_seed + max(self.eval_objectives, default=0) not in EVAL_SEEDS:
             bad("eval_seed", f"evaluation seeds live in [{EVAL_SEEDS.start}, {EVAL_SEEDS.stop}) (training tasks use "
                              "the others, memkit.world.training_seed); e.g. 1000 (test) or 3000 (validation)")
@@ -326,10 +281,11 @@ class TrainConfig:
 
             if self.device == "cpu" or not torch.cuda.is_available():
                 bad("attention", "flex_attention has no backward on CPU; use auto or blocks")
-        if self.mot_rounds < 0:
-            bad("mot_rounds", "must be >= 0 (0: each tree is its seed chain only)")
-        if self.dcpo_segments < 0:
-            bad("dcpo_segments", "give N_seg >= 1 segments per prompt, or 0 for every segment once")
+        if self.mot.rounds < 0:
+            raise ValueError(f"TrainConfig.mot.rounds={self.mot.rounds!r}: must be >= 0 (0: each tree is its seed chain only)")
+        if self.dcpo.segments < 0:
+            raise ValueError(f"TrainConfig.dcpo.segments={self.dcpo.segments!r}: give N_seg >= 1 segments per prompt, "
+                             "or 0 for every segment once")
         # last: the registry loads the rules (and torch), so every other bad value is named without it
         from memkit.rl.credit import CREDIT_RULES
 
@@ -350,15 +306,40 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
+        """The config of ``to_dict`` (a checkpoint's ``memkit.json``); the flat rule knobs of older
+        checkpoints (``mem_reward_bias``, ``dcpo_segments``, ``mot_alpha``, ...) fold into their rule's config."""
+        d = dict(d)
+        for name, rule in _RULES.items():
+            nested = dict(d.get(name) or {})
+            for key in [k for k in d if k.startswith(name + "_")]:
+                nested[key[len(name) + 1:]] = d.pop(key)
+            if nested or name in d:
+                known = {f.name for f in fields(rule)}
+                if set(nested) - known:
+                    raise ValueError(f"unknown {rule.__name__} fields {sorted(set(nested) - known)}; valid: {sorted(known)}")
+                d[name] = rule(**nested)
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - names)
         if unknown:
             raise ValueError(f"unknown TrainConfig fields {unknown}; valid fields: {sorted(names)}")
-        d = dict(d)
         for key in ("objectives", "eval_objectives"):
             if key in d and d[key] is not None:
                 d[key] = tuple(d[key])
         return cls(**d)
+
+
+#: the nested rule configs: field name (= the flags' prefix) -> dataclass
+_RULES = {"mem_reward": MemPOConfig, "dcpo": DCPOConfig, "mot": MoTConfig}
+
+
+def _choice_fields(cfg):
+    """``(dotted name, field, value)`` of every field with ``choices``, the nested rule configs' too."""
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.name in _RULES:
+            yield from ((f"{f.name}.{n}", g, v) for n, g, v in _choice_fields(value))
+        elif "choices" in f.metadata:
+            yield f.name, f, value
 
 
 #: fields that must match for ``--resume`` to continue a run (others may change, e.g. steps); the

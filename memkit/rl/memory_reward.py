@@ -261,7 +261,7 @@ def prepare_memory_reward(trajs: list[Trajectory], learner) -> dict:
     import time
 
     t0 = time.perf_counter()
-    rows = learner.memory_rows(trajs, learner.cfg.mem_reward_bias, learner.cfg.mem_reward_packing)
+    rows = learner.memory_rows(trajs, learner.cfg.mem_reward.bias, learner.cfg.mem_reward.packing)
     seconds = time.perf_counter() - t0
     n, p, b, r = learner.global_sums([len(rows), sum(x["p_mem"] for x in rows), sum(x["p_bias"] for x in rows),
                                       sum(x["r_m"] for x in rows)])
@@ -273,7 +273,7 @@ def prepare_memory_reward(trajs: list[Trajectory], learner) -> dict:
 def _memories(cb: CreditBatch, cfg) -> tuple[list[tuple[int, int]], list[float], list]:
     """Every scored memory of the update: (trajectory, call), its R_M, and its normalisation group:
     the task (``pooled``, eq. 6-8: all (i, t) of the N samples) or (task, turn) (``per_step``)."""
-    per_step = cfg.mem_reward_norm == "per_step"
+    per_step = cfg.mem_reward.norm == "per_step"
     if not cb.trajectories:
         raise ValueError("credit rule 'mempo' needs CreditBatch.trajectories (the update's trajectories)")
     where, r = scored_calls(cb, lambda call: memory_span(call) is not None,
@@ -315,7 +315,7 @@ def mempo(cb: CreditBatch, cfg):
     A^T_i = (R_i - mean_g R) / std_g R                                   (eq. 3)
     A^M_{i,t} = (R_M(i,t) - mean_G R_M) / std_G R_M, G = all (i', t') of i's task   (eq. 6-8)
     A_{i,k} = A^T_i + A^M_{i,t} if token k lies in mem_t (tags included), else A^T_i   (eq. 9)
-    ``mem_reward_norm='per_step'``: G = the memories of i's task at the same turn t.
+    ``mem_reward.norm='per_step'``: G = the memories of i's task at the same turn t.
     shape: rewards ``[N]``, R_M per memory -> advantages ``[B, L]`` (0 off ``loss_mask``).
     """
     b = cb.batch

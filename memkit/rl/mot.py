@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from dataclasses import dataclass
 
 import torch
 
@@ -34,6 +33,7 @@ from memkit.core.trajectory import TrainingUnit, Trajectory
 from memkit.rl.advantages import grpo_advantages_loop
 from memkit.rl.choices import MOT_COMBINES as COMBINES  # noqa: F401  A_intra + A_inter, or sequential
 from memkit.rl.credit.registry import call_values_to_tokens, register_credit, scored_calls
+from memkit.rl.rules import MoTConfig  # noqa: F401  re-exported: the notebooks and the viewers import it from here
 
 _RETRIEVED = re.compile(r"^\[([A-Za-z]+\d+)\] ", re.M)
 
@@ -112,19 +112,6 @@ def node_rewards_loop(tree: Trajectory, evidence: list[str], store_sources: dict
     return out
 
 
-@dataclass(frozen=True)
-class MoTConfig:
-    alpha: float = 0.5  # eq. 10's weight of Evid
-    combine: str = "sum"  # "sum": eq. 13; "sequential": Tree-GRPO's query-then-tree normalisation
-    intra: bool = True  # A_intra on (the ablation "w/o A_intra" turns it off)
-    inter: bool = True  # A_inter on
-    eps: float = 1e-6
-
-
-def mot_config(cfg) -> MoTConfig:
-    """The :class:`MoTConfig` of a ``TrainConfig``'s ``mot_*`` knobs: one reading for the node
-    rewards and the advantages."""
-    return MoTConfig(alpha=cfg.mot_alpha, combine=cfg.mot_combine, intra=cfg.mot_intra, inter=cfg.mot_inter)
 
 
 def tree_advantages(rewards: torch.Tensor, tree_ids, query_ids, cfg: MoTConfig = MoTConfig()) -> torch.Tensor:
@@ -241,7 +228,7 @@ def _node_table(cb, cfg, loop: bool = False) -> dict[tuple[int, int], float]:
     where, r = scored_calls(cb, lambda call: call.role == "act",
                             "a tree node needs its node reward: score the trees with memkit.rl.mot.score_query "
                             "before the update")
-    mot_cfg = mot_config(cfg)
+    mot_cfg = cfg.mot
     trees, queries = [i for i, _ in where], [cb.group_ids[i] for i, _ in where]
     a = tree_advantages_loop(r, trees, queries, mot_cfg) if loop else tree_advantages(torch.tensor(r), trees, queries,
                                                                                       mot_cfg).tolist()

@@ -9,7 +9,7 @@
   group; PPO's trajectories). ReAct, MEM1, MemSearcher, MemPO, MemAct.
 * :class:`TreePlan` (``trees``): Mem-T's retrieval phase (§3.2). Questions over memory stores the
   scripted teacher built once; with credit ``mot`` every question grows G = ``n_samples`` operation
-  trees (eq. 8-9: a seed chain, then ``mot_rounds`` rounds of ``mot_pivots`` branches), scored by
+  trees (eq. 8-9: a seed chain, then ``mot.rounds`` rounds of ``mot.pivots`` branches), scored by
   node rewards (eq. 10-13); with another rule (the paper's GRPO baseline) ``n_samples`` chains.
 
 Every plan samples through the trainer's rollout backend (:mod:`memkit.models.backend`).
@@ -24,7 +24,7 @@ import torch
 
 from memkit.agents.memt_tools import stream_conversation, stream_store
 from memkit.core.trajectory import LeafOutcome
-from memkit.rl.mot import mot_config, mot_units, score_query
+from memkit.rl.mot import mot_units, score_query
 from memkit.rollout.engine import ModelPolicy, RolloutConfig
 from memkit.rollout.streams import answer_questions, teacher_built_stores
 from memkit.rollout.trees import TreeConfig, grow_forest
@@ -107,9 +107,9 @@ class TreePlan:
         policy = self._policy(trainer, cfg.temperature, cfg.seed * 100_003 + step + 999_983 * trainer.rank)
         rc = RolloutConfig(max_context_tokens=self.max_context_tokens)
         if cfg.resolved_credit() == "mot":
-            tree_cfg = TreeConfig(trees=cfg.n_samples, rounds=cfg.mot_rounds, pivots=cfg.mot_pivots,
+            tree_cfg = TreeConfig(trees=cfg.n_samples, rounds=cfg.mot.rounds, pivots=cfg.mot.pivots,
                                   seed=cfg.seed * 1000 + step)
-            trajs, mot = [], mot_config(cfg)
+            trajs, mot = [], cfg.mot
             for (b, qi), qt in zip(local, grow_forest(method, local, policy, trainer.tokenizer, tree_cfg, rc,
                                                       trainer.wrap)):
                 score_query(qt.trees, stream_conversation(b).qa[qi].evidence, stream_store(b).sources_of(), mot)

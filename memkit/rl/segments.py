@@ -146,9 +146,9 @@ def dcpo_units(trajs: Sequence[Trajectory], n_seg: int, seed: int = 0,
 # ----------------------------------------------------------------------------- the `dcpo` credit rule
 def _dcpo_trajectory_advantages(cb: CreditBatch, cfg, loop: bool = False):
     """A(tau) of every trajectory (eq. 4): group statistics over all N_traj samples of the prompt
-    (``dcpo_group_stats='all'``, the paper) or over the trajectories with a sampled segment
+    (``dcpo.group_stats='all'``, the paper) or over the trajectories with a sampled segment
     (``'sampled'``, the authors' code; the others get 0 and are not trained)."""
-    keep = [True] * len(cb.group_ids) if cb.trained is None or cfg.dcpo_group_stats == "all" \
+    keep = [True] * len(cb.group_ids) if cb.trained is None or cfg.dcpo.group_stats == "all" \
         else [bool(k) for k in cb.trained.tolist()]
     idx = [i for i, k in enumerate(keep) if k]
     groups = [cb.group_ids[i] for i in idx]
@@ -173,7 +173,7 @@ def dcpo_loop(cb: CreditBatch, cfg) -> list[list[float]]:
 
 
 def _dcpo_units(trajs, cfg, seed: int):
-    return dcpo_units(trajs, cfg.dcpo_segments, seed)
+    return dcpo_units(trajs, cfg.dcpo.segments, seed)
 
 
 @register_credit("dcpo", dcpo_loop, units=_dcpo_units, paper="MemAct eq. 4-6, Algorithm 1 (DCPO)")

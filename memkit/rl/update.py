@@ -254,7 +254,7 @@ class Learner:
             plan.append([order[j * cfg.micro_batch_size:(j + 1) * cfg.micro_batch_size] for j in range(n_micro)])
         if self.credit.prepare is not None:  # forwards the rule needs first (MemPO's memory probes)
             memory = self.credit.prepare(trajs, self)
-        elif cfg.mem_reward_log:  # MemPO's quantity logged under any rule (Fig. 4's baseline curve)
+        elif cfg.mem_reward.log:  # MemPO's quantity logged under any rule (Fig. 4's baseline curve)
             from memkit.rl.memory_reward import prepare_memory_reward
 
             memory = prepare_memory_reward(trajs, self)
@@ -297,9 +297,9 @@ class Learner:
 
         cfg = self.cfg
         with self.acc.autocast():
-            return score_memories(self.policy, self.tokenizer, trajs, cfg.mem_reward_context, bias,
-                                  cfg.mem_reward_answer_tags, cfg.mem_reward_opener, packing,
-                                  8 * cfg.micro_batch_size, cfg.attention, cfg.mem_reward_score)
+            return score_memories(self.policy, self.tokenizer, trajs, cfg.mem_reward.context, bias,
+                                  cfg.mem_reward.answer_tags, cfg.mem_reward.opener, packing,
+                                  8 * cfg.micro_batch_size, cfg.attention, cfg.mem_reward.score)
 
     def _minibatch(self, mini: list, acc: dict) -> None:
         """One optimizer step over one mini-batch (a list of micro-batch experiences)."""

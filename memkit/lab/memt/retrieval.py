@@ -13,13 +13,14 @@ lab's recipe: the clone, the arms and their sizes. One RL step, for ``queries`` 
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from memkit.agents import get_method
 from memkit.agents.base import OracleConfig
 from memkit.lab.memt.evaluation import summarize_streams
 from memkit.lab.policies import prompt_wrap, sft_init
 from memkit.rl.plans import MAX_CONTEXT_TOKENS, TreePlan
+from memkit.rl.rules import MoTConfig
 from memkit.rollout.engine import ModelPolicy, OraclePolicy, RolloutConfig
 from memkit.rollout.streams import answer_questions, stream_rollouts, teacher_built_stores
 from memkit.rollout.trees import TreeConfig
@@ -140,7 +141,7 @@ def cached_clone(kit, path, name: str, recipe, make):
 
 #: the arms of notebook 06: name -> (rollout arm, TrainConfig overrides)
 ARMS = {"MoT-GRPO": ("mot", {}), "GRPO": ("grpo", {"credit": "grpo"}),
-        "w/o A_intra": ("mot", {"mot_intra": False}), "w/o A_inter": ("mot", {"mot_inter": False})}
+        "w/o A_intra": ("mot", {"mot": MoTConfig(intra=False)}), "w/o A_inter": ("mot", {"mot": MoTConfig(inter=False)})}
 
 
 def run_arm(kit, start, built, eval_built, arm: str, steps: int, seed: int, lr: float = 3e-4, queries: int = 4,
@@ -157,8 +158,8 @@ def run_arm(kit, start, built, eval_built, arm: str, steps: int, seed: int, lr: 
     kind, over = ARMS[arm]
     cfg = TrainConfig(method="memt", packing="mem1_exact", lr=lr, warmup_steps=0, seed=seed, mini_batches=1,
                       micro_batch_size=4, steps=steps, tasks_per_step=queries, temperature=temperature,
-                      n_samples=tree_cfg.trees if kind == "mot" else chains, mot_rounds=tree_cfg.rounds,
-                      mot_pivots=tree_cfg.pivots, eval_every=0, **over)
+                      n_samples=tree_cfg.trees if kind == "mot" else chains, eval_every=0,
+                      **{**over, "mot": replace(over.get("mot", MoTConfig()), rounds=tree_cfg.rounds, pivots=tree_cfg.pivots)})
     plan = TreePlan(built, eval_built)
     trainer = Trainer(cfg, copy.deepcopy(start), kit.tokenizer, memt_wrap(kit), kit, plan=plan)
     rows = []

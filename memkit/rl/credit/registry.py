@@ -17,7 +17,7 @@ rule (``Method.default_credit``); ``TrainConfig.credit`` / ``memkit train --cred
 Every rule has the signature ``rule(cb: CreditBatch, cfg) -> (advantages [B, L], returns [B, L]
 or None)`` on one packed micro-batch, and a loop reference ``<rule>_loop(cb, cfg) -> [B][L]``
 compared in ``tests/test_credit.py`` on real rollouts. ``cfg`` is any object with the knobs a
-rule reads (``TrainConfig``: ``grpo_norm_std``, ``gamma``, ``lam``, ``mem_reward_norm``). Adding a
+rule reads (``TrainConfig``: ``grpo_norm_std``, ``gamma``, ``lam``, ``mem_reward.norm``). Adding a
 paper's credit is one more registered function; a paper's own rule lives beside its math (the
 last three above, imported by ``memkit.rl`` so the registry always holds them). A rule that trains
 other units than whole trajectories (DCPO's segments, MoT's trees) names a ``units`` function the
