@@ -104,7 +104,7 @@ def _pin(cores: list[int]) -> None:
     """Lane initializer: this process and its children run on ``cores`` only, with one torch thread
     per core. If torch is loaded already (a wide task widened its pool), its pool is resized too:
     two OpenMP threads spin-waiting on one core made a lane's SFT ~18x slower than on two free
-    cores (measured: docs/findings.md, 'make reproduce on two lanes, again')."""
+    cores (measured: docs/findings.md, '`make reproduce`: every claim judged from one lab run, and a lane bug')."""
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cores)
     os.environ["OMP_NUM_THREADS"] = str(len(cores))
