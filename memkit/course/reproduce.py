@@ -22,14 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from memkit.core.io import atomic_write_text
-from memkit.course.nb import (
-    PAPERMILL_ENV,
-    RECORD_ENV,
-    declared_parameters,
-    load_records,
-    repo_root,
-    resolve_kernel,
-)
+from memkit.course.nb import PAPERMILL_ENV, RECORD_ENV, declared_parameters, load_records, repo_root, resolve_kernel
 from memkit.course.results import render_report
 
 
@@ -173,10 +166,10 @@ def cache_checkpoints() -> set[str]:
     return {p.parent.relative_to(root).as_posix() for p in root.rglob("memkit.json")}
 
 
-def _earlier_meta(run_dir: Path) -> dict[str, Any]:
-    """The meta of the run being resumed (its summary.json), {} when it has none."""
+def _read_summary(run_dir: Path) -> dict[str, Any]:
+    """A run directory's summary.json (what :func:`_write_summary` wrote), {} when it has none."""
     try:
-        return json.loads((run_dir / "summary.json").read_text()).get("meta", {})
+        return json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
 
@@ -194,14 +187,10 @@ def _write_summary(run_dir: Path, runs: list[NotebookRun], meta: dict[str, Any],
     atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
 
 
-def _finished_in(run_dir: Path, smoke: bool, model: str, seed: int, seeds: int | None = None) -> dict[str, NotebookRun]:
-    """Notebooks that ran ok in ``run_dir`` with the same parameters (what ``resume`` skips)."""
-    path = run_dir / "summary.json"
-    if not path.is_file():
-        return {}
-    try:
-        summary = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError:
+def _finished_in(run_dir: Path, summary: dict[str, Any], smoke: bool, model: str, seed: int,
+                 seeds: int | None = None) -> dict[str, NotebookRun]:
+    """Notebooks that ran ok in ``run_dir`` (its ``summary``) with the same parameters (what ``resume`` skips)."""
+    if not summary:
         return {}
     meta = summary.get("meta", {})
     ran_seeds = meta.get("seeds", "notebook default")  # runs before --seeds existed: the notebooks' default
@@ -292,17 +281,19 @@ def reproduce(smoke: bool = True, model: str = "tiny", notebooks: Sequence[str] 
         run_dir = Path(resume)
         if not run_dir.is_dir():
             raise FileNotFoundError(f"--resume {run_dir}: no such run directory (see {out_root}/)")
-        done = _finished_in(run_dir, smoke, model, seed, seeds)
+        earlier = _read_summary(run_dir)
+        done = _finished_in(run_dir, earlier, smoke, model, seed, seeds)
     else:
-        run_dir, done = _new_run_dir(Path(out_root)), {}
+        run_dir, done, earlier = _new_run_dir(Path(out_root)), {}, {}
     now = time.strftime("%Y-%m-%d %H:%M:%S")
     meta = {"smoke": smoke, "model": model, "seed": seed, "kernel": kernel_name,
             "python": sys.executable, "started": now,
             "notebooks_dir": str(nb_dir), "jobs": jobs, "seeds": seeds or "notebook default"}
+    wall_before = 0.0
     if resume is not None:  # one run in parts: its first start, each resume, and the wall time of every part
-        earlier = _earlier_meta(run_dir)
-        meta.update(started=earlier.get("started", now), resumed=[*earlier.get("resumed", []), now])
-    wall_before = _earlier_meta(run_dir).get("wall_seconds", 0.0) if resume is not None else 0.0
+        first = earlier.get("meta", {})
+        meta.update(started=first.get("started", now), resumed=[*first.get("resumed", []), now])
+        wall_before = first.get("wall_seconds", 0.0)
     mode = "smoke" if smoke else "lab"
     print(f"memkit reproduce: {len(paths)} notebook(s), {mode} mode, model={model}, "
           f"seed={seed}, jobs={jobs} -> {run_dir}", file=stream, flush=True)

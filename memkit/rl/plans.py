@@ -23,7 +23,6 @@ from dataclasses import dataclass, replace
 import torch
 
 from memkit.agents.memt_tools import stream_conversation, stream_store
-from memkit.core.trajectory import LeafOutcome
 from memkit.rl.mot import mot_units, score_query
 from memkit.rollout.engine import ModelPolicy, RolloutConfig
 from memkit.rollout.streams import answer_questions, teacher_built_stores
@@ -126,7 +125,7 @@ class TreePlan:
     def stats(self, trajs) -> dict:
         """``leaf_reward``: the mean reward of every leaf (a chain is its own leaf), the training signal
         of Fig. 5; ``rollout_tokens``: the retrieval tokens sampled (the equal-tokens comparison)."""
-        leaves = [o.reward or 0.0 for t in trajs for o in (t.leaf_outcomes() or [LeafOutcome(None, reward=t.reward)])]
+        leaves = [r or 0.0 for t in trajs for r in ([o.reward for o in t.leaf_outcomes()] or [t.reward])]
         return {"leaf_reward": sum(leaves) / max(len(leaves), 1),
                 "rollout_tokens": sum(c.n_output for t in trajs for c in t.calls if c.role == "act")}
 
