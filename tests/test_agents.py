@@ -10,8 +10,7 @@ import re
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from test_fuzz import depth
 
 from memkit.agents import METHODS, get_method

@@ -11,8 +11,7 @@ import re
 from html.parser import HTMLParser
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from memkit.metrics.qa import exact_match, normalize_answer, score_multi, split_answers
 from memkit.rollout.engine import tag_char_spans

@@ -12,8 +12,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from memkit.envs.memory_store import FORMED_TYPES, MEMORY_TYPES, Memory, MemoryStore, StoreError
 from memkit.envs.search import make_retriever

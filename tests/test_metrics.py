@@ -4,8 +4,7 @@ import random
 
 import pytest
 from fixtures.traces import oracle_traces
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from memkit.agents import METHODS, get_method
 from memkit.core.trajectory import Call, Trajectory

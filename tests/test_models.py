@@ -17,10 +17,10 @@ from memkit.models import (
     chat_wrap,
     load_policy,
     sequence_logprobs,
+    smollm as smollm_mod,
     tag_ids,
     train_tokenizer,
 )
-from memkit.models import smollm as smollm_mod
 from memkit.models.tokenizer import DEFAULT_VOCAB, TOKENIZER_SCHEME
 
 WORDS = "alice bob kelmora brontex was born in works for the city of company film directed by studied at".split()

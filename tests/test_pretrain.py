@@ -111,8 +111,7 @@ def test_an_interrupted_run_continues_exactly_where_it_stopped(kit, tmp_path):
 
 
 def test_sft_from_the_base_starts_from_its_weights(kit, tmp_path, monkeypatch):
-    from memkit.lab import policies
-    from memkit.lab import runs as training
+    from memkit.lab import policies, runs as training
 
     monkeypatch.setenv("MEMKIT_CACHE", str(tmp_path))  # the default base's path, filled by a tiny run
     train_base(kit, TINY, policies.base_checkpoint_path(), progress=False)

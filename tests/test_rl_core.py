@@ -9,8 +9,7 @@ import torch
 
 from memkit.core.trajectory import Call, Trajectory
 from memkit.models.generation import sequence_logprobs
-from memkit.rl import advantages as adv
-from memkit.rl import losses as L
+from memkit.rl import advantages as adv, losses as L
 from memkit.rl.packed_forward import model_attention_mask, packed_token_logprobs, packing_gap
 from memkit.rl.packing import pack
 

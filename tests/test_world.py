@@ -10,8 +10,7 @@ import sys
 import zipfile
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from memkit.world import (
     ATTRS,

@@ -120,11 +120,7 @@ def ensure_lab_clone(name: str, progress: bool = False) -> str | None:
         ensure_memt_clone(kit, lab, progress=progress)
         return str(memt_clone_path(kit, lab))
     if name == "memt-construction":
-        from memkit.lab.memt.construction import (
-            ConstructionLab,
-            construction_clone_path,
-            ensure_construction_clone,
-        )
+        from memkit.lab.memt.construction import ConstructionLab, construction_clone_path, ensure_construction_clone
 
         lab = ConstructionLab()
         ensure_construction_clone(kit, lab, progress=progress)

@@ -11,12 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 from memkit.agents import METHODS, STREAM_METHODS
 from memkit.agents.base import PROMPTS
-from memkit.rl.choices import (
-    AGG_MODES,
-    ATTENTION_PATHS,
-    KL_KINDS,
-    PACKING_MODES,
-)
+from memkit.rl.choices import AGG_MODES, ATTENTION_PATHS, KL_KINDS, PACKING_MODES
 from memkit.rl.rules import DCPOConfig, MemPOConfig, MoTConfig
 from memkit.world.splits import TRAINING_SPLITS
 from memkit.world.task_sets import EVAL_SEEDS

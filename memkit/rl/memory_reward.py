@@ -34,12 +34,14 @@ import torch
 from memkit.agents.oracle import ANSWER_PLAN
 from memkit.core.trajectory import Call, TrainingUnit, Trajectory
 from memkit.rl.advantages import grpo_advantages, grpo_advantages_loop
-from memkit.rl.choices import MEM_BIASES as BIASES  # noqa: F401
-from memkit.rl.choices import MEM_CONTEXTS as CONTEXTS
-from memkit.rl.choices import MEM_NORMS as NORMS
-from memkit.rl.choices import MEM_OPENERS as OPENERS
-from memkit.rl.choices import MEM_SCORES as ANSWER_SCORES
-from memkit.rl.choices import PROBE_PACKINGS
+from memkit.rl.choices import (
+    MEM_BIASES as BIASES,  # noqa: F401
+    MEM_CONTEXTS as CONTEXTS,
+    MEM_NORMS as NORMS,
+    MEM_OPENERS as OPENERS,
+    MEM_SCORES as ANSWER_SCORES,
+    PROBE_PACKINGS,
+)
 from memkit.rl.credit.registry import (
     CreditBatch,
     group_advantages,

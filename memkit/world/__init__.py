@@ -33,14 +33,7 @@ from memkit.world.loaders import (
     world_texts,
 )
 from memkit.world.locomo import load_locomo, save_locomo
-from memkit.world.schema import (
-    MULTI_OBJECTIVE_TEMPLATE,
-    Passage,
-    Question,
-    SubQuestion,
-    Task,
-    compose_prompt,
-)
+from memkit.world.schema import MULTI_OBJECTIVE_TEMPLATE, Passage, Question, SubQuestion, Task, compose_prompt
 from memkit.world.splits import SPLITS, question_split
 from memkit.world.streams import SIZES, make_conversation, make_conversations
 from memkit.world.task_sets import EVAL_SEEDS, held_out_tasks, training_seed, training_tasks
