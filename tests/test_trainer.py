@@ -559,8 +559,7 @@ def test_readme_train_commands_parse_to_the_notebooks_settings():
     assert 'agg="seq-mean-token-mean"' in nb05 and "KS = (2,)" in nb05 and ma.init == "tiny-sft:flaw-fe"
     for method in ("mem1", "memsearcher", "mempo", "memact"):
         lab = lab_sft_config(method)
-        assert (lab.oracle.flaw, lab.steps, lab.objectives, lab.max_seconds, lab.init) == (
-            "forget_earlier", 1500, (1, 2), None, "base")
+        assert (lab.oracle.flaw, lab.steps, lab.objectives, lab.max_seconds) == ("forget_earlier", 3000, (1, 2), None)
 
 
 def test_from_dict_folds_the_flat_rule_knobs_of_older_checkpoints():

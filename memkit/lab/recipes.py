@@ -6,10 +6,9 @@ later question it drops an earlier answer from memory and answers that slot "unk
 inherits the habit under greedy decoding; outcome-reward RL has to learn to keep what the answer
 needs (MEM1 Tab. 5: RL vs. SFT, both trained on few objectives).
 
-Every format clones 1- and 2-question tasks for 1,500 steps from the pretrained base (the base is
-shared with Mem-T's clones; the measured recipe and what the 3,000-step clones from scratch gave:
-docs/findings.md, 'The RL lab' and '`make reproduce` in an hour'). The SFT checkpoints are cached by
-config, so notebooks 00, 01 and 02 share one MEM1 model and 01 and 03 one MemSearcher model. MemAct's sliding-window baseline (notebook 05) continues
+Every format clones 1- and 2-question tasks for 3,000 steps (the measured recipe: docs/findings.md,
+'The RL lab'). The SFT checkpoints are cached by config, so notebooks 00, 01 and 02 share one MEM1
+model and 01 and 03 one MemSearcher model. MemAct's sliding-window baseline (notebook 05) continues
 the MemAct clone without its prune tool.
 """
 from __future__ import annotations
@@ -28,7 +27,7 @@ LAB_ORACLE = OracleConfig(p_wasted_search=0.05, p_drop_fact=0.05, flaw="forget_e
 LAB_FORMATS = ("mem1", "memsearcher", "mempo", "memact")
 
 #: what the lab's SFT changes from SFTConfig's defaults (steps, not minutes: the same model on any machine)
-LAB_SFT = dict(objectives=(1, 2), steps=1500, init="base")
+LAB_SFT = dict(objectives=(1, 2), steps=3000)
 
 #: minutes of RL notebooks 02 and 03 train for. The 3-seed study (docs/findings.md, 'The RL lab')
 #: reached its gains by the first evaluations (MEM1 at 40 steps, MemSearcher at 30); 5 minutes are
@@ -50,7 +49,7 @@ def ensure_lab_sft(method: str, kit, progress: bool = True) -> Path:
 #: MemAct's sliding-window baseline (Table 1): the lab clone taught to work without its prune tool
 #: (``schedule="window"``), continued from :func:`lab_sft_config`'s checkpoint for this many steps
 LAB_WINDOW = dict(schedule="window", window=3)
-LAB_WINDOW_STEPS = 500
+LAB_WINDOW_STEPS = 1000
 
 
 def lab_window_sft_config() -> SFTConfig:
@@ -83,15 +82,15 @@ class LabClone:
 #: every cached model of the lab mode; "kit" is the world's tokenizer, which everything else needs
 LAB_CLONES = {c.name: c for c in (
     LabClone("kit", (), 0.2),
+    *(LabClone(m, ("kit",), t) for m, t in zip(LAB_FORMATS, (18, 12, 16, 38))),
+    LabClone("memact-window", ("memact",), 15),
     LabClone("base", ("kit",), 8, wide=True),
-    *(LabClone(m, ("base",), t) for m, t in zip(LAB_FORMATS, (9, 7, 8, 17))),
-    LabClone("memact-window", ("memact",), 5),
-    LabClone("memt-retrieval", ("base",), 8),
-    LabClone("memt-construction", ("base",), 11),
+    LabClone("memt-retrieval", ("base",), 15),
+    LabClone("memt-construction", ("base",), 20),
 )}
 
 #: one-core minutes of each notebook's lab run with its clones cached (one seed; the scheduling order)
-LAB_NOTEBOOK_MINUTES = {"00": 0.3, "01": 5.6, "02": 8.2, "03": 7.2, "04": 9.4, "05": 7.8, "06": 8.4}
+LAB_NOTEBOOK_MINUTES = {"00": 1, "01": 6, "02": 7, "03": 7, "04": 6, "05": 7, "06": 7}
 
 #: the lab clones each notebook loads (by notebook number)
 NOTEBOOK_CLONES = {"00": ("mem1",), "01": LAB_FORMATS, "02": ("mem1",), "03": ("memsearcher",),
