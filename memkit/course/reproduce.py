@@ -1,8 +1,9 @@
 """Run the notebooks end to end with papermill and write a report: ``memkit reproduce``.
 
 Two modes: SMOKE (``--smoke``: small sizes, what ``make test`` runs, minutes) and the lab
-(``SMOKE = False``: the RL lab of :mod:`memkit.lab.recipes`, real learned numbers; 2.5-3 hours on 2 cores from an
-empty cache, about 1.5 hours with the clones cached).
+(``SMOKE = False``: the RL lab of :mod:`memkit.lab.recipes`, real learned numbers; about 1.5 hours on 2 cores
+from an empty cache, about half an hour with the clones cached: 47 one-core minutes of notebooks on
+two lanes; docs/findings.md, '`make reproduce` in an hour').
 Each notebook runs in a fresh kernel of *this* Python environment with its ``parameters``
 cell overridden (only the parameters it declares: ``SMOKE``, ``MODEL``, ``SEED``,
 ``OUT_DIR``). Its executed copy, its record sidecar and its OUT_DIR go into
