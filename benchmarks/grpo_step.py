@@ -5,7 +5,7 @@
 Part 1, one MEM1 GRPO step of the tiny model with the trainer's defaults (mem1_mask rows,
 recomputed old log-probs, KL to a reference): rollout generation of ``--tasks`` x ``--n``
 trajectories at T = 1, then ``Learner.update`` on exactly those trajectories once per attention
-path (``TrainConfig.attention``), split into packing + credit, the old and reference log-prob
+path (``TrainConfig.runtime.attention``), split into packing + credit, the old and reference log-prob
 forwards, and the update's forward and its backward + optimizer step (best of ``--repeats``).
 The policy is ``memkit sft --method mem1``'s checkpoint when cached; else a fresh model, whose
 one-call garbage trajectories would leave nothing to pack, so its update runs on oracle
@@ -18,7 +18,7 @@ prints the wall ratio packed / separate (the issue's target: <= 0.8x), the atten
 computed per head and layer (dense: B L^2; blocks: the gathered blocks) and max |dlogp| on the
 trained tokens against the dense path (target <= 1e-4) and, for mem1_exact, against separate.
 ``flex`` runs on CUDA only (no CPU backward); its compile is timed apart ("first call").
-``TrainConfig.attention = "auto"`` takes the path these numbers favour on each device.
+``TrainConfig.runtime.attention = "auto"`` takes the path these numbers favour on each device.
 
 All numbers come from one process on the same trajectories. (measured: docs/findings.md, 'Benchmarks')
 """
@@ -55,7 +55,7 @@ def grpo_breakdown(args, kit) -> None:
     init = "tiny-sft" if sft_checkpoint_path("mem1", kit.world_seed).exists() else "tiny"
 
     def trainer_for(attention: str) -> Trainer:  # fresh: every update starts from the same weights
-        cfg = TrainConfig(method="mem1", algo="grpo", init=init, objectives=(2,), tasks_per_step=args.tasks,
+        cfg = TrainConfig.from_flags(method="mem1", algo="grpo", init=init, objectives=(2,), tasks_per_step=args.tasks,
                           n_samples=args.n, lr=3e-4, eval_every=0, save_every=0, out_dir="", device=args.device,
                           attention=attention)
         model, tok, wrap = load_init(cfg, kit)

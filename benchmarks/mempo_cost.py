@@ -42,7 +42,7 @@ def main() -> None:
     kit = load_kit(0)
     init = str(ensure_lab_sft("mempo", kit)) if args.init == "lab" else args.init
     with tempfile.TemporaryDirectory() as out:
-        cfg = TrainConfig(method="mempo", init=init, credit="mempo", objectives=(2,), lr=3e-4, temperature=0.5,
+        cfg = TrainConfig.from_flags(method="mempo", init=init, credit="mempo", objectives=(2,), lr=3e-4, temperature=0.5,
                           steps=args.steps, tasks_per_step=8, n_samples=4, eval_every=0, save_every=0,
                           device=args.device, out_dir=out)
         model, tok, wrap = load_init(cfg, kit)
@@ -63,7 +63,7 @@ def main() -> None:
         results = {}
         for packing in PROBE_PACKINGS:
             t0 = time.perf_counter()
-            results[packing] = answer_probability(trainer.policy, probes, packing, 8 * cfg.micro_batch_size,
+            results[packing] = answer_probability(trainer.policy, probes, packing, 8 * cfg.runtime.micro_batch_size,
                                                   tok.pad_token_id or 0)
             print(f"{packing:>10}: {len(probes)} probes in {time.perf_counter() - t0:.2f} s")
         gap = float((results["separate"] - results["mem1_exact"]).abs().max()) if probes else 0.0

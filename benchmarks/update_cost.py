@@ -14,7 +14,7 @@ model when ``memkit sft --method M`` has cached one (else a fresh tiny model), t
   default) vs. taken from the rollout: one forward pass less, and exact for ``separate`` /
   ``mem1_exact`` packing (their packed log-probs equal the rollout's, tests/test_rl_core.py).
 
-and, fifth, both choices with each micro-batch's rows run as up to ``TrainConfig.row_groups``
+and, fifth, both choices with each micro-batch's rows run as up to ``TrainConfig.runtime.row_groups``
 (4) forwards of similar-length rows, each cut to its own longest row (``packing.length_groups``;
 the same update, tests/test_trainer.py).
 
@@ -68,7 +68,7 @@ def main() -> None:
     init = "tiny-sft" if sft_checkpoint_path(args.method, kit.world_seed).exists() else "tiny"
 
     def trainer_for(recompute: bool, sort: bool, row_groups: int = 1) -> Trainer:  # fresh: each update starts alike
-        cfg = TrainConfig(method=args.method, init=init, objectives=(2,), lr=3e-4, eval_every=0, save_every=0,
+        cfg = TrainConfig.from_flags(method=args.method, init=init, objectives=(2,), lr=3e-4, eval_every=0, save_every=0,
                           out_dir="", recompute_old_logprobs=recompute, row_groups=row_groups, **setup)
         model, tok, wrap = load_init(cfg, kit)
         trainer = Trainer(cfg, model, tok, prompt_wrap(cfg.method, tok, wrap, cfg.prompt), kit, make_accelerator(cfg))

@@ -12,9 +12,15 @@ format, credit rule, packing, notebook and lab recipe::
     >>> p.method, p.credit, p.notebook
     ('mempo', 'mempo', 'notebooks/04_mempo_memory_reward.ipynb')
 
-The names in :data:`_HOME` (the kit, a rollout, an evaluation, the trainer and its config, the SFT
-config and the lab's clones) load their module on first use (PEP 562), so ``import memkit`` costs
-no torch import and ``memkit --help`` stays fast.
+Everything the notebooks call is an attribute of ``memkit`` (:data:`_EXPORTS`, by defining module), so
+a notebook imports one name, as d2l's chapters do::
+
+    import memkit as mk
+    kit = mk.load_kit()
+    results = mk.evaluate("mem1", kit, objectives=(2,), n_tasks=8)  # {k: (summary, trajectories)}
+
+Each name loads its module on first use (PEP 562), so ``import memkit`` costs no torch import and
+``memkit --help`` stays fast; ``mk.<name>.__module__`` says where it lives.
 """
 from __future__ import annotations
 
@@ -73,24 +79,71 @@ def paper(name: str) -> Paper:
     return PAPERS[key]
 
 
-#: public name -> the module that defines it (loaded on first use)
-_HOME = {
-    "load_kit": "memkit.lab.kit",
-    **dict.fromkeys(("rollout", "evaluate"), "memkit.lab.evaluation"),
-    **dict.fromkeys(("METHODS", "get_method"), "memkit.agents"),
-    "make_tasks": "memkit.world",
-    **dict.fromkeys(("format_table", "summarize"), "memkit.metrics.qa"),
-    "SFTConfig": "memkit.train.config",
-    "TrainConfig": "memkit.rl.config",
-    "Trainer": "memkit.rl.trainer",
-    **dict.fromkeys(("ensure_lab_sft", "ensure_lab_clone", "LAB_CLONES"), "memkit.lab.recipes"),
+#: the public names, by the module that defines them (or its package's re-export): everything the
+#: notebooks call, so a notebook needs one import (``import memkit as mk``; d2l's ``d2l.``). The lab's
+#: ``rollout`` is not among them: ``memkit.rollout`` is the rollout package (import the function from
+#: ``memkit.lab.evaluation``).
+_EXPORTS = {
+    "memkit.core.cpu": ("notebook_cpu_setup",),
+    "memkit.core.trajectory": ("TrainingUnit",),
+    "memkit.world": ("make_conversation", "make_tasks"),
+    "memkit.world.streams": ("make_conversations",),
+    "memkit.world.task_sets": ("held_out_tasks",),
+    "memkit.metrics.qa": ("context_tokens_per_turn", "dependency", "f1", "format_table", "summarize"),
+    "memkit.models": ("load_policy", "LoadedModel", "sequence_logprobs", "trained_k_docs"),
+    "memkit.agents": ("get_method", "METHODS", "OracleConfig"),
+    "memkit.agents.tags": ("extract", "words"),
+    "memkit.agents.mem1": ("MEM1", "turns_left_hint"),
+    "memkit.agents.memt": ("MemT",),
+    "memkit.rollout.engine": ("OraclePolicy", "RolloutConfig", "to_trajectory"),
+    "memkit.rollout.streams": ("build_memories",),
+    "memkit.rollout.trees": ("grow_trees", "TreeConfig"),
+    "memkit.train.sft": ("SFTConfig",),
+    "memkit.rl.choices": ("PACKING_MODES",),
+    "memkit.rl.config": ("TrainConfig",),
+    "memkit.rl.rules": ("DCPOConfig", "MemPOConfig", "MoTConfig"),
+    "memkit.rl.advantages": ("broadcast_to_calls", "broadcast_to_calls_loop", "grpo_advantages",
+                             "grpo_advantages_loop"),
+    "memkit.rl.credit": ("CreditBatch", "get_credit", "trajectory_gae"),
+    "memkit.rl.critic": ("loss_weights",),
+    "memkit.rl.losses": ("token_logprobs",),
+    "memkit.rl.packing": ("pack", "row_pieces"),
+    "memkit.rl.packed_forward": ("mask_form_logit_gap", "packed_token_logprobs", "packing_gap"),
+    "memkit.rl.update": ("Learner",),
+    "memkit.rl.trainer": ("make_accelerator", "Trainer"),
+    "memkit.rl.headroom": ("exploration_headroom", "slot_em"),
+    "memkit.rl.memory_reward": ("answer_probability", "memory_probes", "memory_span", "score_memories"),
+    "memkit.rl.segments": ("dcpo_units", "sample_segments", "sampler_draws", "segment_calls", "segment_units"),
+    "memkit.rl.mot": ("construction_ops", "hindsight_filter", "hindsight_scores", "mot_units", "node_rewards",
+                      "score_query", "tree_advantages", "tree_nodes"),
+    "memkit.lab.kit": ("load_kit",),
+    "memkit.lab.policies": ("fresh_tiny", "load_init", "prompt_wrap"),
+    "memkit.lab.evaluation": ("evaluate", "measure_headroom"),
+    "memkit.lab.runs": ("arm_table", "ensure_sft", "train_arms"),
+    "memkit.lab.recipes": ("ensure_lab_clone", "ensure_lab_sft", "ensure_lab_window_sft", "LAB_CLONES",
+                           "LAB_FORMATS", "LAB_ORACLE", "LAB_RL_MINUTES", "LAB_WINDOW"),
+    "memkit.lab.memt.retrieval": ("answer_with", "built_stores", "ensure_memt_clone", "f1_by_category", "MemTLab",
+                                  "RETRIEVAL_ARMS", "run_arm"),
+    "memkit.lab.memt.construction": ("CONSTRUCTION_ARMS", "ConstructionLab", "ensure_construction_clone",
+                                     "op_examples", "OpPool", "run_construction_arms", "store_quality"),
+    "memkit.lab.memt.evaluation": ("evaluate_streams", "format_stream_table"),
+    "memkit.course.results": ("seed_spread",),
+    "memkit.viz": ("to_html", "TraceViewer", "TreeViewer"),
+    "memkit.viz.mask": ("MaskViewer", "plot_mask"),
 }
+
+#: public name -> the module that defines it (loaded on first use)
+_HOME = {name: module for module, names in _EXPORTS.items() for name in names}
 
 
 def __getattr__(name: str):
     if name in _HOME:
         return getattr(importlib.import_module(_HOME[name]), name)
     raise AttributeError(f"module 'memkit' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:  # tab completion in a notebook lists the public names
+    return sorted({*globals(), *_HOME})
 
 
 __all__ = ["PAPERS", "Paper", "paper", *_HOME]

@@ -68,7 +68,7 @@ def make_learner(algo: str, sort_micro_batches: bool = True, accelerator=None, *
 
     kw = dict(CASES[algo], lr=1e-3, kl_coef=0.01, critic_lr=1e-3, out_dir="")
     kw.update(over)
-    cfg = TrainConfig(method="mem1", init="tiny", **kw)
+    cfg = TrainConfig.from_flags(method="mem1", init="tiny", **kw)
     from accelerate import Accelerator
 
     learner = Learner(cfg, tiny_llama(), Tok(), accelerator=accelerator or Accelerator(cpu=True))

@@ -52,7 +52,7 @@ def _cfg(out=None, **over) -> TrainConfig:
               lr=1e-3, entropy_coef=0.01, warmup_steps=1, eval_every=0, max_turns=2, objectives=(1,),
               n_train_tasks=64, save_every=1, keep_checkpoints=1, out_dir=str(out) if out else None)
     kw.update(over)
-    return TrainConfig(**kw)
+    return TrainConfig.from_flags(**kw)
 
 
 def _trainer(kit, cfg, backend, seed: int = 0):

@@ -14,6 +14,7 @@ import pytest
 from memkit.cli import build_parser
 from memkit.cli.args import config_from_args, field_docs
 from memkit.cli.train import train_config
+from memkit.core.fields import flat_names
 from memkit.rl.config import TrainConfig
 from memkit.train.sft import SFTConfig
 
@@ -64,7 +65,8 @@ def _other_value(f, tp, default):
 
 @pytest.mark.parametrize("command, cls", [("train", TrainConfig), ("sft", SFTConfig)])
 def test_every_config_field_has_a_flag_that_sets_it(command, cls):
-    """One definition per knob: each field (nested ones too) has ``--field-name`` with the field's
+    """One definition per knob: each field (nested ones too) has a flag named by its flat name
+    (``--field-name``; a group's ``--group-field`` unless the group names it otherwise) with the field's
     docstring as help, and giving it changes exactly that field of the built config."""
     base = [command, "--method", "memsearcher"]
     default = config_from_args(cls, _parse(base))
@@ -76,11 +78,12 @@ def test_every_config_field_has_a_flag_that_sets_it(command, cls):
     for f in dataclasses.fields(cls):  # the nested configs' fields (SFT's oracle, the credit rules' knobs)
         if dataclasses.is_dataclass(inner := getattr(cls(), f.name)):
             docs.update({f"{f.name}.{k}": v for k, v in field_docs(type(inner)).items()})
+    flat = {path: name for path, name, _ in flat_names(cls)}  # the flag of a grouped knob: --eval-every, --gamma
     for dest, f, tp in _leaves(cls):
         if dest == "method":
             continue
         assert docs.get(dest), f"{cls.__name__}.{dest} has no docstring, so its flag would have no help"
-        flag = "--" + dest.replace(".", "-").replace("_", "-")
+        flag = "--" + flat[dest].replace("_", "-")
         current = default
         for part in dest.split(".")[:-1]:
             current = getattr(current, part)
@@ -100,7 +103,7 @@ def test_optional_fields_accept_none_and_aliases_keep_working():
     args = _parse(["train", "--method", "mem1", "--clip-high", "0.28", "--vf-clip", "none", "--n", "6",
                    "--out", "runs/x", "--max-minutes", "2", "--objectives", "1,2", "--method-kwargs", "{}"])
     cfg = train_config(args)
-    assert (cfg.clip_high, cfg.vf_clip, cfg.n_samples, cfg.out_dir, cfg.max_seconds, cfg.objectives) == \
+    assert (cfg.clip.high, cfg.critic.vf_clip, cfg.n_samples, cfg.out_dir, cfg.max_seconds, cfg.objectives) == \
         (0.28, None, 6, "runs/x", 120.0, (1, 2))
     assert train_config(_parse(["train", "--method", "mem1", "--algo", "ppo"])).out_dir == "runs/mem1-ppo"
     sft = config_from_args(SFTConfig, _parse(["sft", "--method", "mem1", "--max-minutes", "0", "--show-comparison"]))

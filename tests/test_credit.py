@@ -19,7 +19,7 @@ from memkit.rl.packing import MODES, pack, row_pieces
 from tests.fixtures.traces import kit, oracle_tasks, oracle_traces
 
 #: a real trainer config (the rules read its fields; no stand-in with defaults of its own)
-KNOBS = TrainConfig(gamma=0.9, lam=0.8)
+KNOBS = TrainConfig.from_flags(gamma=0.9, lam=0.8)
 
 
 def _trajs(method: str, seed: int) -> list[Trajectory]:
@@ -348,7 +348,7 @@ def _learner(credit, **over):
     from memkit.rl.config import TrainConfig
     from memkit.rl.update import Learner
 
-    cfg = TrainConfig(method="memsearcher", init="tiny", credit=credit, packing="separate", lr=1e-3, kl_coef=0.0,
+    cfg = TrainConfig.from_flags(method="memsearcher", init="tiny", credit=credit, packing="separate", lr=1e-3, kl_coef=0.0,
                       micro_batch_size=64, out_dir="", **over)
     return Learner(cfg, build_tiny(kit().tokenizer, seed=0), kit().tokenizer, accelerator=Accelerator(cpu=True))
 

@@ -214,7 +214,7 @@ def test_the_learner_trains_dcpo_segments():
     from memkit.rl.config import TrainConfig
     from memkit.rl.update import Learner, _units_seed
 
-    cfg = TrainConfig(method="memact", init="tiny", lr=1e-3, kl_coef=0.0, micro_batch_size=64, out_dir="",
+    cfg = TrainConfig.from_flags(method="memact", init="tiny", lr=1e-3, kl_coef=0.0, micro_batch_size=64, out_dir="",
                       dcpo=DCPOConfig(segments=4), agg="seq-mean-token-mean")
     assert cfg.resolved_credit() == "dcpo" and cfg.resolved_packing() == "mem1_exact"
     learner = Learner(cfg, build_tiny(kit().tokenizer, seed=0), kit().tokenizer, accelerator=Accelerator(cpu=True))

@@ -140,8 +140,8 @@ def test_packed_attention_passes_separate_rows_and_refuses_flex_backward_on_cpu(
     with pytest.raises(ValueError, match="unknown attention path"):
         with packed_attention(model, mask, "sparse"):
             pass
-    with pytest.raises(ValueError, match="TrainConfig.attention"):
-        TrainConfig(attention="sparse").validate()
+    with pytest.raises(ValueError, match="TrainConfig.runtime.attention"):
+        TrainConfig.from_flags(attention="sparse").validate()
 
 
 @pytest.mark.parametrize("algo,packing", [("ppo", "mem1_exact"),
@@ -154,7 +154,7 @@ def test_learner_update_is_the_same_with_blocks_and_dense(algo, packing):
         t.reward = float(i % 2)
     out = {}
     for path in ("dense", "blocks"):
-        cfg = TrainConfig(method="mem1", algo=algo, packing=packing, init="tiny", device="cpu", attention=path,
+        cfg = TrainConfig.from_flags(method="mem1", algo=algo, packing=packing, init="tiny", device="cpu", attention=path,
                           n_samples=2, lr=1e-3, eval_every=0, save_every=0, out_dir="", kl_coef=0.01,
                           recompute_old_logprobs=True)
         learner = Learner(cfg, fresh_tiny(kit(), 0).model, kit().tokenizer)

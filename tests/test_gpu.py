@@ -40,9 +40,9 @@ def test_cuda_update_matches_the_cpu_update(algo):
     from memkit.rl.update import make_accelerator
 
     cpu_cond, gpu_cond = {}, {}
-    on_cpu = dw.make_learner(algo, accelerator=make_accelerator(TrainConfig(device="cpu")))
+    on_cpu = dw.make_learner(algo, accelerator=make_accelerator(TrainConfig.from_flags(device="cpu")))
     cpu, cpu_stats = _update(_keep(on_cpu), dw.trajectories(), cpu_cond)
-    learner = _keep(dw.make_learner(algo, accelerator=make_accelerator(TrainConfig(device="cuda"))))
+    learner = _keep(dw.make_learner(algo, accelerator=make_accelerator(TrainConfig.from_flags(device="cuda"))))
     assert learner.acc.device.type == "cuda"  # right after a CPU accelerator in this process
     gpu, gpu_stats = _update(learner, dw.trajectories(), gpu_cond)
     # cuBLAS and the CPU's BLAS sum in other orders: gradients differ by ~3e-5 of their scale (measured

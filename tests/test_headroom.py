@@ -7,7 +7,7 @@ import pytest
 
 from memkit.core.trajectory import Trajectory
 from memkit.lab.evaluation import measure_headroom
-from memkit.rl.headroom import exploration_headroom, slot_scores
+from memkit.rl.headroom import exploration_headroom, slot_em
 
 
 def _t(task, answer, golds, valid=True):
@@ -37,7 +37,7 @@ def test_unreachable_slot_and_miscount():
     samples = [_t("A", "x", A), _t("A", "x; q", A)]  # one answer for two questions scores 0 everywhere
     h = exploration_headroom(greedy, samples)
     assert h["wrong_reachable"] == 0 and h["headroom"] == 0.0 and h["em_bound"] == pytest.approx(0.5)
-    assert slot_scores(samples[0]) == [0.0, 0.0]
+    assert slot_em(samples[0]) == [0.0, 0.0]
 
 
 def test_headroom_bad_input():
@@ -50,7 +50,7 @@ def test_headroom_bad_input():
     with pytest.raises(ValueError, match="without a greedy"):
         exploration_headroom([_t("A", "x; y", A)], [_t("A", "x; y", A), _t("B", "p; r", B)])
     with pytest.raises(ValueError, match="no golds"):
-        slot_scores(Trajectory(task_id="C", method="mem1", answer="x"))
+        slot_em(Trajectory(task_id="C", method="mem1", answer="x"))
 
 
 def test_oracle_has_no_headroom():

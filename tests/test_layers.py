@@ -180,6 +180,9 @@ def test_the_paper_locator_points_at_real_things():
     assert (memkit.paper("mem1").credit, memkit.paper("memsearcher").credit) == ("grpo", "multi_context")
     for name in memkit.__all__:
         assert getattr(memkit, name) is not None
+    packages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()}
+    for name, module in memkit._HOME.items():  # the same object as its module's, never shadowed by a package
+        assert name not in packages and getattr(memkit, name) is getattr(importlib.import_module(module), name), name
     try:
         memkit.paper("memgpt")
     except ValueError as e:
@@ -196,3 +199,27 @@ def test_no_module_over_400_lines():
     """A module a reader can hold in one sitting: split one that grows past 400 lines."""
     long = {name: n for name, path in modules().items() if (n := len(path.read_text(encoding="utf-8").splitlines())) > 400}
     assert not long, f"split these modules (lines): {long}"
+
+
+def test_every_notebook_imports_at_most_five_memkit_names():
+    """d2l's one import: a notebook reaches the library through ``import memkit as mk`` (every name it
+    calls is an attribute of ``memkit``), the notebook helpers (``mnb``) and at most three more names."""
+    import json
+
+    import memkit
+
+    for path in sorted((ROOT.parent / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        names, used = set(), set()
+        for cell in json.loads(path.read_text())["cells"]:
+            if cell["cell_type"] != "code":
+                continue
+            tree = ast.parse("".join(cell["source"]))
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "memkit":
+                    names |= {a.asname or a.name for a in node.names}
+                elif isinstance(node, ast.Import):
+                    names |= {a.asname or a.name for a in node.names if a.name.split(".")[0] == "memkit"}
+                elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "mk":
+                    used.add(node.attr)
+        assert len(names) <= 5, f"{path.name} imports {len(names)} memkit names: {sorted(names)}"
+        assert used <= set(memkit.__all__), f"{path.name} calls mk.{sorted(used - set(memkit.__all__))}"

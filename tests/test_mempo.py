@@ -237,7 +237,7 @@ def test_learner_scores_memories_and_trains_them(model):
 
     def run(credit):
         trajs = _copies(2, 1)
-        cfg = TrainConfig(method="mempo", init="tiny", credit=credit, lr=1e-3, kl_coef=0.0, out_dir="",
+        cfg = TrainConfig.from_flags(method="mempo", init="tiny", credit=credit, lr=1e-3, kl_coef=0.0, out_dir="",
                           recompute_old_logprobs=True)
         learner = Learner(cfg, fresh_tiny(kit(), seed=3).model, kit().tokenizer, accelerator=Accelerator(cpu=True))
         stats = learner.update(trajs)

@@ -19,7 +19,7 @@ from memkit.lab.memt.construction import (
     update_history_rate,
 )
 from memkit.rl.mot import construction_ops, hindsight_filter, hindsight_scores, score_query
-from memkit.rollout.engine import OraclePolicy, RolloutConfig, _to_trajectory
+from memkit.rollout.engine import OraclePolicy, RolloutConfig, to_trajectory
 from memkit.rollout.streams import build_memories
 from memkit.train.sft import make_batch, sft_loss
 from memkit.world.streams import make_conversations
@@ -33,7 +33,7 @@ def _pool() -> OpPool:
     built, conv, sources, grown = forest()
     for qa, qt in grown:
         score_query(qt.trees, qa.evidence, sources)
-    traj = _to_trajectory(MemT(), built, 0)
+    traj = to_trajectory(MemT(), built, 0)
     ops = construction_ops(traj)
     scores = hindsight_scores(ops, [(qa.evidence, qt.trees) for qa, qt in grown])
     return OpPool([traj], [{**op, "conv": 0} for op in ops], scores)
@@ -121,7 +121,7 @@ def test_the_update_history_rate_sees_the_teachers_forgetting():
     for rate in (0.0, 1.0):
         teacher = OraclePolicy(method, tok, OracleConfig(flaw="forget_earlier", flaw_rate=rate), seed=0)
         built = build_memories(method, convs, teacher, tok, cfg)
-        rates[rate] = update_history_rate([_to_trajectory(method, b, 0) for b in built])
+        rates[rate] = update_history_rate([to_trajectory(method, b, 0) for b in built])
     assert rates[1.0] == (0.0, rates[0.0][1]) and rates[0.0][0] > 0.5, rates
 
 

@@ -29,7 +29,7 @@ from memkit.rl.mot import (
 )
 from memkit.rl.packed_forward import packing_gap
 from memkit.rl.packing import pack
-from memkit.rollout.engine import OraclePolicy, RolloutConfig, _to_trajectory
+from memkit.rollout.engine import OraclePolicy, RolloutConfig, to_trajectory
 from memkit.rollout.streams import build_memories
 from memkit.rollout.trees import TreeConfig, grow_trees
 from memkit.world.streams import make_conversation
@@ -152,7 +152,7 @@ def test_packed_tree_logprobs_equal_per_node_recompute():
 
 def test_hindsight_scores_and_filter_on_a_hand_checkable_case():
     built, conv, sources, grown = forest()
-    ops = construction_ops(_to_trajectory(MemT(), built, 0))
+    ops = construction_ops(to_trajectory(MemT(), built, 0))
     assert ops and all(set(op) >= {"call", "op", "memory", "sources", "valid"} for op in ops)
     qa, qt = grown[0]
     for tree in qt.trees:  # every leaf advantage 1: S(a) = gate + lambda * (share of leaves that retrieved m)
@@ -216,7 +216,7 @@ def test_a_learner_update_on_scored_trees_moves_the_policy():
 
     _, _, _, _, trees, _ = _scored_forest()
     model = fresh_tiny(kit(), seed=1).model
-    cfg = TrainConfig(method="memt", lr=1e-3, warmup_steps=0, kl_coef=0.0, mini_batches=1, micro_batch_size=3,
+    cfg = TrainConfig.from_flags(method="memt", lr=1e-3, warmup_steps=0, kl_coef=0.0, mini_batches=1, micro_batch_size=3,
                       seed=0).validate()
     assert (cfg.resolved_credit(), cfg.resolved_packing()) == ("mot", "mem1_exact")
     learner = Learner(cfg, model, kit().tokenizer)

@@ -32,7 +32,7 @@ def _memt_trainer(kit, **over):
 
     kw = dict(method="memt", init="tiny", packing="mem1_exact", steps=1, tasks_per_step=2, n_samples=2,
               n_train_tasks=2, eval_tasks=1, mot=MoTConfig(rounds=1, pivots=1), eval_every=0, micro_batch_size=4)
-    cfg = TrainConfig(**{**kw, **over})
+    cfg = TrainConfig.from_flags(**{**kw, **over})
     return Trainer(cfg, fresh_tiny(kit, 0).model, kit.tokenizer, memt_wrap(kit), kit)
 
 
@@ -63,7 +63,7 @@ def test_wiki_methods_keep_the_chain_plan(kit):
     from memkit.lab.policies import fresh_tiny
     from memkit.rl.trainer import Trainer
 
-    cfg = TrainConfig(method="mem1", init="tiny", steps=1, tasks_per_step=2, n_samples=2, max_turns=2,
+    cfg = TrainConfig.from_flags(method="mem1", init="tiny", steps=1, tasks_per_step=2, n_samples=2, max_turns=2,
                       objectives=(1,), n_train_tasks=8, eval_every=0)
     loaded = fresh_tiny(kit, 0)
     t = Trainer(cfg, loaded.model, loaded.tokenizer, loaded.wrap, kit)

@@ -86,7 +86,7 @@ def _cfg(fmt: str, packing: str):
     from memkit.rl.config import TrainConfig
 
     method, credit = FORMATS[fmt]
-    return TrainConfig(method=method, credit=credit, packing=packing, algo="ppo" if get_credit(credit).needs_values
+    return TrainConfig.from_flags(method=method, credit=credit, packing=packing, algo="ppo" if get_credit(credit).needs_values
                        else "grpo", init="tiny", lr=1e-4, kl_coef=0.0, micro_batch_size=64, dcpo=DCPOConfig(segments=4),
                        out_dir="", seed=0).validate()
 
@@ -145,15 +145,15 @@ def test_packed_logprobs_equal_the_recorded_ones(fmt, packing):
 def _trained_calls(units, exp):
     """``(trajectory, call, advantages of its output tokens)`` for every call a micro-batch trained,
     read from the packed advantages by ``call_ids`` (a call's trained tokens sit in output order)."""
-    b = exp["batch"]
+    b = exp.batch
     out = []
     for row in range(b.input_ids.shape[0]):
         unit = units[int(b.traj_index[row])]
         calls = [int(b.call_index[row])] if b.mode == "separate" else list(unit.calls)
         for c in calls:
-            sel = (b.call_ids[row] == c) & (exp["m"][row] > 0)
+            sel = (b.call_ids[row] == c) & (exp.mask[row] > 0)
             assert int(sel.sum()) == unit.traj.calls[c].n_output
-            out.append((unit.traj, c, exp["adv"][row][sel]))
+            out.append((unit.traj, c, exp.adv[row][sel]))
     return out
 
 

@@ -103,7 +103,7 @@ def test_gradient_accumulation_is_exact(algo, packing, agg):
 @pytest.mark.parametrize("algo,packing", [("grpo", "separate"), ("ppo", "separate"), ("ppo", "mem1_exact"),
                                           ("grpo", "mem1_mask")])
 def test_row_groups_give_the_same_update(algo, packing):
-    """Each micro-batch's rows forwarded in length groups (``TrainConfig.row_groups``), each cut to
+    """Each micro-batch's rows forwarded in length groups (``TrainConfig.runtime.row_groups``), each cut to
     its longest row: fewer padded slots, and the update of one forward padded to the longest row."""
     trajs = dw.trajectories(range(4))
     conditioned = {}
@@ -194,11 +194,11 @@ def test_a_second_run_in_one_process_gets_its_own_precision_and_device():
 
     Accelerator(cpu=True)
     try:
-        assert make_accelerator(TrainConfig(device="cpu", mixed_precision="bf16")).mixed_precision == "bf16"
+        assert make_accelerator(TrainConfig.from_flags(device="cpu", mixed_precision="bf16")).mixed_precision == "bf16"
         with pytest.raises(ValueError, match="cannot be changed"):  # what it resets
             Accelerator(cpu=True, mixed_precision="no")
     finally:
-        acc = make_accelerator(TrainConfig(device="cpu"))  # back to the state the other tests expect
+        acc = make_accelerator(TrainConfig.from_flags(device="cpu"))  # back to the state the other tests expect
     assert acc.mixed_precision == "no" and acc.device.type == "cpu"
 
 
@@ -206,7 +206,7 @@ def test_old_logprobs_are_recomputed_only_where_they_differ():
     from memkit.rl.config import TrainConfig
 
     def resolved(**kw):
-        return TrainConfig(method="mem1", **kw).resolved_recompute()
+        return TrainConfig.from_flags(method="mem1", **kw).resolved_recompute()
 
     assert resolved(packing="mem1_mask") and resolved(packing="auto")  # mem1 -> mem1_mask: App. B.7's gap
     assert not resolved(packing="mem1_exact") and not resolved(packing="separate")
@@ -287,7 +287,7 @@ def _loop_cfg(out: Path, steps: int, **over) -> TrainConfig:
               keep_checkpoints=1, max_turns=2, objectives=(1,), eval_objectives=(1,), n_train_tasks=64,
               out_dir=str(out))  # short episodes from a small pool: what the loop does, not what it learns
     kw.update(over)
-    return TrainConfig(**kw)
+    return TrainConfig.from_flags(**kw)
 
 
 def test_resume_continues_exactly(kit, tmp_path):
@@ -373,7 +373,7 @@ def test_training_tasks_never_use_evaluation_seeds(kit):
     """Seed 10 used to draw its 2-question training tasks from seed 1002, the test tasks of
     `evaluation.evaluate` and of every notebook's final table. No training seed lands in
     EVAL_SEEDS now, seeds 0-9 keep the values the cached SFT models were trained on, and
-    TrainConfig.eval_seed refuses seeds outside EVAL_SEEDS."""
+    TrainConfig.eval.seed refuses seeds outside EVAL_SEEDS."""
     from memkit.world import EVAL_SEEDS, make_tasks, training_seed, training_tasks
 
     assert not {training_seed(s, k) for s in range(-3, 200) for k in range(1, 17)} & set(EVAL_SEEDS)
@@ -381,9 +381,9 @@ def test_training_tasks_never_use_evaluation_seeds(kit):
     test = {t.prompt for t in make_tasks(kit.world, n=50, k=2, seed=1002, split="test")}
     assert not test & {t.prompt for t in training_tasks(kit.world, (2,), 200, seed=10)}
     for bad in (0, 902, 9_998):  # a training seed, one more, and a base whose k = 2 leaves the range
-        with pytest.raises(ValueError, match="eval_seed"):
-            TrainConfig(eval_seed=bad).validate()
-    TrainConfig(eval_seed=3000, eval_objectives=(1, 2, 8)).validate()
+        with pytest.raises(ValueError, match="eval.seed=.*--eval-seed"):
+            TrainConfig.from_flags(eval_seed=bad).validate()
+    TrainConfig.from_flags(eval_seed=3000, eval_objectives=(1, 2, 8)).validate()
 
 
 def test_eval_seed_picks_the_evaluation_tasks(kit, tmp_path, monkeypatch):
@@ -445,7 +445,7 @@ def test_validate_checks_every_field_with_choices_from_its_metadata():
                         for g in fields(inner) if "choices" in g.metadata]
     assert len(checked) >= 18
     for name, cfg in checked:
-        with pytest.raises(ValueError, match=rf"TrainConfig\.{re.escape(name)}='nope': choose one of "):
+        with pytest.raises(ValueError, match=rf"TrainConfig\.{re.escape(name)}='nope'( \(flag --[a-z-]+\))?: choose one of "):
             cfg.validate()
     with pytest.raises(ValueError, match="test is evaluation's"):  # a field's hint rides along
         TrainConfig(question_split="test").validate()
@@ -535,10 +535,10 @@ def test_readme_train_commands_parse_to_the_notebooks_settings():
     assert mem1.algo == ast.literal_eval(declared_parameters(nb_path)["RL_ALGO"]) == "grpo"
     assert f"n_samples={mem1.n_samples}, mini_batches={mem1.mini_batches}," in nb02
     assert (mem1.packing, mem1.tasks_per_step, mem1.n_samples, mem1.mini_batches) == ("mem1_exact", 8, 4, 1)
-    assert (mem1.lr, mem1.temperature, mem1.eval_objectives) == (3e-4, 0.5, (1, 2, 4, 8, 16))
-    assert "EVAL_KS = (1, 2, 4, 8, 16)" in nb02 and mem1.eval_every >= mem1.steps  # evaluated at the start and end
+    assert (mem1.lr, mem1.temperature, mem1.eval.objectives) == (3e-4, 0.5, (1, 2, 4, 8, 16))
+    assert "EVAL_KS = (1, 2, 4, 8, 16)" in nb02 and mem1.eval.every >= mem1.steps  # evaluated at the start and end
     assert (ms.algo, ms.packing, ms.agg, ms.tasks_per_step, ms.n_samples) == ("grpo", "separate", "seq-mean-token-mean", 8, 5)
-    assert (ms.lr, ms.temperature, ms.eval_seed, ms.eval_every) == (3e-4, 0.5, 3000, 10)
+    assert (ms.lr, ms.temperature, ms.eval.seed, ms.eval.every) == (3e-4, 0.5, 3000, 10)
     # the lab's 5 minutes of RL from the lab's SFT recipe (memkit.lab.recipes), which tiny-sft:flaw-fe names
     from memkit.lab.recipes import LAB_RL_MINUTES, lab_sft_config
 
@@ -553,7 +553,7 @@ def test_readme_train_commands_parse_to_the_notebooks_settings():
     # notebook 05's arms: DCPO's credit and packing, eq. 5-6's per-segment aggregation, 2-question evals
     nb05 = "".join("".join(c["source"]) for c in json.loads(
         (nb_path.parent / "05_memact_dcpo.ipynb").read_text())["cells"] if c["cell_type"] == "code")
-    assert (ma.resolved_credit(), ma.resolved_packing(), ma.agg, ma.eval_objectives) == (
+    assert (ma.resolved_credit(), ma.resolved_packing(), ma.agg, ma.eval.objectives) == (
         "dcpo", "mem1_exact", "seq-mean-token-mean", (2,))
     assert (ma.tasks_per_step, ma.n_samples, ma.lr, ma.temperature, ma.objectives) == (8, 4, 3e-4, 0.5, (2,))
     assert 'agg="seq-mean-token-mean"' in nb05 and "KS = (2,)" in nb05 and ma.init == "tiny-sft:flaw-fe"
@@ -562,13 +562,48 @@ def test_readme_train_commands_parse_to_the_notebooks_settings():
         assert (lab.oracle.flaw, lab.steps, lab.objectives, lab.max_seconds) == ("forget_earlier", 3000, (1, 2), None)
 
 
-def test_from_dict_folds_the_flat_rule_knobs_of_older_checkpoints():
-    """Checkpoints written before the rule configs were nested hold ``mem_reward_bias``, ``dcpo_segments``,
-    ``mot_alpha``...: they load into ``cfg.mem_reward.bias`` and so on; a round trip is exact."""
-    flat = {k: v for k, v in TrainConfig().to_dict().items() if k not in ("mem_reward", "dcpo", "mot")}
-    cfg = TrainConfig.from_dict({**flat, "mem_reward_bias": "none", "dcpo_segments": 3, "mot_alpha": 0.8, "mot_rounds": 2})
-    assert (cfg.mem_reward.bias, cfg.dcpo.segments, cfg.mot.alpha, cfg.mot.rounds) == ("none", 3, 0.8, 2)
-    assert cfg.mem_reward.norm == "pooled" and cfg.mot.pivots == 2  # the rest keep their defaults
+def test_from_dict_folds_the_flat_knobs_of_older_checkpoints():
+    """Checkpoints written before the groups were nested hold every knob flat (``mem_reward_bias``,
+    ``eval_every``, ``kl_coef``, ``attention``, ``lora``, ``gamma``...): they load into ``cfg.mem_reward.bias``,
+    ``cfg.eval.every`` and so on, under the same names as the flags; a round trip is exact."""
+    from dataclasses import replace
+
+    from memkit.core.fields import flat_names
+
+    old = {flat: path for path, flat, _ in flat_names(TrainConfig)}  # an older checkpoint's keys  (one knob per name)
+    assert len(old) == len(list(flat_names(TrainConfig))) and {"eval_every", "kl_coef", "attention", "lora", "lora_r", "gamma", "critic_lr",
+                               "keep_checkpoints", "mem_reward_bias", "mot_alpha", "dcpo_segments"} <= set(old)
+    flat = {k: v for k, v in TrainConfig().to_dict().items() if not isinstance(v, dict) or k == "method_kwargs"}
+    cfg = TrainConfig.from_dict({**flat, "mem_reward_bias": "none", "dcpo_segments": 3, "mot_alpha": 0.8, "eval_every": 5,
+                                 "kl_coef": 0.0, "attention": "dense", "lora": True, "lora_r": 4, "gamma": 0.9,
+                                 "keep_checkpoints": 3, "eval_objectives": [1, 2]})
+    assert (cfg.mem_reward.bias, cfg.dcpo.segments, cfg.mot.alpha, cfg.eval.every, cfg.kl.coef) == ("none", 3, 0.8, 5, 0.0)
+    assert (cfg.runtime.attention, cfg.lora.enabled, cfg.lora.r, cfg.critic.gamma, cfg.save.keep) == ("dense", True, 4, 0.9, 3)
+    assert cfg.eval.objectives == (1, 2) and cfg.mem_reward.norm == "pooled" and cfg.lora.alpha == 32  # the rest: defaults
     assert TrainConfig.from_dict(cfg.to_dict()) == cfg
-    with pytest.raises(ValueError, match="unknown MoTConfig fields"):
+    assert cfg.with_flags(kl_coef=0.01).kl == replace(cfg.kl, coef=0.01) and cfg.kl.coef == 0.0  # a copy
+    assert TrainConfig.from_flags(eval_every=0, micro_batch_size=2) == replace(
+        TrainConfig(), eval=replace(TrainConfig().eval, every=0), runtime=replace(TrainConfig().runtime, micro_batch_size=2))
+    with pytest.raises(ValueError, match=r"unknown TrainConfig fields \['mot_beta'\]"):
         TrainConfig.from_dict({"mot_beta": 1.0})
+
+
+def test_train_config_groups_its_knobs_and_keeps_every_flag():
+    """``TrainConfig`` has at most 40 top-level fields (the knobs of one concern live in its group: LoRA,
+    clip, KL, critic, the rules, eval, checkpoints, runtime), and ``memkit train`` offers every leaf
+    knob under its flat name, the flag it had before the groups (``--kl-coef``, ``--attention``, ``--lora``)."""
+    import dataclasses
+
+    from memkit.cli import build_parser
+    from memkit.cli.train import train_config
+    from memkit.core.fields import flat_names
+
+    assert len(dataclasses.fields(TrainConfig)) <= 40
+    parser = build_parser()
+    train = next(a for a in parser._subparsers._group_actions[0].choices.values() if a.prog.endswith(" train"))
+    offered = {s for a in train._actions for s in a.option_strings}
+    assert {"--" + flat.replace("_", "-") for _, flat, _ in flat_names(TrainConfig)} <= offered
+    cfg = train_config(parser.parse_args(["train", "--method", "mem1", "--kl-coef", "0", "--attention", "dense",
+                                          "--lora", "--gamma", "0.9", "--eval-every", "3", "--keep-checkpoints", "4"]))
+    assert (cfg.kl.coef, cfg.runtime.attention, cfg.lora.enabled, cfg.critic.gamma, cfg.eval.every, cfg.save.keep) == (
+        0.0, "dense", True, 0.9, 3, 4)

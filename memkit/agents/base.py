@@ -26,7 +26,7 @@ from typing import Protocol
 
 from memkit.core.trajectory import Parsed, Segment
 from memkit.metrics import qa as metrics
-from memkit.metrics.qa import split_answers
+from memkit.metrics.qa import slot_scores, split_answers
 from memkit.world.schema import Task
 
 # Tags used for span colouring and token accounting.
@@ -154,7 +154,7 @@ class Method(ABC):
         """
         if not state.valid or state.answer is None:
             return self.format_penalty
-        em = slot_scores(state, exact_match)
+        em = slot_scores(state.answer, state.task.golds, exact_match)
         return sum(em) / len(em) if em else 0.0
 
     def trajectory_info(self, state: AgentState) -> dict:
@@ -193,23 +193,6 @@ def exact_match(pred: str, golds: list[str]) -> float:
 
 def f1_score(pred: str, golds: list[str]) -> float:
     return metrics.f1(pred, golds)
-
-
-def slot_scores(state: AgentState, metric=exact_match) -> list[float]:
-    """Per-question scores of ``state.answer`` (empty when the answer count is wrong).
-
-    Never raises: a task without gold aliases scores 0 on that slot.
-    """
-    slots = split_answers(state.answer or "", state.task.k)
-    if len(slots) != state.task.k:
-        return []
-    out = []
-    for a, g in zip(slots, state.task.golds):
-        try:
-            out.append(float(metric(a, g)))
-        except (ValueError, TypeError):
-            out.append(0.0)
-    return out
 
 
 _COMPOSITE = re.compile(r"Answer each of the following questions: (.*?) Organize your final answer in <answer> "

@@ -123,7 +123,7 @@ class MEM1(Method):
         """App. B.4.1: one point per correct answer, 0 for broken tags or a wrong answer count."""
         if not state.valid or state.answer is None:
             return self.format_penalty
-        return float(sum(slot_scores(state, exact_match)))
+        return float(sum(slot_scores(state.answer, state.task.golds, exact_match)))
 
     def oracle(self, state: AgentState, rng: random.Random, cfg: OracleConfig) -> str:
         script.observe(state, rng, cfg)

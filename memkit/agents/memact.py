@@ -198,7 +198,7 @@ class MemAct(Method):
     def reward(self, state: AgentState) -> float:
         if not state.valid or state.answer is None:
             return self.format_penalty
-        em = slot_scores(state, exact_match)
+        em = slot_scores(state.answer, state.task.golds, exact_match)
         return sum(em) / len(em) if em else 0.0
 
     def trajectory_info(self, state: AgentState) -> dict:

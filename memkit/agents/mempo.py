@@ -73,7 +73,7 @@ class MemPO(Method):
     def reward(self, state: AgentState) -> float:
         if not state.valid or state.answer is None:
             return self.format_penalty
-        em = slot_scores(state, exact_match)
+        em = slot_scores(state.answer, state.task.golds, exact_match)
         if not em:
             return 0.0
         return float(all(em)) if self.reward_kind == "all" else sum(em) / len(em)

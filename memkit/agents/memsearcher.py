@@ -135,7 +135,7 @@ class MemSearcher(Method):
         """Eq. 9 (mean slot F1 for k questions; mean slot EM with ``reward_metric="em"``)."""
         if not state.valid or state.answer is None:
             return self.format_penalty
-        scores = slot_scores(state, REWARD_METRICS[self.reward_metric])
+        scores = slot_scores(state.answer, state.task.golds, REWARD_METRICS[self.reward_metric])
         score = sum(scores) / len(scores) if scores else 0.0
         return score if score > 0 else 0.1
 

@@ -67,7 +67,7 @@ class ReAct(Method):
         return self.search_or_answer(state, parsed, env)
 
     def reward(self, state: AgentState) -> float:
-        return float(sum(slot_scores(state, exact_match))) if state.valid and state.answer is not None else self.format_penalty
+        return float(sum(slot_scores(state.answer, state.task.golds, exact_match))) if state.valid and state.answer is not None else self.format_penalty
 
     def oracle(self, state: AgentState, rng: random.Random, cfg: OracleConfig) -> str:
         script.observe(state, rng, cfg, forgetful=False)  # the full history never forgets

@@ -22,6 +22,8 @@ import textwrap
 import types
 import typing
 
+from memkit.core.fields import flat_names
+
 
 # ---- argument types --------------------------------------------------------------------------------
 def ints(text: str) -> list[int]:
@@ -158,25 +160,28 @@ class Computed(str):
 
 
 def add_config_flags(parser, cls, *, aliases: dict[str, list[str]] | None = None, required=(),
-                     defaults: dict | None = None, prefix: str = "", instance=None) -> None:
+                     defaults: dict | None = None, prefix: str = "", instance=None, flags: dict | None = None) -> None:
     """Add one flag per field of dataclass ``cls`` (see the module doc).
 
     ``aliases``: extra option strings of a field's flag (``{"n_samples": ["--n"]}``);
     ``required``: fields the command line must give; ``defaults``: the command's own default for
     a field (when it differs from the dataclass's, e.g. a computed one); ``prefix``/``instance``:
     used for nested dataclasses (dest ``outer.inner``, defaults from the outer default instance).
+    A field's flag is its flat name (:func:`memkit.core.fields.flat_names`: ``--outer-inner`` unless the
+    group's metadata says otherwise), the name older checkpoints stored it under.
     """
     aliases, defaults = aliases or {}, defaults or {}
+    flags = flags if flags is not None else {path: flat for path, flat, _ in flat_names(cls)}
     hints, docs = typing.get_type_hints(cls), field_docs(cls)
     for f in dataclasses.fields(cls):
         name = prefix + f.name
         default = defaults.get(name, getattr(instance, f.name) if instance is not None else _default(f))
         tp, optional = _unwrap_optional(hints[f.name])
         if dataclasses.is_dataclass(tp):
-            add_config_flags(parser, tp, aliases=aliases, required=required, defaults=defaults,
-                             prefix=name + ".", instance=default)
+            add_config_flags(parser, tp, aliases=aliases, required=required, defaults=defaults, prefix=name + ".",
+                             instance=default, flags=flags)
             continue
-        flags = ["--" + name.replace(".", "-").replace("_", "-"), *aliases.get(name, [])]
+        options = ["--" + flags[name].replace("_", "-"), *aliases.get(name, [])]
         kw = dict(dest=name, help=_help(docs.get(f.name, "")))
         shown = str(default) if isinstance(default, Computed) else _shown(default)
         if name in required:
@@ -186,7 +191,7 @@ def add_config_flags(parser, cls, *, aliases: dict[str, list[str]] | None = None
         if "default" in kw:
             kw["help"] += f" (default: {'auto' if tp is bool and default is None else shown})"
         if tp is bool:
-            parser.add_argument(*flags, action=argparse.BooleanOptionalAction, **kw)
+            parser.add_argument(*options, action=argparse.BooleanOptionalAction, **kw)
             continue
         kw["metavar"] = f.name.upper()
         if tp in (int, float, str):
@@ -201,7 +206,7 @@ def add_config_flags(parser, cls, *, aliases: dict[str, list[str]] | None = None
         if f.metadata.get("choices"):
             kw["choices"] = tuple(f.metadata["choices"]) + ((None,) if optional else ())
             kw["metavar"] = "{" + ",".join(map(str, f.metadata["choices"])) + "}"
-        parser.add_argument(*flags, **kw)
+        parser.add_argument(*options, **kw)
 
 
 def config_from_args(cls, args: argparse.Namespace, prefix: str = ""):

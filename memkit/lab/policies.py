@@ -197,7 +197,7 @@ def init_spec(cfg, world_seed: int) -> str:
 
 def load_init(cfg, kit):
     """The initial policy of ``cfg.init`` -> ``(model, tokenizer, wrap)`` (LoRA applied if asked)."""
-    lora = LoraSpec(r=cfg.lora_r, alpha=cfg.lora_alpha, seed=cfg.seed) if cfg.lora else None
+    lora = LoraSpec(r=cfg.lora.r, alpha=cfg.lora.alpha, seed=cfg.seed) if cfg.lora.enabled else None
     spec = init_spec(cfg, kit.world_seed)
     if spec == "tiny":  # random init with the kit's world tokenizer
         model = build_tiny(kit.tokenizer, seed=cfg.seed)

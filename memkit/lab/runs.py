@@ -104,14 +104,14 @@ def _stream_init(cfg: TrainConfig, kit: Kit, progress: bool):
     from memkit.models import LoraSpec, apply_lora, identity_wrap
 
     model = ensure_memt_clone(kit, progress=progress)
-    if cfg.lora:
-        model = apply_lora(model, LoraSpec(r=cfg.lora_r, alpha=cfg.lora_alpha, seed=cfg.seed))
+    if cfg.lora.enabled:
+        model = apply_lora(model, LoraSpec(r=cfg.lora.r, alpha=cfg.lora.alpha, seed=cfg.seed))
     return model, kit.tokenizer, identity_wrap
 
 
 # ---- arms x seeds ------------------------------------------------------------------------------------
 def train_arms(base: TrainConfig, arms: dict[str, dict], seeds, kit: Kit, progress: bool = False) -> dict:
-    """Train each arm (``TrainConfig`` fields that differ from ``base``) once per seed, all from
+    """Train each arm (``TrainConfig`` fields or flag names that differ from ``base``) once per seed, all from
     ``base.init`` and for the same steps, each in ``base.out_dir/<arm>-s<seed>``.
 
     Returns ``{(arm, seed): TrainResult}``; :func:`arm_table` turns their last evaluations into a
@@ -120,7 +120,7 @@ def train_arms(base: TrainConfig, arms: dict[str, dict], seeds, kit: Kit, progre
     out = {}
     for arm, over in arms.items():
         for seed in seeds:
-            cfg = replace(base, **over, seed=seed, out_dir=str(Path(base.out_dir) / f"{arm}-s{seed}"))
+            cfg = base.with_flags(**over, seed=seed, out_dir=str(Path(base.out_dir) / f"{arm}-s{seed}"))
             out[arm, seed] = train(cfg, kit, progress=progress)
     return out
 

@@ -113,22 +113,31 @@ def split_answers(text: str | None, k: int | None = None) -> list[str]:
 _METRICS = {"em": exact_match, "f1": f1}
 
 
-def score_multi(pred: str | None, golds: Sequence[Sequence[str]], metric: str = "em") -> dict:
-    """Score a k-question answer: ``{"per_question": [...], "sum": s, "mean": s / k}``.
+def slot_scores(pred: str | None, golds: Sequence[Sequence[str]], metric=exact_match) -> list[float]:
+    """Per-question scores of a k-question answer, slot j against ``golds[j]`` (the rule above); ``[]``
+    when the answer count is not k. Never raises: a question whose aliases cannot be scored scores 0."""
+    if len(slots := split_answers(pred or "", len(golds))) != len(golds):
+        return []
+    out = []
+    for a, g in zip(slots, golds):
+        try:
+            out.append(float(metric(a, g)))
+        except (ValueError, TypeError):  # an agent's reward scores any task
+            out.append(0.0)
+    return out
 
-    ``golds[j]`` holds the aliases of question j. With k == 1 the whole prediction is the
-    answer (plain QA: a ';' inside it is not a separator). With k > 1 the prediction is
-    split on ';' and slot j is scored against question j; if the number of answers is not
-    k, every question scores 0 (MEM1 §3.3: answers are matched by position).
-    """
+
+def score_multi(pred: str | None, golds: Sequence[Sequence[str]], metric: str = "em") -> dict:
+    """Score a k-question answer: ``{"per_question": [...], "sum": s, "mean": s / k}``; ``golds[j]``
+    holds the aliases of question j. Slots as :func:`slot_scores` (k == 1: the whole prediction is
+    the answer); a wrong answer count scores every question 0 (MEM1 §3.3: matched by position)."""
     if metric not in _METRICS:
         raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(_METRICS)}")
-    if isinstance(golds, str) or not golds or any(isinstance(g, str) for g in golds):
+    if isinstance(golds, str) or not golds or any(isinstance(g, str) or not g for g in golds):
         raise ValueError("golds must be a non-empty list of alias lists, one per question, "
                          "e.g. [['Paris'], ['1999', 'nineteen ninety-nine']] (Task.golds)")
-    fn, k = _METRICS[metric], len(golds)
-    answers = [pred] if k == 1 else split_answers(pred)
-    per = [fn(a, g) for a, g in zip(answers, golds)] if len(answers) == k else [0.0] * k
+    k = len(golds)
+    per = slot_scores(pred, golds, _METRICS[metric]) or [0.0] * k
     return {"per_question": per, "sum": float(sum(per)), "mean": float(sum(per)) / k}
 
 

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from memkit.rl.choices import ATTENTION_PATHS  # noqa: F401  the paths this module implements (``TrainConfig.attention``)
+from memkit.rl.choices import ATTENTION_PATHS  # noqa: F401  the paths this module implements (``TrainConfig.runtime.attention``)
 
 #: query tokens per block of the ``blocks`` path: larger blocks gather more keys per query,
 #: smaller ones make more, smaller matmuls (64 was the fastest on CPU at k = 8)

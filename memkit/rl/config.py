@@ -1,23 +1,28 @@
 """``TrainConfig``: every knob of the RL trainer, one documented field each (CleanRL style).
 
+The knobs of one concern live in one group (:mod:`memkit.rl.groups`: ``cfg.lora``, ``cfg.clip``,
+``cfg.kl``, ``cfg.critic``, ``cfg.eval``, ``cfg.save``, ``cfg.runtime``; :mod:`memkit.rl.rules`: each
+credit rule's own), 40 top-level fields in all. A grouped knob keeps its flat name as its flag
+(``--kl-coef``), in :meth:`TrainConfig.from_flags` / :meth:`TrainConfig.with_flags` and in older
+checkpoints (:meth:`TrainConfig.from_dict`).
+
 The defaults are a small MEM1-style GRPO run on the tiny SFT'd model; the papers' values are
-noted where they differ (MEM1: PPO, lr 1e-6 actor / 1e-5 critic, kl 0.001 low_var_kl;
-MemSearcher: GRPO, group size 5, lr 1e-6). ``validate()`` turns a bad value into one
-``ValueError`` that names the fix.
+noted where they differ (MEM1 App. B.1: PPO, lr 1e-6 actor / 1e-5 critic; its released scripts add
+kl 0.001 low_var_kl; MemSearcher: GRPO, group size 5, lr 1e-6). ``validate()`` turns a bad value into
+one ``ValueError`` that names the fix.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 
 from memkit.agents import METHODS, STREAM_METHODS
 from memkit.agents.base import PROMPTS
-from memkit.rl.choices import AGG_MODES, ATTENTION_PATHS, KL_KINDS, PACKING_MODES
+from memkit.core.fields import flat_names
+from memkit.rl.choices import AGG_MODES, PACKING_MODES
+from memkit.rl.groups import ClipConfig, CriticConfig, EvalConfig, KLConfig, LoRAConfig, RuntimeConfig, SaveConfig
 from memkit.rl.rules import DCPOConfig, MemPOConfig, MoTConfig
 from memkit.world.splits import TRAINING_SPLITS
 from memkit.world.task_sets import EVAL_SEEDS
-
-DEVICES = ("auto", "cpu", "cuda")
-PRECISIONS = ("no", "bf16", "fp16")
 
 #: algorithm -> its credit rule (``memkit.rl.credit``); "method" = the memory format's own
 #: group-relative rule (``Method.default_credit``: grpo; multi_context for MemSearcher; mempo; dcpo for MemAct)
@@ -54,13 +59,8 @@ class TrainConfig:
     """Credit rule (``memkit.rl.credit.CREDIT_RULES``: grpo | multi_context | gae | mempo | dcpo); ``auto`` = what
     ``algo`` implies (``ALGO_CREDIT``: the method's ``default_credit`` for grpo, gae for ppo). A rule
     that needs values (gae) trains a critic."""
-    lora: bool = False
-    """Train LoRA adapters (peft) instead of all weights; the reference policy is then the base
-    model with adapters disabled (no second copy in memory)."""
-    lora_r: int = 16
-    """LoRA rank."""
-    lora_alpha: int = 32
-    """LoRA scale numerator (update scaled by alpha / r)."""
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    """LoRA adapters instead of full fine-tuning: :class:`memkit.rl.groups.LoRAConfig`, flags ``--lora``, ``--lora-r``, ``--lora-alpha``."""
 
     # ---- rollouts ----------------------------------------------------------------------
     steps: int = 50
@@ -102,8 +102,6 @@ class TrainConfig:
     lr: float = 1e-5
     """Actor learning rate (AdamW). The papers use ~1e-6 for 3B-7B models; the tiny SFT'd model
     barely moves below ~1e-4, so notebooks 02/03 use 3e-4 (measured: docs/findings.md, 'RL settings')."""
-    critic_lr: float = 5e-5
-    """Critic learning rate (ppo only)."""
     warmup_steps: int = 0
     """Linear learning-rate warmup (optimizer steps), then constant (verl default)."""
     weight_decay: float = 0.0
@@ -114,59 +112,24 @@ class TrainConfig:
     """Passes over each rollout batch."""
     mini_batches: int = 1
     """Optimizer steps per epoch: the local trajectories are cut into this many mini-batches."""
-    micro_batch_size: int = 8
-    """Trajectories per forward pass per process (gradient accumulation inside a mini-batch;
-    the update is the same for any value, up to float rounding)."""
-    attention: str = field(default="auto", metadata={"choices": ATTENTION_PATHS})
-    """Attention of the update's forwards over 2D-masked rows (``mem1_mask``, ``mem1_exact``):
-    ``dense`` (sdpa over the whole [L, L] mask: every masked cell computed, which made packing
-    slower than ``separate`` rows), ``blocks`` (only the keys each 64-query block may see, no
-    compile) or ``flex`` (``flex_attention`` with a BlockMask; compiled, CUDA only). ``auto`` =
-    ``blocks`` on CPU, ``dense`` on a GPU, where the tiny model is launch-bound
-    (``packed_forward.resolve_attention``, measured by ``benchmarks/grpo_step.py``). The same
-    log-probs to ~1e-6 either way; ``separate`` rows are plain causal and ignore it."""
-    row_groups: int = 4
-    """A micro-batch's rows run as up to this many forward passes of similar-length rows, each
-    padded only to its own longest row (``packing.length_groups``); 1 = one forward padded to the
-    longest row. The same log-probs either way: rows never attend to each other. Multi-process
-    runs keep one forward per micro-batch (DDP's reducer expects one forward per backward)."""
 
     # ---- loss --------------------------------------------------------------------------
-    clip_low: float = 0.2
-    """PPO clip epsilon (lower, and upper unless ``clip_high`` is set)."""
-    clip_high: float | None = None
-    """Upper clip epsilon (DAPO clip-higher, e.g. 0.28); None = ``clip_low``."""
-    clip_ratio_c: float | None = None
-    """Dual-clip bound c > 1 for negative advantages (None = off)."""
-    kl_coef: float = 0.001
-    """Weight of KL(pi || pi_ref) in the loss (0 = no reference model is kept)."""
-    kl_kind: str = field(default="low_var_kl", metadata={"choices": KL_KINDS})
-    """KL estimator: k1 | k2 | k3 (= low_var_kl) | abs ... (``memkit.rl.losses.kl_penalty``)."""
+    clip: ClipConfig = field(default_factory=ClipConfig)
+    """The PPO ratio clip: :class:`memkit.rl.groups.ClipConfig`, flags ``--clip-low``, ``--clip-high``, ``--clip-ratio-c``."""
+    kl: KLConfig = field(default_factory=KLConfig)
+    """The KL term: :class:`memkit.rl.groups.KLConfig`, flags ``--kl-coef``, ``--kl-kind``."""
     agg: str = field(default="token-mean", metadata={"choices": AGG_MODES})
     """Loss aggregation over the whole mini-batch (all micro-batches and processes):
     token-mean | seq-mean-token-mean (MemSearcher eq. 7 with separate packing) | seq-mean-token-sum."""
     entropy_coef: float = 0.0
     """Entropy bonus weight (entropy is logged either way when ``log_entropy``)."""
-    log_entropy: bool = True
-    """Compute the policy entropy on trained tokens (costs a [B, L, V] softmax)."""
-    recompute_old_logprobs: bool | None = None
-    """Recompute old log-probs with the packed forward before updating (verl; the mean gap to the
-    rollout's is logged as ``old_logprob_gap``). None = only where they differ from what the rollout
-    recorded: ``mem1_mask`` packing (App. B.7's position ids) or mixed precision. ``separate`` and
-    ``mem1_exact`` rows reproduce the rollout's log-probs (tested to 1e-4), so their rollout values
-    serve as old log-probs and the update saves a forward pass (``benchmarks/update_cost.py``)."""
 
     # ---- credit assignment ---------------------------------------------------------------
     grpo_norm_std: bool = True
     """GRPO: divide by the group std (False = Dr. GRPO, mean-centring only)."""
-    gamma: float = 1.0
-    """PPO discount over trained tokens."""
-    lam: float = 1.0
-    """PPO GAE lambda."""
-    whiten_advantages: bool = True
-    """PPO: whiten GAE advantages over the whole rollout batch, all processes (verl)."""
-    vf_clip: float | None = 0.5
-    """PPO value clipping range around the old values (None = off)."""
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    """PPO's critic and GAE: :class:`memkit.rl.groups.CriticConfig`, flags ``--critic-lr``, ``--gamma``, ``--lam``,
+    ``--whiten-advantages``, ``--vf-clip``."""
     mem_reward: MemPOConfig = field(default_factory=MemPOConfig)
     """MemPO's memory reward (credit ``mempo``): :class:`memkit.rl.rules.MemPOConfig`, flags ``--mem-reward-*``."""
     dcpo: DCPOConfig = field(default_factory=DCPOConfig)
@@ -175,24 +138,11 @@ class TrainConfig:
     """Mem-T's MoT-GRPO (credit ``mot``): :class:`memkit.rl.rules.MoTConfig`, flags ``--mot-*``."""
 
     # ---- evaluation, logging, checkpoints --------------------------------------------------
-    eval_every: int = 10
-    """Greedy evaluation on held-out tasks every N steps (0 = never); also after the last step."""
-    eval_at_start: bool = True
-    """Also evaluate before the first step (the step-0 point of learning curves)."""
-    eval_tasks: int = 32
-    """Held-out tasks per objective count (``memkit.world.held_out_tasks(world, eval_tasks, k, eval_seed)``)."""
-    eval_seed: int = 1000
-    """Seed base of those tasks. 1000 = ``evaluation.evaluate``'s default test tasks (the first
-    ``eval_tasks`` of them: a smaller n gives a prefix of the same list). To keep a *validation*
-    set apart from the tasks a final table reports, give it another base (notebook 03 uses 3000:
-    other compositions of the same held-out test questions).
-    Must lie in ``memkit.world.EVAL_SEEDS`` (1000-9999), which training tasks never use."""
-    eval_objectives: tuple[int, ...] = (2,)
-    """Objective counts evaluated."""
-    save_every: int = 10
-    """Checkpoint every N steps (0 = only at the end)."""
-    keep_checkpoints: int = 2
-    """Checkpoints kept on disk (older ones are deleted after a new one is complete)."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Held-out evaluation during training: :class:`memkit.rl.groups.EvalConfig`, flags ``--eval-every``,
+    ``--eval-at-start``, ``--eval-tasks``, ``--eval-seed``, ``--eval-objectives``."""
+    save: SaveConfig = field(default_factory=SaveConfig)
+    """Checkpoints: :class:`memkit.rl.groups.SaveConfig`, flags ``--save-every``, ``--keep-checkpoints``."""
     out_dir: str = "runs/train"
     """Run directory: metrics.jsonl, metrics.csv, eval.jsonl, checkpoints/."""
 
@@ -201,10 +151,10 @@ class TrainConfig:
     """Seeds model init (tiny), task sampling and rollouts (each step re-seeds from (seed, step, rank))."""
     world_seed: int = 0
     """Synthetic world used for tasks when no kit is given."""
-    device: str = field(default="auto", metadata={"choices": DEVICES})
-    """``auto`` (GPU if available), ``cpu`` or ``cuda``; multi-GPU via ``accelerate launch``/``torchrun``."""
-    mixed_precision: str = field(default="no", metadata={"choices": PRECISIONS})
-    """``no`` | ``bf16`` | ``fp16`` (accelerate autocast; bf16 on GPUs)."""
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig, metadata={"prefix": ""})
+    """Speed, memory and hardware, never what is learnt: :class:`memkit.rl.groups.RuntimeConfig`, flags
+    ``--micro-batch-size``, ``--attention``, ``--row-groups``, ``--recompute-old-logprobs``, ``--log-entropy``,
+    ``--device``, ``--mixed-precision``."""
 
     # ------------------------------------------------------------------------------------------
     def resolved_packing(self) -> str:
@@ -227,60 +177,78 @@ class TrainConfig:
         return rule
 
     def resolved_recompute(self) -> bool:
-        if self.recompute_old_logprobs is None:
-            return self.resolved_packing() == "mem1_mask" or self.mixed_precision != "no"
-        return bool(self.recompute_old_logprobs)
+        """Recompute old log-probs before the update (``RuntimeConfig.recompute_old_logprobs``; None = where
+        the rollout's differ: ``mem1_mask`` packing or mixed precision)."""
+        rt = self.runtime
+        if rt.recompute_old_logprobs is None:
+            return self.resolved_packing() == "mem1_mask" or rt.mixed_precision != "no"
+        return bool(rt.recompute_old_logprobs)
 
     def validate(self) -> "TrainConfig":
         from memkit.agents import get_method
 
+        def at(name):  # a dotted name: "eval.seed"
+            obj = self
+            for part in name.split("."):
+                obj = getattr(obj, part)
+            return obj
+
+        flags = {path: flat for path, flat, _ in flat_names(type(self))}
+
+        def named(name, value):  # a grouped knob also names its flag: TrainConfig.eval.seed=5 (flag --eval-seed)
+            return f"TrainConfig.{name}={value!r}" + (f" (flag --{flags[name].replace('_', '-')})" if "." in name else "")
+
         def bad(name, why):
-            raise ValueError(f"TrainConfig.{name}={getattr(self, name)!r}: {why}")
+            raise ValueError(f"{named(name, at(name))}: {why}")
 
         for name, f, value in _choice_fields(self):  # every field that declares choices (the CLI's flags offer them)
             if value not in f.metadata["choices"]:
-                raise ValueError(f"TrainConfig.{name}={value!r}: choose one of {', '.join(map(str, f.metadata['choices']))}"
+                raise ValueError(f"{named(name, value)}: choose one of {', '.join(map(str, f.metadata['choices']))}"
                                  + (f" ({f.metadata['hint']})" if "hint" in f.metadata else ""))
         try:
             get_method(self.method, **self.method_kwargs)
         except (TypeError, ValueError) as e:  # an unknown keyword or a bad value, named by the method
             bad("method_kwargs", f"{e} (see memkit.agents.{self.method})")
-        for name in ("steps", "tasks_per_step", "n_samples", "ppo_epochs", "mini_batches", "micro_batch_size",
-                     "row_groups", "n_train_tasks", "keep_checkpoints"):
-            if int(getattr(self, name)) < 1:
+        for name in ("steps", "tasks_per_step", "n_samples", "ppo_epochs", "mini_batches", "runtime.micro_batch_size",
+                     "runtime.row_groups", "n_train_tasks", "save.keep"):
+            if int(at(name)) < 1:
                 bad(name, "must be >= 1")
         if self.mot.pivots < 1:
-            raise ValueError(f"TrainConfig.mot.pivots={self.mot.pivots!r}: must be >= 1 (N_v pivot nodes per tree and round)")
-        if self.eval_seed not in EVAL_SEEDS or self.eval_seed + max(self.eval_objectives, default=0) not in EVAL_SEEDS:
-            bad("eval_seed", f"evaluation seeds live in [{EVAL_SEEDS.start}, {EVAL_SEEDS.stop}) (training tasks use "
+            bad("mot.pivots", "must be >= 1 (N_v pivot nodes per tree and round)")
+        ev = self.eval
+        if ev.seed not in EVAL_SEEDS or ev.seed + max(ev.objectives, default=0) not in EVAL_SEEDS:
+            bad("eval.seed", f"evaluation seeds live in [{EVAL_SEEDS.start}, {EVAL_SEEDS.stop}) (training tasks use "
                              "the others, memkit.world.training_seed); e.g. 1000 (test) or 3000 (validation)")
-        for name in ("eval_every", "save_every", "eval_tasks", "warmup_steps"):
-            if int(getattr(self, name)) < 0:
+        for name in ("eval.every", "save.every", "eval.tasks", "warmup_steps"):
+            if int(at(name)) < 0:
                 bad(name, "must be >= 0 (0 turns it off)")
         if not self.objectives or min(self.objectives) < 1:
             bad("objectives", "give question counts >= 1, e.g. (2,)")
         if self.max_seconds is not None and self.max_seconds <= 0:
             bad("max_seconds", "must be > 0, or None for no wall-clock budget")
-        if self.lr <= 0 or self.critic_lr <= 0:
+        if self.lr <= 0:
             bad("lr", "learning rates must be > 0")
-        if self.kl_coef < 0 or self.entropy_coef < 0:
-            bad("kl_coef", "kl_coef and entropy_coef must be >= 0")
-        if not 0 < self.clip_low < 1 or (self.clip_high is not None and self.clip_high <= 0):
-            bad("clip_low", "clip ranges must be in (0, 1), e.g. 0.2")
-        if self.clip_ratio_c is not None and self.clip_ratio_c <= 1:
-            bad("clip_ratio_c", "the dual-clip bound must be > 1 (e.g. 3.0) or None")
+        if self.critic.lr <= 0:
+            bad("critic.lr", "learning rates must be > 0")
+        if self.kl.coef < 0:
+            bad("kl.coef", "must be >= 0 (0 keeps no reference model)")
+        if self.entropy_coef < 0:
+            bad("entropy_coef", "must be >= 0")
+        if not 0 < self.clip.low < 1 or (self.clip.high is not None and self.clip.high <= 0):
+            bad("clip.low", "clip ranges must be in (0, 1), e.g. 0.2")
+        if self.clip.ratio_c is not None and self.clip.ratio_c <= 1:
+            bad("clip.ratio_c", "the dual-clip bound must be > 1 (e.g. 3.0) or None")
         if self.temperature <= 0:
             bad("temperature", "training rollouts must sample (temperature > 0, usually 1.0)")
-        if self.attention == "flex":
+        if self.runtime.attention == "flex":
             import torch
 
-            if self.device == "cpu" or not torch.cuda.is_available():
-                bad("attention", "flex_attention has no backward on CPU; use auto or blocks")
+            if self.runtime.device == "cpu" or not torch.cuda.is_available():
+                bad("runtime.attention", "flex_attention has no backward on CPU; use auto or blocks")
         if self.mot.rounds < 0:
-            raise ValueError(f"TrainConfig.mot.rounds={self.mot.rounds!r}: must be >= 0 (0: each tree is its seed chain only)")
+            bad("mot.rounds", "must be >= 0 (0: each tree is its seed chain only)")
         if self.dcpo.segments < 0:
-            raise ValueError(f"TrainConfig.dcpo.segments={self.dcpo.segments!r}: give N_seg >= 1 segments per prompt, "
-                             "or 0 for every segment once")
+            bad("dcpo.segments", "give N_seg >= 1 segments per prompt, or 0 for every segment once")
         # last: the registry loads the rules (and torch), so every other bad value is named without it
         from memkit.rl.credit import CREDIT_RULES
 
@@ -300,45 +268,63 @@ class TrainConfig:
         return asdict(self)
 
     @classmethod
+    def from_flags(cls, **flags) -> "TrainConfig":
+        """The config of keyword arguments named as the command line's flags: ``kl_coef=0`` is
+        ``--kl-coef 0`` (``cfg.kl.coef``), ``eval_every=5`` is ``cfg.eval.every``, ``attention="blocks"``
+        is ``cfg.runtime.attention``; ungrouped fields and whole groups pass as they are."""
+        return cls.from_dict(flags)
+
+    def with_flags(self, **flags) -> "TrainConfig":
+        """A copy with fields changed by their flag names (:meth:`from_flags`): ``cfg.with_flags(eval_every=0)``."""
+        return self.from_dict({**self.to_dict(), **flags})
+
+    @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
-        """The config of ``to_dict`` (a checkpoint's ``memkit.json``); the flat rule knobs of older
-        checkpoints (``mem_reward_bias``, ``dcpo_segments``, ``mot_alpha``, ...) fold into their rule's config."""
-        d = dict(d)
-        for name, rule in _RULES.items():
-            nested = dict(d.get(name) or {})
-            for key in [k for k in d if k.startswith(name + "_")]:
-                nested[key[len(name) + 1:]] = d.pop(key)
-            if nested or name in d:
-                known = {f.name for f in fields(rule)}
-                if set(nested) - known:
-                    raise ValueError(f"unknown {rule.__name__} fields {sorted(set(nested) - known)}; valid: {sorted(known)}")
-                d[name] = rule(**nested)
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - names)
+        """The config of ``to_dict`` (a checkpoint's ``memkit.json``). Older checkpoints stored the
+        grouped knobs flat (``eval_every``, ``kl_coef``, ``mem_reward_bias``, ``attention``, ...): each folds
+        into its group under its flat name (:func:`memkit.rl.groups.flat_names`, the flag's name)."""
+        d, nested = dict(d), {}
+        for name in _GROUPS:  # to_dict's nested groups first: "lora" is also lora.enabled's flat name
+            if isinstance(d.get(name), dict):
+                nested.update({f"{name}.{key}": v for key, v in d.pop(name).items()})
+        for path, flat, _ in flat_names(cls):
+            if "." in path and flat in d:
+                nested[path] = d.pop(flat)
+        unknown = sorted(set(d) - {f.name for f in fields(cls)} - set(_GROUPS))
+        unknown += sorted(p for p in nested if p.split(".", 1)[1] not in {f.name for f in fields(_GROUPS[p.split(".")[0]])})
         if unknown:
-            raise ValueError(f"unknown TrainConfig fields {unknown}; valid fields: {sorted(names)}")
-        for key in ("objectives", "eval_objectives"):
-            if key in d and d[key] is not None:
-                d[key] = tuple(d[key])
+            raise ValueError(f"unknown TrainConfig fields {unknown}; valid fields: "
+                             f"{sorted(p for p, _, _ in flat_names(cls))}")
+        for name, group in _GROUPS.items():
+            inner = {p.split(".", 1)[1]: v for p, v in nested.items() if p.split(".")[0] == name}
+            if "objectives" in inner and inner["objectives"] is not None:
+                inner["objectives"] = tuple(inner["objectives"])
+            if name in d:  # a group instance, and any flat knobs of it on top
+                d[name] = replace(d[name], **inner) if inner else d[name]
+            else:
+                d[name] = group(**inner)
+        if d.get("objectives") is not None:
+            d["objectives"] = tuple(d["objectives"])
         return cls(**d)
 
 
-#: the nested rule configs: field name (= the flags' prefix) -> dataclass
-_RULES = {"mem_reward": MemPOConfig, "dcpo": DCPOConfig, "mot": MoTConfig}
+#: TrainConfig's nested groups: field name -> dataclass (the rules' configs and memkit.rl.groups')
+_GROUPS = {f.name: type(f.default_factory()) for f in fields(TrainConfig) if callable(f.default_factory)
+           and is_dataclass(f.default_factory())}
 
 
 def _choice_fields(cfg):
-    """``(dotted name, field, value)`` of every field with ``choices``, the nested rule configs' too."""
-    for f in fields(cfg):
-        value = getattr(cfg, f.name)
-        if f.name in _RULES:
-            yield from ((f"{f.name}.{n}", g, v) for n, g, v in _choice_fields(value))
-        elif "choices" in f.metadata:
-            yield f.name, f, value
+    """``(dotted name, field, value)`` of every field with ``choices``, the nested groups' too."""
+    for path, _, f in flat_names(type(cfg)):
+        if "choices" in f.metadata:
+            obj = cfg
+            for part in path.split("."):
+                obj = getattr(obj, part)
+            yield path, f, obj
 
 
 #: fields that must match for ``--resume`` to continue a run (others may change, e.g. steps); the
 #: resolved credit rule must match too (a checkpoint from before ``credit`` existed reads as ``auto``)
-RESUME_KEYS = ("algo", "method", "method_kwargs", "init", "packing", "lora", "lora_r", "lora_alpha", "seed", "world_seed")
+RESUME_KEYS = ("algo", "method", "method_kwargs", "init", "packing", "lora", "seed", "world_seed")
 
 __all__ = ["TrainConfig", "ALGOS", "RESUME_KEYS"]

@@ -14,7 +14,7 @@ The bound is optimistic: it assumes RL turns every slot it ever sampled right in
 answer (and breaks none). The sample accuracy on greedy-*right* slots says how much of an RL
 run's training-reward rise is mere sharpening (sampling catching up with greedy), which moves
 the greedy EM not at all. Slots are scored by EM with the count rule of the methods' rewards
-(:func:`memkit.metrics.qa.score_multi`: a wrong answer count scores every slot 0; an invalid
+(:func:`memkit.metrics.qa.slot_scores`: a wrong answer count scores every slot 0; an invalid
 trajectory answers nothing) — EM, also where the training reward is F1 (MemSearcher eq. 9).
 :func:`memkit.lab.evaluation.measure_headroom` rolls out a policy spec and calls this.
 """
@@ -23,14 +23,15 @@ from __future__ import annotations
 from collections import defaultdict
 
 from memkit.core.trajectory import Trajectory
-from memkit.metrics.qa import score_multi
+from memkit.metrics.qa import slot_scores
 
 
-def slot_scores(traj: Trajectory) -> list[float]:
-    """EM of each of the trajectory's k answer slots (0 for all when invalid or miscounted)."""
+def slot_em(traj: Trajectory) -> list[float]:
+    """EM of each of the trajectory's k answer slots (:func:`memkit.metrics.qa.slot_scores`; 0 for
+    all when the trajectory is invalid or answers another number of questions)."""
     if not traj.golds:
         raise ValueError(f"trajectory {traj.task_id!r} has no golds; roll out world tasks (Task.golds) to score it")
-    return score_multi(traj.answer if traj.valid else None, traj.golds)["per_question"]
+    return slot_scores(traj.answer if traj.valid else None, traj.golds) or [0.0] * len(traj.golds)
 
 
 def exploration_headroom(greedy: list[Trajectory], samples: list[Trajectory]) -> dict:
@@ -50,7 +51,7 @@ def exploration_headroom(greedy: list[Trajectory], samples: list[Trajectory]) ->
         raise ValueError(f"samples of tasks without a greedy trajectory: {stray[:3]}; roll out the same tasks both ways")
     by_task: dict[str, list[list[float]]] = defaultdict(list)
     for t in samples:
-        by_task[t.task_id].append(slot_scores(t))
+        by_task[t.task_id].append(slot_em(t))
     counts = {t.task_id: len(by_task.get(t.task_id, ())) for t in greedy}
     if len(set(counts.values())) != 1 or 0 in counts.values():
         raise ValueError(f"every greedy task needs the same number (>= 1) of samples, got {sorted(set(counts.values()))}; "
@@ -59,7 +60,7 @@ def exploration_headroom(greedy: list[Trajectory], samples: list[Trajectory]) ->
     right = wrong = reachable = 0
     acc_right = acc_wrong = 0.0
     for t in greedy:
-        for j, g in enumerate(slot_scores(t)):
+        for j, g in enumerate(slot_em(t)):
             share = sum(s[j] for s in by_task[t.task_id]) / n
             if g > 0:
                 right += 1

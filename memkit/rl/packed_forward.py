@@ -10,7 +10,7 @@ reference code's bug). :func:`model_attention_mask` therefore passes bool to ``s
 additive 0/-inf float mask to ``eager``; tests pin all four behaviours.
 
 A 2D mask's dense attention computes every masked cell; :func:`packed_attention` picks the path
-that skips them (``TrainConfig.attention``, :mod:`memkit.rl.block_attention`).
+that skips them (``TrainConfig.runtime.attention``, :mod:`memkit.rl.block_attention`).
 """
 from __future__ import annotations
 
@@ -115,7 +115,7 @@ def _configs(model) -> list:
 
 @contextlib.contextmanager
 def packed_attention(model, mask: torch.Tensor, path: str = "auto"):
-    """Run ``model`` on a packed batch's mask along attention ``path`` (``TrainConfig.attention``):
+    """Run ``model`` on a packed batch's mask along attention ``path`` (``TrainConfig.runtime.attention``):
     yields the mask to pass as ``attention_mask``, with the model's attention implementation
     switched for the duration of the block (restored after; a backward needs no switch).
 

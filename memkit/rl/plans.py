@@ -49,9 +49,9 @@ class ChainPlan:
         from memkit.metrics.qa import em_by_kind, summarize
 
         cfg, rows = trainer.cfg, []
-        for k in cfg.eval_objectives:
-            tasks = held_out_tasks(trainer.kit.world, cfg.eval_tasks, k, cfg.eval_seed)
-            trajs = trainer.rollout(tasks, 1, 0.0, cfg.eval_seed + k)
+        for k in cfg.eval.objectives:
+            tasks = held_out_tasks(trainer.kit.world, cfg.eval.tasks, k, cfg.eval.seed)
+            trajs = trainer.rollout(tasks, 1, 0.0, cfg.eval.seed + k)
             s = summarize(trajs)
             rows.append({"step": trainer.step, "k": k, "reward_mean": sum(t.reward for t in trajs) / len(trajs),
                          **{key: s[key] for key in ("em", "f1", "peak_tokens", "context_tokens", "invalid_rate",
@@ -86,7 +86,7 @@ class TreePlan:
             self.built = teacher_built_stores(trainer.method, kit.world, kit.tokenizer, cfg.n_train_tasks,
                                               20_000 + cfg.seed, self.size)[1]
         if self.eval_built is None:
-            self.eval_built = teacher_built_stores(trainer.method, kit.world, kit.tokenizer, cfg.eval_tasks,
+            self.eval_built = teacher_built_stores(trainer.method, kit.world, kit.tokenizer, cfg.eval.tasks,
                                                    30_000 + cfg.seed, self.size)[1]
 
     def tasks(self, trainer, step: int) -> list:

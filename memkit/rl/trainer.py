@@ -119,7 +119,7 @@ class Trainer(Learner):
     def train_step(self) -> dict:
         """Rollout + update + log (+ eval / checkpoint when due). Returns the step's row."""
         cfg = self.cfg
-        if self.step == 0 and cfg.eval_every and cfg.eval_at_start and not self.eval_history:
+        if self.step == 0 and cfg.eval.every and cfg.eval.at_start and not self.eval_history:
             self.evaluate()
         t0 = time.perf_counter()
         if self.plan is None:
@@ -137,9 +137,9 @@ class Trainer(Learner):
         if self.files:
             self.files.log_step(row, self.history)
         last = self.step == cfg.steps
-        if cfg.eval_every and (self.step % cfg.eval_every == 0 or last):
+        if cfg.eval.every and (self.step % cfg.eval.every == 0 or last):
             self.evaluate()
-        if self.files and ((cfg.save_every and self.step % cfg.save_every == 0) or last):
+        if self.files and ((cfg.save.every and self.step % cfg.save.every == 0) or last):
             self.save()
         return row
 
@@ -167,7 +167,7 @@ class Trainer(Learner):
         if bar is not None:
             bar.close()
         if self.step < cfg.steps:  # stopped by the budget: train_step's "last step" work was not done
-            if cfg.eval_every and (not self.eval_history or self.eval_history[-1]["step"] != self.step):
+            if cfg.eval.every and (not self.eval_history or self.eval_history[-1]["step"] != self.step):
                 self.evaluate()
             if self.files and getattr(self.last_checkpoint, "name", None) != f"step-{self.step:06d}":
                 self.save()
@@ -196,9 +196,9 @@ class Trainer(Learner):
 
     def evaluate(self) -> list[dict]:
         """The plan's greedy held-out evaluation (main process): for wiki tasks,
-        :func:`memkit.world.held_out_tasks` of seed base ``cfg.eval_seed`` at each ``eval_objectives``."""
+        :func:`memkit.world.held_out_tasks` of seed base ``cfg.eval.seed`` at each ``eval_objectives``."""
         rows = []
-        if self.acc.is_main_process and self.cfg.eval_tasks:
+        if self.acc.is_main_process and self.cfg.eval.tasks:
             rows = self.plan.evaluate(self)
             self.eval_history += rows
             if self.files:
@@ -215,7 +215,7 @@ class Trainer(Learner):
     def save(self) -> Path:
         meta = {"step": self.step, "history": self.history, "eval_history": self.eval_history,
                 "config": self.cfg.to_dict()}
-        self.last_checkpoint = self.files.save(self.step, meta, self.model, self.tokenizer, self.cfg.keep_checkpoints)
+        self.last_checkpoint = self.files.save(self.step, meta, self.model, self.tokenizer, self.cfg.save.keep)
         return self.last_checkpoint
 
     def resume(self, path: Path | None = None) -> Path:

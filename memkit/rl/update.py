@@ -25,6 +25,7 @@ import copy
 import math
 import os
 import zlib
+from dataclasses import dataclass
 
 import torch
 
@@ -39,7 +40,7 @@ from memkit.rl.packing import PackedBatch, length_groups, pack
 
 
 def make_accelerator(cfg: TrainConfig):
-    """The run's ``Accelerator`` on ``cfg.device`` with ``cfg.mixed_precision``.
+    """The run's ``Accelerator`` on ``cfg.runtime.device`` with ``cfg.runtime.mixed_precision``.
 
     accelerate keeps one device/precision state per process: after a CPU run,
     ``Accelerator(cpu=False)`` silently stays on the CPU (found by ``tests/test_gpu.py``), and
@@ -51,15 +52,15 @@ def make_accelerator(cfg: TrainConfig):
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
-    cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
-    if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("TrainConfig.device='cuda' but no GPU is visible; use device='auto' or 'cpu'")
+    cpu = cfg.runtime.device == "cpu" or (cfg.runtime.device == "auto" and not torch.cuda.is_available())
+    if cfg.runtime.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("TrainConfig.runtime.device='cuda' but no GPU is visible; use device='auto' or 'cpu'")
     state = AcceleratorState._shared_state
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     if state and not distributed and ((state["device"].type == "cpu") != cpu
-                                      or str(state.get("_mixed_precision")) != cfg.mixed_precision):
+                                      or str(state.get("_mixed_precision")) != cfg.runtime.mixed_precision):
         AcceleratorState._reset_state(reset_partial_state=True)
-    return Accelerator(cpu=cpu, mixed_precision=cfg.mixed_precision)
+    return Accelerator(cpu=cpu, mixed_precision=cfg.runtime.mixed_precision)
 
 
 def _units_seed(seed: int, trajs: list[Trajectory]) -> int:
@@ -75,6 +76,26 @@ def _cut_rows(t: torch.Tensor | None, rows: torch.Tensor, width: int) -> torch.T
     if t is None:
         return None
     return t[rows][..., :width] if t.dim() == 2 else t[rows][..., :width, :width]
+
+
+@dataclass
+class Experience:
+    """What the update holds fixed for one micro-batch (``[B, L]`` tensors, token aligned with ``batch``):
+    the packed rows and their model inputs, the loss mask, old (and reference) log-probs, critic values,
+    the credit rule's advantages and returns, and the row groups each forward runs as."""
+
+    batch: PackedBatch
+    inputs: tuple  # (ids, attention mask, position ids, predicted-token index): Learner._inputs
+    mask: torch.Tensor  # the loss mask: generated tokens of the trained calls
+    old: torch.Tensor  # log-probs of the policy that sampled (recomputed or the rollout's)
+    gap: float  # sum |old - rollout's| over the mask (old_logprob_gap)
+    groups: list  # (rows, width) of each forward (``packing.length_groups``)
+    padded: int  # token slots the forwards run: rows x width, summed over the groups
+    ref: torch.Tensor | None = None  # the reference policy's log-probs (kl.coef > 0)
+    values: torch.Tensor | None = None  # the critic's values (ppo), masked
+    credit: CreditBatch | None = None
+    adv: torch.Tensor | None = None  # advantages, masked (whitened in place for ppo)
+    returns: torch.Tensor | None = None  # value targets (ppo)
 
 
 class Learner:
@@ -93,14 +114,14 @@ class Learner:
         self.sort_micro_batches = True  # cut micro-batches from length-sorted mini-batches (False: rollout order)
         model.eval()  # dropout off for the whole run (rollout and update see the same policy)
         self.ref = None
-        if cfg.kl_coef > 0 and not self.is_peft:
+        if cfg.kl.coef > 0 and not self.is_peft:
             self.ref = copy.deepcopy(model).requires_grad_(False).eval().to(self.acc.device)
         critic = ValueModel(model).eval() if self.credit.needs_values else None
         self.opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
                                      weight_decay=cfg.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self._warmup)
         if critic is not None:
-            self.copt = torch.optim.AdamW([p for p in critic.parameters() if p.requires_grad], lr=cfg.critic_lr,
+            self.copt = torch.optim.AdamW([p for p in critic.parameters() if p.requires_grad], lr=cfg.critic.lr,
                                           weight_decay=cfg.weight_decay)
             self.csched = torch.optim.lr_scheduler.LambdaLR(self.copt, self._warmup)
             self.model, self.opt, self.critic, self.copt = self.acc.prepare(model, self.opt, critic, self.copt)
@@ -147,7 +168,7 @@ class Learner:
         """Token log-probs (and entropy) ``[B, L]`` of the packed rows; with several ``groups``
         (``(row indices, width)``, ``packing.length_groups``) one forward per group, cut to its width."""
         def score(ids, mask, pos, pred, loss_mask):
-            with self.acc.autocast(), packed_attention(model, mask, self.cfg.attention) as mask:
+            with self.acc.autocast(), packed_attention(model, mask, self.cfg.runtime.attention) as mask:
                 return token_logprobs(model, ids, mask, pos, pred, with_entropy=with_entropy, loss_mask=loss_mask,
                                       temperature=self.cfg.temperature)  # the policy trained is the one sampled
 
@@ -164,12 +185,12 @@ class Learner:
 
     def _values(self, critic, batch, inputs) -> torch.Tensor:
         ids, mask, pos, _ = inputs
-        with self.acc.autocast(), packed_attention(critic, mask, self.cfg.attention) as mask:
+        with self.acc.autocast(), packed_attention(critic, mask, self.cfg.runtime.attention) as mask:
             return batch.at_pred(critic(ids, mask, pos))
 
     @torch.no_grad()
     def _experience(self, units: list[TrainingUnit], unit_traj: list[int], rewards: torch.Tensor, group_ids,
-                    trajs=(), trained=None):
+                    trajs=(), trained=None) -> Experience | None:
         """Pack one micro-batch and compute everything the update holds fixed: old and reference
         log-probs, critic values, advantages and returns (all ``[B, L]``, token aligned).
         ``unit_traj``: which of the update's trajectories (``rewards [N]``, ``group_ids``) each unit is."""
@@ -181,38 +202,37 @@ class Learner:
         dev, inputs = self.acc.device, self._inputs(batch)
         lengths = batch.lengths.tolist()
         # one forward per micro-batch across processes: DDP's reducer expects one forward per backward
-        row_groups = self.cfg.row_groups if self.world == 1 else 1
+        row_groups = self.cfg.runtime.row_groups if self.world == 1 else 1
         groups = [(g, max(lengths[r] for r in g)) for g in length_groups(lengths, row_groups)]
         m = batch.loss_mask.to(dev)
         rollout_old = batch.old_logprobs.to(dev)
         old = self._logprobs(self.policy, inputs, loss_mask=m, groups=groups) if self.recompute else rollout_old
-        exp = {"batch": batch, "inputs": inputs, "m": m, "old": old, "gap": float(((old - rollout_old).abs() * m).sum()),
-               "groups": groups, "padded": sum(len(g) * w for g, w in groups)}
-        if self.cfg.kl_coef > 0:
+        exp = Experience(batch=batch, inputs=inputs, mask=m, old=old, gap=float(((old - rollout_old).abs() * m).sum()),
+                         groups=groups, padded=sum(len(g) * w for g, w in groups))
+        if self.cfg.kl.coef > 0:
             ctx = self.policy.disable_adapter() if self.is_peft else contextlib.nullcontext()
             with ctx:
-                exp["ref"] = self._logprobs(self.policy if self.is_peft else self.ref, inputs, loss_mask=m, groups=groups)
+                exp.ref = self._logprobs(self.policy if self.is_peft else self.ref, inputs, loss_mask=m, groups=groups)
         values = None
         if self.critic is not None:
             values = self._values(self.acc.unwrap_model(self.critic), batch, inputs)
-            exp["values"] = values * m
+            exp.values = values * m
         cb = CreditBatch(batch=batch, units=units, unit_traj=torch.tensor(unit_traj, dtype=torch.long),
                          rewards=rewards, group_ids=group_ids, values=values, trajectories=trajs, trained=trained)
         adv, returns = self.credit.fn(cb, self.cfg)
-        exp["credit"] = cb
-        exp["adv"] = adv.to(dev) * m
+        exp.credit, exp.adv = cb, adv.to(dev) * m
         if returns is not None:
-            exp["returns"] = returns.to(dev)
+            exp.returns = returns.to(dev)
         return exp
 
     def _whiten(self, exps) -> None:
         """Whiten advantages over the whole rollout batch, every micro-batch and process (verl's PPO)."""
         live = [e for e in exps if e is not None]
-        parts = [masked_moments(e["adv"], e["m"]) for e in live]
+        parts = [masked_moments(e.adv, e.mask) for e in live]
         totals = self.global_sums([sum(p[k] for p in parts) for k in range(3)])
         mean_var = moments_to_mean_var(*totals)
         for e in live:
-            e["adv"] = masked_whiten(e["adv"], e["m"], mean_var=mean_var)
+            e.adv = masked_whiten(e.adv, e.mask, mean_var=mean_var)
 
     # ------------------------------------------------------------------------- the update
     def update(self, trajs: list[Trajectory], units: list[TrainingUnit] | None = None) -> dict:
@@ -247,11 +267,11 @@ class Learner:
         bounds = [round(i * len(units) / cfg.mini_batches) for i in range(cfg.mini_batches + 1)]
         plan = []
         for a, b in zip(bounds[:-1], bounds[1:]):
-            n_micro = max(1, self._max(math.ceil((b - a) / cfg.micro_batch_size)))
+            n_micro = max(1, self._max(math.ceil((b - a) / cfg.runtime.micro_batch_size)))
             order = list(range(a, b))
             if self.sort_micro_batches:
                 order.sort(key=lambda i: units[i].n_tokens)
-            plan.append([order[j * cfg.micro_batch_size:(j + 1) * cfg.micro_batch_size] for j in range(n_micro)])
+            plan.append([order[j * cfg.runtime.micro_batch_size:(j + 1) * cfg.runtime.micro_batch_size] for j in range(n_micro)])
         if self.credit.prepare is not None:  # forwards the rule needs first (MemPO's memory probes)
             memory = self.credit.prepare(trajs, self)
         elif cfg.mem_reward.log:  # MemPO's quantity logged under any rule (Fig. 4's baseline curve)
@@ -262,20 +282,20 @@ class Learner:
             memory = {}
         exps = [[self._experience([units[i] for i in c], [unit_traj[i] for i in c], rewards, group_ids, trajs, trained)
                  for c in mini] for mini in plan]
-        if self.credit.whiten and cfg.whiten_advantages:
+        if self.credit.whiten and cfg.critic.whiten_advantages:
             self._whiten([e for mini in exps for e in mini])
         for e in (e for mini in exps for e in mini if e is not None):
-            record_call_advantages(e["credit"], e["adv"])  # what is trained, after any whitening
+            record_call_advantages(e.credit, e.adv)  # what is trained, after any whitening
         acc = {k: 0.0 for k in ("pg_loss", "kl", "entropy", "clip_frac", "approx_kl", "ratio", "vf_loss",
                                 "vf_clip_frac", "tokens", "grad_norm", "critic_grad_norm", "n_opt")}
         for _ in range(cfg.ppo_epochs):
             for mini in exps:
                 self._minibatch(mini, acc)
         live = [e for mini in exps for e in mini if e is not None]
-        first = self.global_sums([sum(e["gap"] for e in live), sum(float(e["m"].sum()) for e in live),
-                           sum(e["batch"].n_tokens for e in live),
-                           sum(float(e.get("values", e["m"] * 0).sum()) for e in live),
-                           sum(e["padded"] for e in live)])
+        first = self.global_sums([sum(e.gap for e in live), sum(float(e.mask.sum()) for e in live),
+                           sum(e.batch.n_tokens for e in live),
+                           sum(float((e.values if e.values is not None else e.mask * 0).sum()) for e in live),
+                           sum(e.padded for e in live)])
         keys = ("pg_loss", "kl", "entropy", "clip_frac", "approx_kl", "ratio", "vf_loss", "vf_clip_frac", "tokens")
         tot = dict(zip(keys, self.global_sums([acc[k] for k in keys])))
         n_tok, n_opt = max(tot["tokens"], 1.0), max(acc["n_opt"], 1.0)
@@ -299,14 +319,14 @@ class Learner:
         with self.acc.autocast():
             return score_memories(self.policy, self.tokenizer, trajs, cfg.mem_reward.context, bias,
                                   cfg.mem_reward.answer_tags, cfg.mem_reward.opener, packing,
-                                  8 * cfg.micro_batch_size, cfg.attention, cfg.mem_reward.score)
+                                  8 * cfg.runtime.micro_batch_size, cfg.runtime.attention, cfg.mem_reward.score)
 
     def _minibatch(self, mini: list, acc: dict) -> None:
         """One optimizer step over one mini-batch (a list of micro-batch experiences)."""
         cfg, W = self.cfg, self.world
         live = [e for e in mini if e is not None]
-        n_tokens, n_rows = self.global_sums([sum(float(e["m"].sum()) for e in live),
-                                      sum(int((e["m"].sum(-1) > 0).sum()) for e in live)])
+        n_tokens, n_rows = self.global_sums([sum(float(e.mask.sum()) for e in live),
+                                      sum(int((e.mask.sum(-1) > 0).sum()) for e in live)])
         self.opt.zero_grad(set_to_none=True)
         if self.copt is not None:
             self.copt.zero_grad(set_to_none=True)
@@ -319,7 +339,7 @@ class Learner:
                 if e is None:  # an empty micro-batch still joins the gradient all-reduce
                     self._dummy_backward()
                     continue
-                self._micro(e, loss_weights(e["m"], cfg.agg, n_tokens, n_rows), W, acc)
+                self._micro(e, loss_weights(e.mask, cfg.agg, n_tokens, n_rows), W, acc)
         acc["grad_norm"] += float(self.acc.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm))
         self.opt.step()
         self.sched.step()
@@ -333,17 +353,17 @@ class Learner:
             if self.copt is not None:
                 self.copt.zero_grad(set_to_none=True)
 
-    def _micro(self, e: dict, w: torch.Tensor, W: int, acc: dict) -> None:
-        cfg, m = self.cfg, e["m"]
-        want_ent = cfg.log_entropy or cfg.entropy_coef > 0
-        out = self._logprobs(self.model, e["inputs"], with_entropy=want_ent, loss_mask=m, groups=e["groups"])
+    def _micro(self, e: Experience, w: torch.Tensor, W: int, acc: dict) -> None:
+        cfg, m = self.cfg, e.mask
+        want_ent = cfg.runtime.log_entropy or cfg.entropy_coef > 0
+        out = self._logprobs(self.model, e.inputs, with_entropy=want_ent, loss_mask=m, groups=e.groups)
         logp, ent = out if want_ent else (out, None)
-        pg_tok, pst = ppo_clip_terms(logp, e["old"], e["adv"], m, cfg.clip_low, cfg.clip_high, cfg.clip_ratio_c)
+        pg_tok, pst = ppo_clip_terms(logp, e.old, e.adv, m, cfg.clip.low, cfg.clip.high, cfg.clip.ratio_c)
         pg = (pg_tok * w).sum()  # = PPO-clip aggregated over the global mini-batch (this share: loss_weights)
         loss = pg
-        if "ref" in e:
-            kl_tok = kl_penalty(logp, e["ref"], cfg.kl_kind)
-            loss = loss + cfg.kl_coef * (kl_tok * w).sum()
+        if e.ref is not None:
+            kl_tok = kl_penalty(logp, e.ref, cfg.kl.kind)
+            loss = loss + cfg.kl.coef * (kl_tok * w).sum()
         if cfg.entropy_coef > 0:
             loss = loss - cfg.entropy_coef * (ent * w).sum()
         self.acc.backward(loss * W)  # DDP averages gradients over W processes; the weights already sum globally
@@ -351,13 +371,13 @@ class Learner:
         for k in ("clip_frac", "approx_kl", "ratio", "tokens"):  # sums over the trained tokens
             acc[k] += pst[k]
         with torch.no_grad():
-            if "ref" in e:
+            if e.ref is not None:
                 acc["kl"] += float((kl_tok * m).sum())
             if ent is not None:
                 acc["entropy"] += float((ent * m).sum())
         if self.critic is not None:
-            values = self._values(self.critic, e["batch"], e["inputs"])
-            vf_tok, vst = value_terms(values, e["values"], e["returns"], m, cfg.vf_clip)
+            values = self._values(self.critic, e.batch, e.inputs)
+            vf_tok, vst = value_terms(values, e.values, e.returns, m, cfg.critic.vf_clip)
             vf = (vf_tok * w).sum()
             self.acc.backward(vf * W)
             acc["vf_loss"] += float(vf.detach())

@@ -218,7 +218,7 @@ def continue_rollouts(method: Method, states: list[AgentState], env: Env, policy
     """Run ``states`` (fresh, or forked mid-rollout) until each is done; one trajectory per state."""
     advance(method, states, env, policy, tokenizer, cfg, wrap, progress=progress)
     groups = group_index if group_index is not None else [0] * len(states)
-    return [_to_trajectory(method, s, g) for s, g in zip(states, groups)]
+    return [to_trajectory(method, s, g) for s, g in zip(states, groups)]
 
 
 def advance(method: Method, states: list[AgentState], env: Env, policy: Policy, tokenizer,
@@ -339,7 +339,9 @@ def _record_failure(state, reason, ids=(), text="", tspans=None, cspans=None, re
                             parent=len(state.calls) - 1 if state.calls else None))
 
 
-def _to_trajectory(method: Method, state: AgentState, group_index: int) -> Trajectory:
+def to_trajectory(method: Method, state: AgentState, group_index: int) -> Trajectory:
+    """The :class:`Trajectory` record of a finished agent ``state``: its calls, answer, reward
+    (``method.reward``), validity and the method's ``trajectory_info``."""
     info_fn = getattr(method, "trajectory_info", None)
     return Trajectory(
         task_id=state.task.id, method=method.name, calls=state.calls, group_index=group_index,

@@ -32,7 +32,7 @@ def answer_questions(method, built, policy: Policy, tokenizer, cfg: RolloutConfi
     ``questions[i]``: which question indices of conversation i (default: all). A conversation whose
     construction failed (a context over the limit) gives invalid trajectories, one per question.
     """
-    from memkit.rollout.engine import _to_trajectory
+    from memkit.rollout.engine import to_trajectory
 
     cfg = cfg or RolloutConfig()
     children, groups = [], []
@@ -45,7 +45,7 @@ def answer_questions(method, built, policy: Policy, tokenizer, cfg: RolloutConfi
                 children.append(child)
                 groups.append(g)
     advance(method, children, None, policy, tokenizer, cfg, wrap, progress=progress)
-    return [_to_trajectory(method, s, g) for s, g in zip(children, groups)]
+    return [to_trajectory(method, s, g) for s, g in zip(children, groups)]
 
 
 def stream_rollouts(method, conversations: Sequence[Conversation], policy: Policy, tokenizer,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from memkit.rollout.engine import Policy, RolloutConfig, _to_trajectory, advance, fork, merge_tree
+from memkit.rollout.engine import Policy, RolloutConfig, advance, fork, merge_tree, to_trajectory
 
 
 @dataclass(frozen=True)
@@ -93,6 +93,6 @@ def grow_forest(method, jobs, policy: Policy, tokenizer, tree_cfg: TreeConfig | 
             chains[j][i].append(child)
     out = []
     for job_chains in chains:
-        trajs = [[_to_trajectory(method, s, g) for g, s in enumerate(tree)] for tree in job_chains]
+        trajs = [[to_trajectory(method, s, g) for g, s in enumerate(tree)] for tree in job_chains]
         out.append(QueryTrees(task_id=trajs[0][0].task_id, trees=[merge_tree(t) for t in trajs], chains=trajs))
     return out

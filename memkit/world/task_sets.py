@@ -11,7 +11,7 @@ from memkit.world.splits import TRAINING_SPLITS
 DEFAULT_KINDS = ("1hop", "bridge", "comparison")
 
 #: Task seeds reserved for evaluation: :func:`held_out_tasks` (1000 + k, or 1000 + seed + k in the
-#: notebooks) and validation sets (``TrainConfig.eval_seed``). Training never uses them.
+#: notebooks) and validation sets (``TrainConfig.eval.seed``). Training never uses them.
 EVAL_SEEDS = range(1000, 10_000)
 
 

@@ -35,7 +35,7 @@ from memkit.lab.memt.retrieval import (
 )
 from memkit.lab.policies import sft_init
 from memkit.rl.mot import MoTConfig, construction_ops, hindsight_filter, hindsight_scores, score_query
-from memkit.rollout.engine import OraclePolicy, RolloutConfig, _to_trajectory
+from memkit.rollout.engine import OraclePolicy, RolloutConfig, to_trajectory
 from memkit.rollout.streams import answer_questions, build_memories
 from memkit.rollout.trees import TreeConfig, grow_forest
 from memkit.train.sft import SFTConfig, train_sft
@@ -154,7 +154,7 @@ def score_pool(kit, cons_model, retr_model, convs, seed: int = 0, temperature: f
             if bj is b:
                 score_query(qt.trees, qa[qi].evidence, sources, mot)
                 queries.append((list(qa[qi].evidence), qt.trees))
-        traj = _to_trajectory(method, b, 0)
+        traj = to_trajectory(method, b, 0)
         conv_ops = construction_ops(traj)
         trajs.append(traj)
         ops += [{**op, "conv": i} for op in conv_ops]
@@ -241,7 +241,7 @@ def store_quality(kit, cons_model, retr_model, convs, seed: int = 0) -> dict:
     without a learned reader's errors); plus the UPDATE history rate and invalid construction calls."""
     method = get_method("memt")
     built = build_with(cons_model, kit, convs, 0.0, seed)
-    trajs = [_to_trajectory(method, b, 0) for b in built]
+    trajs = [to_trajectory(method, b, 0) for b in built]
     rate, n_updates = update_history_rate(trajs)
     calls = [c for t in trajs for c in t.calls if c.role in CONSTRUCTION_ROLES]
     policy, wrap = sampler(retr_model, kit, 0.0, seed)

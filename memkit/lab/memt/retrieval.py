@@ -140,25 +140,26 @@ def cached_clone(kit, path, name: str, recipe, make):
 
 
 #: the arms of notebook 06: name -> (rollout arm, TrainConfig overrides)
-ARMS = {"MoT-GRPO": ("mot", {}), "GRPO": ("grpo", {"credit": "grpo"}),
+RETRIEVAL_ARMS = {"MoT-GRPO": ("mot", {}), "GRPO": ("grpo", {"credit": "grpo"}),
         "w/o A_intra": ("mot", {"mot": MoTConfig(intra=False)}), "w/o A_inter": ("mot", {"mot": MoTConfig(inter=False)})}
 
 
 def run_arm(kit, start, built, eval_built, arm: str, steps: int, seed: int, lr: float = 3e-4, queries: int = 4,
             tree_cfg: TreeConfig = TreeConfig(3, 1, 2), chains: int = 7, temperature: float = 1.0, log=None):
-    """Train a copy of ``start`` for ``steps`` RL steps of arm ``arm`` (:data:`ARMS`) through the
+    """Train a copy of ``start`` for ``steps`` RL steps of arm ``arm`` (:data:`RETRIEVAL_ARMS`) through the
     :class:`~memkit.rl.trainer.Trainer` (Mem-T's :class:`~memkit.rl.plans.TreePlan` over ``built``):
     ``queries`` questions a step, ``tree_cfg.trees`` trees each (MoT-GRPO arms) or ``chains`` chains
     (GRPO, about as many rollout tokens). Returns ``(step rows, F1 by category after)``."""
     import copy
 
     from memkit.rl.config import TrainConfig
+    from memkit.rl.groups import EvalConfig, RuntimeConfig
     from memkit.rl.trainer import Trainer
 
-    kind, over = ARMS[arm]
+    kind, over = RETRIEVAL_ARMS[arm]
     cfg = TrainConfig(method="memt", packing="mem1_exact", lr=lr, warmup_steps=0, seed=seed, mini_batches=1,
-                      micro_batch_size=4, steps=steps, tasks_per_step=queries, temperature=temperature,
-                      n_samples=tree_cfg.trees if kind == "mot" else chains, eval_every=0,
+                      runtime=RuntimeConfig(micro_batch_size=4), steps=steps, tasks_per_step=queries, temperature=temperature,
+                      n_samples=tree_cfg.trees if kind == "mot" else chains, eval=EvalConfig(every=0),
                       **{**over, "mot": replace(over.get("mot", MoTConfig()), rounds=tree_cfg.rounds, pivots=tree_cfg.pivots)})
     plan = TreePlan(built, eval_built)
     trainer = Trainer(cfg, copy.deepcopy(start), kit.tokenizer, memt_wrap(kit), kit, plan=plan)

@@ -78,7 +78,7 @@ class CreditRule:
     loop: Callable
     needs_values: bool = False  # the update trains a critic and passes its values
     needs_groups: bool = True  # needs >= 2 samples per task (group statistics)
-    whiten: bool = False  # whiten over the whole rollout batch when TrainConfig.whiten_advantages
+    whiten: bool = False  # whiten over the whole rollout batch when TrainConfig.critic.whiten_advantages
     paper: str = ""
     prepare: Callable | None = None  # (trajs, learner) -> global stats: extra forwards the rule needs first
     units: Callable | None = None  # (trajs, cfg, seed) -> the TrainingUnits to train; None = whole trajectories
@@ -266,7 +266,7 @@ def gae_rule_loop(cb: CreditBatch, cfg):
         vals = torch.tensor([[float(cb.values[r, t]) for r, t in where]])
         rew = torch.zeros_like(vals)
         rew[0, -1] = float(cb.rewards[int(cb.unit_traj[u_idx])])
-        a, g = gae_loop(rew, vals, torch.ones_like(vals), cfg.gamma, cfg.lam)
+        a, g = gae_loop(rew, vals, torch.ones_like(vals), cfg.critic.gamma, cfg.critic.lam)
         for k, (r, t) in enumerate(where):
             adv[r][t], ret[r][t] = a[0][k], g[0][k]
     return adv, ret
@@ -290,8 +290,8 @@ def gae_credit(cb: CreditBatch, cfg):
             raise ValueError(f"credit rule 'gae' needs each unit to be a chain (every call's parent the unit's "
                              f"previous call); unit {unit.calls} of {unit.traj.task_id!r} is not: train tree paths "
                              "as separate units (Trajectory.path)")
-    return trajectory_gae(cb.batch, cb.values, cb.rewards[cb.unit_traj], cfg.gamma,
-                          cfg.lam)
+    return trajectory_gae(cb.batch, cb.values, cb.rewards[cb.unit_traj], cfg.critic.gamma,
+                          cfg.critic.lam)
 
 
 def record_call_advantages(cb: CreditBatch, advantages: torch.Tensor) -> None:

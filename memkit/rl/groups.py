@@ -1,0 +1,138 @@
+"""``TrainConfig``'s groups of knobs that belong together: LoRA, the PPO clip, the KL term, PPO's
+critic, evaluation, checkpoints, and the runtime (knobs that change speed, memory or hardware but
+not what is learnt). Torch-free like :mod:`memkit.rl.config`.
+
+Each group is a field of ``TrainConfig`` (``cfg.eval.every``, ``cfg.runtime.attention``); its flags
+and the flat keys of older checkpoints keep their names: a group's field metadata ``prefix`` is put
+before each inner field's name (default: the group's name and ``_``, so ``eval.every`` is
+``--eval-every`` / ``eval_every``; ``""`` for the runtime), and an inner field's metadata ``flat``
+overrides the whole flat name (``critic.gamma`` is ``--gamma``): :func:`memkit.core.fields.flat_names`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from memkit.rl.choices import ATTENTION_PATHS, KL_KINDS
+
+DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("no", "bf16", "fp16")
+
+
+@dataclass
+class LoRAConfig:
+    """LoRA adapters (peft) instead of full fine-tuning; flags ``--lora``, ``--lora-r``, ``--lora-alpha``."""
+
+    enabled: bool = field(default=False, metadata={"flat": "lora"})
+    """Train LoRA adapters (peft) instead of all weights; the reference policy is then the base
+    model with adapters disabled (no second copy in memory)."""
+    r: int = 16
+    """LoRA rank."""
+    alpha: int = 32
+    """LoRA scale numerator (update scaled by alpha / r)."""
+
+
+@dataclass
+class ClipConfig:
+    """The PPO ratio clip of the policy loss (``memkit.rl.losses.ppo_clip_loss``); flags ``--clip-*``."""
+
+    low: float = 0.2
+    """PPO clip epsilon (lower, and upper unless ``clip_high`` is set)."""
+    high: float | None = None
+    """Upper clip epsilon (DAPO clip-higher, e.g. 0.28); None = ``clip_low``."""
+    ratio_c: float | None = None
+    """Dual-clip bound c > 1 for negative advantages (None = off)."""
+
+
+@dataclass
+class KLConfig:
+    """The KL(pi || pi_ref) term of the loss (``memkit.rl.losses.kl_penalty``); flags ``--kl-*``."""
+
+    coef: float = 0.001
+    """Weight of KL(pi || pi_ref) in the loss (0 = no reference model is kept)."""
+    kind: str = field(default="low_var_kl", metadata={"choices": KL_KINDS})
+    """KL estimator: k1 | k2 | k3 (= low_var_kl) | abs ... (``memkit.rl.losses.kl_penalty``)."""
+
+
+@dataclass
+class CriticConfig:
+    """PPO's critic and GAE (``algo="ppo"``, credit ``gae``; MEM1 §3.2)."""
+
+    lr: float = 5e-5
+    """Critic learning rate (ppo only)."""
+    gamma: float = field(default=1.0, metadata={"flat": "gamma"})
+    """PPO discount over trained tokens."""
+    lam: float = field(default=1.0, metadata={"flat": "lam"})
+    """PPO GAE lambda."""
+    whiten_advantages: bool = field(default=True, metadata={"flat": "whiten_advantages"})
+    """PPO: whiten GAE advantages over the whole rollout batch, all processes (verl)."""
+    vf_clip: float | None = field(default=0.5, metadata={"flat": "vf_clip"})
+    """PPO value clipping range around the old values (None = off)."""
+
+
+@dataclass
+class EvalConfig:
+    """Greedy evaluation on held-out tasks during training; flags ``--eval-*``."""
+
+    every: int = 10
+    """Greedy evaluation on held-out tasks every N steps (0 = never); also after the last step."""
+    at_start: bool = True
+    """Also evaluate before the first step (the step-0 point of learning curves)."""
+    tasks: int = 32
+    """Held-out tasks per objective count (``memkit.world.held_out_tasks(world, eval_tasks, k, eval_seed)``)."""
+    seed: int = 1000
+    """Seed base of those tasks. 1000 = ``evaluation.evaluate``'s default test tasks (the first
+    ``eval_tasks`` of them: a smaller n gives a prefix of the same list). To keep a *validation*
+    set apart from the tasks a final table reports, give it another base (notebook 03 uses 3000:
+    other compositions of the same held-out test questions).
+    Must lie in ``memkit.world.EVAL_SEEDS`` (1000-9999), which training tasks never use."""
+    objectives: tuple[int, ...] = (2,)
+    """Objective counts evaluated."""
+
+
+@dataclass
+class SaveConfig:
+    """Checkpoints in ``out_dir/checkpoints``; flags ``--save-every``, ``--keep-checkpoints``."""
+
+    every: int = 10
+    """Checkpoint every N steps (0 = only at the end)."""
+    keep: int = field(default=2, metadata={"flat": "keep_checkpoints"})
+    """Checkpoints kept on disk (older ones are deleted after a new one is complete)."""
+
+
+@dataclass
+class RuntimeConfig:
+    """How the update runs: knobs that change speed, memory or hardware, never what is learnt (up
+    to float rounding); flags without a prefix (``--micro-batch-size``, ``--attention``, ...)."""
+
+    micro_batch_size: int = 8
+    """Trajectories per forward pass per process (gradient accumulation inside a mini-batch;
+    the update is the same for any value, up to float rounding)."""
+    attention: str = field(default="auto", metadata={"choices": ATTENTION_PATHS})
+    """Attention of the update's forwards over 2D-masked rows (``mem1_mask``, ``mem1_exact``):
+    ``dense`` (sdpa over the whole [L, L] mask: every masked cell computed, which made packing
+    slower than ``separate`` rows), ``blocks`` (only the keys each 64-query block may see, no
+    compile) or ``flex`` (``flex_attention`` with a BlockMask; compiled, CUDA only). ``auto`` =
+    ``blocks`` on CPU, ``dense`` on a GPU, where the tiny model is launch-bound
+    (``packed_forward.resolve_attention``, measured by ``benchmarks/grpo_step.py``). The same
+    log-probs to ~1e-6 either way; ``separate`` rows are plain causal and ignore it."""
+    row_groups: int = 4
+    """A micro-batch's rows run as up to this many forward passes of similar-length rows, each
+    padded only to its own longest row (``packing.length_groups``); 1 = one forward padded to the
+    longest row. The same log-probs either way: rows never attend to each other. Multi-process
+    runs keep one forward per micro-batch (DDP's reducer expects one forward per backward)."""
+    recompute_old_logprobs: bool | None = None
+    """Recompute old log-probs with the packed forward before updating (verl; the mean gap to the
+    rollout's is logged as ``old_logprob_gap``). None = only where they differ from what the rollout
+    recorded: ``mem1_mask`` packing (App. B.7's position ids) or mixed precision. ``separate`` and
+    ``mem1_exact`` rows reproduce the rollout's log-probs (tested to 1e-4), so their rollout values
+    serve as old log-probs and the update saves a forward pass (``benchmarks/update_cost.py``)."""
+    log_entropy: bool = True
+    """Compute the policy entropy on trained tokens (costs a [B, L, V] softmax)."""
+    device: str = field(default="auto", metadata={"choices": DEVICES})
+    """``auto`` (GPU if available), ``cpu`` or ``cuda``; multi-GPU via ``accelerate launch``/``torchrun``."""
+    mixed_precision: str = field(default="no", metadata={"choices": PRECISIONS})
+    """``no`` | ``bf16`` | ``fp16`` (accelerate autocast; bf16 on GPUs)."""
+
+
+__all__ = ["LoRAConfig", "ClipConfig", "KLConfig", "CriticConfig", "EvalConfig", "SaveConfig", "RuntimeConfig",
+           "DEVICES", "PRECISIONS"]
