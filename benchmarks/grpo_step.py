@@ -149,7 +149,7 @@ def packing_ratio(args, kit) -> None:
         with torch.no_grad():
             for b in batches[mode]:
                 lp = packed_token_logprobs(model, b, attention=path).cpu()
-                order = sorted(range(len(lp)), key=lambda r: (int(b.traj_index[r]), int(b.call_index[r])))
+                order = sorted(range(len(lp)), key=lambda r: (int(b.unit_index[r]), int(b.call_index[r])))
                 for r in order:
                     for c in sorted(set(b.call_ids[r][b.loss_mask[r] > 0].tolist())):
                         out.append(lp[r][(b.call_ids[r] == c) & (b.loss_mask[r] > 0)])

@@ -85,7 +85,7 @@ def main() -> None:
         # trained-token log-probs in (trajectory, call, token) order, comparable across modes
         flat = []
         for b, lp in zip(batches, logps):
-            order = sorted(range(b.input_ids.shape[0]), key=lambda r: (int(b.traj_index[r]), int(b.call_index[r])))
+            order = sorted(range(b.input_ids.shape[0]), key=lambda r: (int(b.unit_index[r]), int(b.call_index[r])))
             for r in order:
                 for t in sorted(set(b.call_ids[r][b.loss_mask[r] > 0].tolist())):
                     flat.append(lp[r][(b.call_ids[r] == t) & (b.loss_mask[r] > 0)])

@@ -198,7 +198,7 @@ def test_pooling_on_a_hand_checked_case(norm, expected):
     a_t = (0.5 / math.sqrt(0.5), -0.5 / math.sqrt(0.5))  # rewards (1, 0): mean 0.5, std sqrt(0.5)
     b = cb.batch
     for row in range(b.input_ids.shape[0]):
-        i, c = int(b.traj_index[row]), int(b.call_index[row])
+        i, c = int(b.unit_index[row]), int(b.call_index[row])
         s, e = memory_span(trajs[i].calls[c])
         n_ctx = trajs[i].calls[c].n_context
         out = adv[row, n_ctx:n_ctx + trajs[i].calls[c].n_output]

@@ -130,7 +130,7 @@ def test_mot_credit_rule_equals_its_loop_reference_on_packed_trees(mode):
     assert torch.allclose(adv, torch.tensor(rule.loop(cb, cfg), dtype=adv.dtype), atol=1e-5)
     assert float(adv.abs().sum()) > 0  # the trees disagree somewhere
     for row in range(adv.shape[0]):  # every node's tokens carry its Call.advantage from score_query
-        tree = trees[int(cb.batch.traj_index[row])]
+        tree = trees[int(cb.batch.unit_index[row])]
         for c in set(cb.batch.call_ids[row].tolist()) - {-1}:
             sel = (cb.batch.call_ids[row] == c) & (cb.batch.loss_mask[row] > 0)
             assert torch.allclose(adv[row][sel], torch.tensor(tree.calls[c].advantage), atol=1e-5)

@@ -341,7 +341,7 @@ def test_packed_fields_align_with_calls(mode):
     assert b.attention_mask.dtype == torch.bool
     assert b.attention_mask.shape == ((B, Lx) if mode == "separate" else (B, 1, Lx, Lx))
     for row in range(B):
-        i = int(b.traj_index[row])
+        i = int(b.unit_index[row])
         for t, c in enumerate(TRAJS[i].calls):
             if mode == "separate" and int(b.call_index[row]) != t:
                 continue
@@ -385,7 +385,7 @@ def test_bad_refs_raise():
 def test_ppo_backward_through_packed_logprobs(sdpa_model):
     b = pack(TRAJS, "mem1_exact")
     logp = packed_token_logprobs(sdpa_model, b)
-    adv_tok = torch.tensor([1.0, -1.0, 0.5])[b.traj_index][:, None] * b.loss_mask
+    adv_tok = torch.tensor([1.0, -1.0, 0.5])[b.unit_index][:, None] * b.loss_mask
     loss, st = L.ppo_clip_loss(logp, b.old_logprobs, adv_tok, b.loss_mask, agg="seq-mean-token-mean")
     loss.backward()
     grads = [p.grad for p in sdpa_model.parameters() if p.grad is not None]
@@ -418,7 +418,7 @@ def test_row_pieces_tile_rows_and_name_mem1_blocks(mode):
     for row, runs in enumerate(segs):
         assert runs[0].start == 0 and runs[-1].end == int(b.lengths[row])
         assert all(x.end == y.start and x.start < x.end for x, y in zip(runs, runs[1:]))
-        tr = TRAJS[int(b.traj_index[row])]
+        tr = TRAJS[int(b.unit_index[row])]
         for s in runs:
             ids = b.input_ids[row, s.start:s.end].tolist()
             cid = b.call_ids[row, s.start:s.end]

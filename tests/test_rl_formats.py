@@ -148,7 +148,7 @@ def _trained_calls(units, exp):
     b = exp.batch
     out = []
     for row in range(b.input_ids.shape[0]):
-        unit = units[int(b.traj_index[row])]
+        unit = units[int(b.unit_index[row])]
         calls = [int(b.call_index[row])] if b.mode == "separate" else list(unit.calls)
         for c in calls:
             sel = (b.call_ids[row] == c) & (exp.mask[row] > 0)

@@ -256,7 +256,7 @@ def test_trajectory_gae_is_the_same_for_every_packing():
         b = pack(trajs, mode)
         values = torch.sin(b.input_ids.float()) * b.loss_mask  # V depends on the token only
         adv, ret = trajectory_gae(b, values, rewards, gamma=0.9, lam=0.8)
-        rows = b.traj_index[:, None].expand_as(b.input_ids)
+        rows = b.unit_index[:, None].expand_as(b.input_ids)
         keep = b.loss_mask > 0
         order = sorted(zip(rows[keep].tolist(), b.call_ids[keep].tolist(), range(int(keep.sum()))))
         per_mode[mode] = [adv[keep][k].item() for *_, k in order]

@@ -186,7 +186,7 @@ def answer_probability(model, probes: list[Probe], packing: str = "separate", ro
     for k, (u, c) in enumerate(where):
         table[u, c] = k
     sel = batch.loss_mask > 0
-    k = table[batch.traj_index[:, None].expand_as(batch.call_ids)[sel], batch.call_ids[sel]]
+    k = table[batch.unit_index[:, None].expand_as(batch.call_ids)[sel], batch.call_ids[sel]]
     lp = logp[sel]
     if score == "joint":
         n_answer = torch.tensor([len(p.answer_ids) for p in probes], dtype=torch.float32)
@@ -295,7 +295,7 @@ def mempo_loop(cb: CreditBatch, cfg) -> list[list[float]]:
     B, L = b.loss_mask.shape
     out = [[0.0] * L for _ in range(B)]
     for row in range(B):
-        u = int(b.traj_index[row])
+        u = int(b.unit_index[row])
         i, unit = int(cb.unit_traj[u]), cb.units[u]
         seen: dict[int, int] = {}
         for t in range(L):
@@ -339,7 +339,7 @@ def mempo(cb: CreditBatch, cfg):
     cid = b.call_ids.clamp(min=0)
     onehot = torch.nn.functional.one_hot(cid, n_call) * (b.call_ids >= 0).unsqueeze(-1)
     pos = (onehot.cumsum(1).gather(-1, cid.unsqueeze(-1)).squeeze(-1) - 1).clamp(min=0, max=table.shape[2] - 1)
-    extra = table[b.traj_index.unsqueeze(-1).expand_as(cid), cid, pos]
+    extra = table[b.unit_index.unsqueeze(-1).expand_as(cid), cid, pos]
     mask = b.loss_mask.float()
     adv = (a_t[cb.row_traj].unsqueeze(-1) + extra) * mask
     return adv.to(b.loss_mask.device), None

@@ -173,7 +173,7 @@ def packing_gap(model, units: list[TrainingUnit | Trajectory], mode: str, pad_id
             ref = (sequence_logprobs(model, c.context_ids, c.output_ids) if c.n_context
                    else sequence_logprobs(model, c.output_ids[:1], c.output_ids[1:]))
             # separate: one row per call; the 2D modes: one row per trajectory
-            b = int(((batch.traj_index == i) & (batch.call_index == t)).nonzero()[0]) if mode == "separate" else i
+            b = int(((batch.unit_index == i) & (batch.call_index == t)).nonzero()[0]) if mode == "separate" else i
             sel = (batch.call_ids[b] == t) & (batch.loss_mask[b] > 0)
             d = (logp[b][sel].cpu() - ref.cpu()).abs()
             diffs.append(d)

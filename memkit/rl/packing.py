@@ -24,7 +24,8 @@ Modes
 -----
 ``separate``
     Row = ``context_ids + output_ids`` of one call; positions 0..n-1 (exact by construction).
-    ``traj_index``/``call_index`` give each row's trajectory and call.
+    ``unit_index``/``call_index`` give each row's unit (its index in the input list: a trajectory or a
+    ``TrainingUnit``) and call.
 ``mem1_mask`` (the paper's masked trajectory)
     One row per trajectory: every token stored once, ``(prompt, out_1, obs_1, [chat], out_2,
     obs_2, ...)``. Call t's context is resolved through ``context_refs``: a ref to an earlier
@@ -77,7 +78,7 @@ class PackedBatch:
     loss_mask: torch.Tensor  # [B, L] float 0/1, 1 on trained output tokens (token aligned)
     old_logprobs: torch.Tensor  # [B, L] float, sampling log-prob of each output token, 0 elsewhere
     call_ids: torch.Tensor  # [B, L] long, call index (in its trajectory) of each trained token, -1 elsewhere
-    traj_index: torch.Tensor  # [B] long, unit of each row (index into pack's input list)
+    unit_index: torch.Tensor  # [B] long, unit of each row (index into pack's input list)
     call_index: torch.Tensor  # [B] long, call of each row (separate), -1 for per-unit rows
     lengths: torch.Tensor  # [B] long, non-padding tokens per row
 
@@ -279,15 +280,15 @@ def pack(units: list[TrainingUnit | Trajectory], mode: str = "separate", pad_id:
             out["call_ids"][b, nc:n] = t
             out["old_logprobs"][b, nc:n] = torch.tensor(c.logprobs, dtype=torch.float32)
             out["loss_mask"][b, max(nc, 1):n] = 1.0
-        traj_index = [i for i, _, _ in seqs]
+        unit_index = [i for i, _, _ in seqs]
         call_index = [t for _, t, _ in seqs]
     else:
         eye = torch.eye(L, dtype=torch.bool)
         out["attention_mask"] = eye.expand(B, 1, L, L).clone()  # padding attends to itself
         for b, (row, u) in enumerate(zip(rows, units)):
             _fill_2d(row, u.traj.calls, b, out)
-        traj_index, call_index = list(range(B)), [-1] * B
-    return PackedBatch(mode=mode, traj_index=torch.tensor(traj_index, dtype=torch.long),
+        unit_index, call_index = list(range(B)), [-1] * B
+    return PackedBatch(mode=mode, unit_index=torch.tensor(unit_index, dtype=torch.long),
                        call_index=torch.tensor(call_index, dtype=torch.long),
                        lengths=torch.tensor(lengths, dtype=torch.long), **out)
 

@@ -39,7 +39,7 @@ from memkit.rl.packing import PackedBatch
 class CreditBatch:
     """What a credit rule sees: one packed micro-batch and the whole update's outcomes.
 
-    - ``batch``: the rows, ``[B, L]``; ``batch.traj_index[b]`` is row b's unit (index into ``units``)
+    - ``batch``: the rows, ``[B, L]``; ``batch.unit_index[b]`` is row b's unit (index into ``units``)
     - ``units``: the micro-batch's training units, ``U`` of them
     - ``unit_traj``: ``[U]`` long, which of the update's ``N`` trajectories each unit comes from
     - ``rewards``: ``[N]`` outcome reward of every trajectory of the update (this process)
@@ -63,7 +63,7 @@ class CreditBatch:
     @property
     def row_traj(self) -> torch.Tensor:
         """``[B]`` long: the trajectory (0..N-1) of every row."""
-        return self.unit_traj[self.batch.traj_index]
+        return self.unit_traj[self.batch.unit_index]
 
 
 CreditFn = Callable[[CreditBatch, object], "tuple[torch.Tensor, torch.Tensor | None]"]
@@ -166,7 +166,7 @@ def multi_context_loop(cb: CreditBatch, cfg) -> list[list[float]]:
             per_call[(u_idx, call)] = a[int(cb.unit_traj[u_idx])]
     b = cb.batch
     B, L = b.loss_mask.shape
-    return [[per_call[(int(b.traj_index[r]), int(b.call_ids[r, t]))] if b.loss_mask[r, t] > 0 else 0.0
+    return [[per_call[(int(b.unit_index[r]), int(b.call_ids[r, t]))] if b.loss_mask[r, t] > 0 else 0.0
              for t in range(L)] for r in range(B)]
 
 
@@ -195,7 +195,7 @@ def _call_positions(cb: CreditBatch, table: torch.Tensor) -> torch.Tensor:
     """``[B, L]`` long: the flat call index (``table``, :func:`_rank_table`) of every trained token;
     -1 elsewhere."""
     b = cb.batch
-    rows = b.traj_index[:, None].expand_as(b.call_ids)
+    rows = b.unit_index[:, None].expand_as(b.call_ids)
     trained = (b.loss_mask > 0) & (b.call_ids >= 0)
     pos = table[rows.clamp(min=0), b.call_ids.clamp(min=0)]
     return torch.where(trained, pos, torch.full_like(pos, -1))
@@ -212,7 +212,7 @@ def call_values_to_tokens(cb: CreditBatch, values: dict[tuple[int, int], float])
         for c in unit.calls:
             table[u_idx, c] = values[(i, c)]
     cid = b.call_ids.clamp(min=0)
-    return (table[b.traj_index.unsqueeze(-1).expand_as(cid), cid] * b.loss_mask.float()).to(b.loss_mask.device)
+    return (table[b.unit_index.unsqueeze(-1).expand_as(cid), cid] * b.loss_mask.float()).to(b.loss_mask.device)
 
 
 # ----------------------------------------------------------------------------- gae
@@ -233,7 +233,7 @@ def trajectory_gae(batch: PackedBatch, values: torch.Tensor, rewards: torch.Tens
     N = int(rewards.numel())
     m = batch.loss_mask.to(values.device) > 0
     b, i = m.nonzero(as_tuple=True)  # row-major: rows in (unit, call) order, tokens in order
-    tr = batch.traj_index.to(values.device)[b]
+    tr = batch.unit_index.to(values.device)[b]
     order = torch.argsort(tr, stable=True)
     b, i, tr = b[order], i[order], tr[order]
     counts = torch.bincount(tr, minlength=N)
@@ -260,7 +260,7 @@ def gae_rule_loop(cb: CreditBatch, cfg):
     adv = [[0.0] * L for _ in range(B)]
     ret = [[0.0] * L for _ in range(B)]
     for u_idx in range(len(cb.units)):
-        where = [(r, t) for r in range(B) if int(b.traj_index[r]) == u_idx for t in range(L) if b.loss_mask[r, t] > 0]
+        where = [(r, t) for r in range(B) if int(b.unit_index[r]) == u_idx for t in range(L) if b.loss_mask[r, t] > 0]
         if not where:
             continue
         vals = torch.tensor([[float(cb.values[r, t]) for r, t in where]])
