@@ -24,8 +24,7 @@ Modes
 -----
 ``separate``
     Row = ``context_ids + output_ids`` of one call; positions 0..n-1 (exact by construction).
-    ``unit_index``/``call_index`` give each row's unit (its index in the input list: a trajectory or a
-    ``TrainingUnit``) and call.
+    ``unit_index``/``call_index`` give each row's unit (its index in pack's input list) and call.
 ``mem1_mask`` (the paper's masked trajectory)
     One row per trajectory: every token stored once, ``(prompt, out_1, obs_1, [chat], out_2,
     obs_2, ...)``. Call t's context is resolved through ``context_refs``: a ref to an earlier
