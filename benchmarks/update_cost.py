@@ -12,11 +12,11 @@ model when ``memkit sft --method M`` has cached one (else a fresh tiny model), t
   MEM1's 2D-masked rows, whose dense attention grows with the square of the longest row;
 * old log-probs recomputed by a packed forward (``recompute_old_logprobs=True``, verl's
   default) vs. taken from the rollout: one forward pass less, and exact for ``separate`` /
-  ``mem1_exact`` packing (their packed log-probs equal the rollout's, tests/test_rl_core.py).
+  ``mem1_exact`` packing (their packed log-probs equal the rollout's, tests/rl/test_rl_core.py).
 
 and, fifth, both choices with each micro-batch's rows run as up to ``TrainConfig.runtime.row_groups``
 (4) forwards of similar-length rows, each cut to its own longest row (``packing.length_groups``;
-the same update, tests/test_trainer.py).
+the same update, tests/rl/test_trainer.py).
 
 The batches are ``SETUPS``: MEM1 PPO with mem1_exact rows (8 tasks x 4 samples, with a critic)
 by default, MemSearcher GRPO with separate rows (4 x 5) under ``--method memsearcher``.

@@ -1,4 +1,4 @@
-"""Fixtures shared by tests/test_trainer.py and its 2-process run.
+"""Fixtures shared by tests/rl/test_trainer.py and its 2-process run.
 
 As a script (``torchrun --nproc_per_node 2 tests/dist_worker.py OUT_DIR``) every process runs
 ``Learner.update`` on its share of a fixed synthetic batch (tasks ``rank::world``) and rank 0

@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 NAME = re.compile(r"`(memkit(?:\.\w+)+)")
-TEST_REF = re.compile(r"`(tests/\w+\.py)::(\w+)`((?:, `::\w+`)*)")
+TEST_REF = re.compile(r"`(tests/[\w/]+\.py)::(\w+)`((?:, `::\w+`)*)")
 
 
 def resolve(dotted: str):

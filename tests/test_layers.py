@@ -91,6 +91,17 @@ def test_the_tree_is_the_layer_diagram():
     assert packages == set(RANK), f"packages without a layer: {packages - set(RANK)}; layers without a package: {set(RANK) - packages}"
 
 
+def test_the_tests_mirror_the_packages():
+    """A package's tests live in ``tests/<package>/``; the tests at ``tests/`` top level are the
+    ones about the whole tree (layers, docs, packaging, faults, property tests)."""
+    tests = ROOT.parent / "tests"
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and p.name not in ("fixtures", "__pycache__")}
+    assert folders <= set(RANK), f"test folders that name no memkit package: {sorted(folders - set(RANK))}"
+    loose = sorted(p.name for p in tests.glob("test_*.py"))
+    assert loose == ["test_docs.py", "test_faults.py", "test_fuzz.py", "test_layers.py", "test_packaging.py"], (
+        f"move a package's tests into tests/<package>/: {loose}")
+
+
 def test_no_upward_imports():
     _, edges = graph()
     bad = []

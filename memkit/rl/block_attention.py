@@ -7,7 +7,7 @@ masked cells and made packing slower than one row per call. ``blocks`` cuts the 
 blocks of :data:`BLOCK` tokens, gathers for each block only the keys some query in it may see
 (the union of its mask rows: about one call's context), and runs one ``scaled_dot_product_attention``
 per group of blocks with similar key counts, masked by the gathered sub-mask. Same softmax over
-the same allowed keys, so the same numbers up to float rounding (tests/test_flex_packing.py).
+the same allowed keys, so the same numbers up to float rounding (tests/rl/test_flex_packing.py).
 ``flex`` hands a ``BlockMask`` (which 128 x 128 tiles hold an allowed cell) to transformers'
 ``flex_attention`` backend; it needs ``torch.compile`` and has no CPU backward in torch 2.13.
 Which path runs where: :func:`memkit.rl.packed_forward.packed_attention`.

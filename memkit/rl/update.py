@@ -43,7 +43,7 @@ def make_accelerator(cfg: TrainConfig):
     """The run's ``Accelerator`` on ``cfg.runtime.device`` with ``cfg.runtime.mixed_precision``.
 
     accelerate keeps one device/precision state per process: after a CPU run,
-    ``Accelerator(cpu=False)`` silently stays on the CPU (found by ``tests/test_gpu.py``), and
+    ``Accelerator(cpu=False)`` silently stays on the CPU (found by ``tests/models/test_gpu.py``), and
     another precision raises "cannot be changed, restart your runtime". A notebook or test that
     trains twice in one process needs neither, so a single-process run that asks for other
     settings resets that state (an Accelerator made before then follows the new settings); a
@@ -263,7 +263,7 @@ class Learner:
         # Within a mini-batch, units of similar length share a micro-batch: rows are padded to the
         # longest one and a 2D-masked row costs O(L^2) in attention, so this saves work (``padded_tokens``)
         # without changing the update: its loss weights are normalised over the whole mini-batch however
-        # it is cut (tests/test_trainer.py).
+        # it is cut (tests/rl/test_trainer.py).
         bounds = [round(i * len(units) / cfg.mini_batches) for i in range(cfg.mini_batches + 1)]
         plan = []
         for a, b in zip(bounds[:-1], bounds[1:]):

@@ -16,7 +16,7 @@ rule (``Method.default_credit``); ``TrainConfig.credit`` / ``memkit train --cred
 
 Every rule has the signature ``rule(cb: CreditBatch, cfg) -> (advantages [B, L], returns [B, L]
 or None)`` on one packed micro-batch, and a loop reference ``<rule>_loop(cb, cfg) -> [B][L]``
-compared in ``tests/test_credit.py`` on real rollouts. ``cfg`` is any object with the knobs a
+compared in ``tests/rl/test_credit.py`` on real rollouts. ``cfg`` is any object with the knobs a
 rule reads (``TrainConfig``: ``grpo_norm_std``, ``gamma``, ``lam``, ``mem_reward.norm``). Adding a
 paper's credit is one more registered function; a paper's own rule lives beside its math (the
 last three above, imported by ``memkit.rl`` so the registry always holds them). A rule that trains
@@ -173,7 +173,7 @@ def multi_context_loop(cb: CreditBatch, cfg) -> list[list[float]]:
 # Copying A_i to every call and every call's tokens is what ``grpo`` does to every trained token of
 # trajectory i, whatever the packing: the rule is ``grpo`` itself, kept under MemSearcher's name
 # (its formats default to it, one call per row); its loop reference above is eq. 8 step by step, and
-# tests/test_credit.py checks the two agree on real rollouts.
+# tests/rl/test_credit.py checks the two agree on real rollouts.
 register_credit("multi_context", multi_context_loop, paper="MemSearcher eq. 6-8 (multi-context GRPO)")(grpo)
 multi_context = grpo
 

@@ -1,6 +1,6 @@
 """The GPU paths give the CPU's numbers: generation log-probs, the RL update, a training run.
 
-Skipped without CUDA (CI has none); run on a GPU machine with ``pytest tests/test_gpu.py``.
+Skipped without CUDA (CI has none); run on a GPU machine with ``pytest tests/models/test_gpu.py``.
 TF32 is turned off so float32 matmuls on the GPU round like the CPU's, and the comparisons
 can use float32 tolerances.
 """
@@ -12,7 +12,8 @@ import math
 import dist_worker as dw
 import pytest
 import torch
-from test_trainer import _assert_same_update, _loop_cfg, _update
+
+from tests.rl.test_trainer import _assert_same_update, _loop_cfg, _update
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -19,7 +19,7 @@ from memkit.world.conversation import CATEGORIES, NOT_MENTIONED, Conversation
 from memkit.world.locomo import check_locomo_sample, load_locomo
 from memkit.world.streams import SIZES, make_conversation, make_conversations
 
-FIXTURE = __import__("pathlib").Path(__file__).parent / "fixtures" / "locomo_small.json"
+FIXTURE = __import__("pathlib").Path(__file__).parents[1] / "fixtures" / "locomo_small.json"
 TOK = _ByteTokenizer()
 CFG = RolloutConfig(max_context_tokens=10**9)
 

@@ -2,7 +2,7 @@
 
 Other update tests use synthetic MEM1-shaped calls or the teacher's zero log-probs. Here each
 format's trajectories come from the rollout engine (a noisy scripted teacher; Mem-T: operation
-trees from ``tests/test_mot.py``) and every call records the log-probs of the tiny Llama that
+trees from ``tests/rl/test_mot.py``) and every call records the log-probs of the tiny Llama that
 "sampled" it (one forward per call, as notebook 02 scores the teacher). For every format x packing
 the packed forward must give back the recorded log-probs, and one ``Learner.update`` with the
 format's credit rule must raise the advantage-weighted log-prob: no-op or mis-aligned updates fail.
@@ -62,7 +62,7 @@ def _recorded(method: str) -> tuple:
     from memkit.models import sequence_logprobs
 
     if method == "memt":
-        from tests.test_mot import _scored_forest
+        from tests.rl.test_mot import _scored_forest
 
         _, _, _, grown, _, _ = _scored_forest()
         trajs = copy.deepcopy(grown[0][1].trees)

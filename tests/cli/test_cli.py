@@ -18,7 +18,7 @@ from memkit.core.fields import flat_names
 from memkit.rl.config import TrainConfig
 from memkit.train.sft import SFTConfig
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 NEEDS_METHOD = ("sft", "train", "rollout")
 
 

@@ -11,7 +11,7 @@ import pytest
 from memkit.world.conversation import NOT_MENTIONED, Conversation
 from memkit.world.locomo import check_locomo_sample, load_locomo, save_locomo
 
-FIXTURE = Path(__file__).parent / "fixtures" / "locomo_small.json"
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "locomo_small.json"
 
 
 @pytest.fixture

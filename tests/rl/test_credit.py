@@ -58,7 +58,7 @@ def test_every_rule_matches_its_loop_reference_on_real_rollouts(name, mode, meth
     if mode != "separate" and method != "mem1":
         pytest.skip("2D packings are MEM1's")
     if name == "mot":
-        pytest.skip("MoT-GRPO needs node rewards on tree trajectories: tests/test_mot.py checks it on real trees")
+        pytest.skip("MoT-GRPO needs node rewards on tree trajectories: tests/rl/test_mot.py checks it on real trees")
     for seed in range(3):
         cb = _credit_batch(_trajs(method, seed), mode, seed=seed, with_values=rule.needs_values)
         adv, ret = rule.fn(cb, KNOBS)

@@ -1,7 +1,7 @@
 """Hindsight SFT of Mem-T construction (eq. 18) on real construction calls and real trees.
 
 The pool is one conversation built by the teacher with noise and the questions' trees grown by
-the noisy teacher (as in tests/test_mot.py); the SFT runs start from a fresh tiny model.
+the noisy teacher (as in tests/rl/test_mot.py); the SFT runs start from a fresh tiny model.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from memkit.rollout.streams import build_memories
 from memkit.train.sft import make_batch, sft_loss
 from memkit.world.streams import make_conversations
 from tests.fixtures.traces import kit
-from tests.test_mot import forest
+from tests.rl.test_mot import forest
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -134,7 +134,7 @@ def test_kernelspec_is_python3(path):
 @pytest.mark.parametrize("path", _nb_params())
 def test_has_expectations(path):
     exp = EXPECTATIONS.get(path.stem)
-    assert exp, (f"{path.name} has no entry in EXPECTATIONS (tests/test_notebooks.py): add the "
+    assert exp, (f"{path.name} has no entry in EXPECTATIONS (tests/course/test_notebooks.py): add the "
                  "recorded numbers its smoke run must reach")
     bad = [p for p in check_expectations({}, exp) if "must end in" in p]
     assert not bad, bad
@@ -178,7 +178,7 @@ def test_run_log_share_catches_a_run_history(tmp_path):
 def test_notebook_smoke_run(path, out_dir, tmp_path):
     exp = EXPECTATIONS.get(path.stem)
     if not exp:
-        pytest.fail(f"{path.name} has no EXPECTATIONS entry; add one in tests/test_notebooks.py")
+        pytest.fail(f"{path.name} has no EXPECTATIONS entry; add one in tests/course/test_notebooks.py")
     records = run_notebook(path, {"SMOKE": True, "MODEL": "tiny", "SEED": 0,
                                   "OUT_DIR": str(out_dir)}, tmp_path / "executed")
     problems = check_expectations(records, exp) + output_check_problems(path, tmp_path / "executed" / path.name)

@@ -187,7 +187,7 @@ def test_update_scores_the_policy_at_the_sampling_temperature(packing):
 def test_a_second_run_in_one_process_gets_its_own_precision_and_device():
     """accelerate keeps one state per process and raises when a later Accelerator asks for another
     precision (a notebook training twice), or silently keeps a GPU run on the CPU after a CPU run
-    (seen on an H100; tests/test_gpu.py checks that side). `make_accelerator` resets it."""
+    (seen on an H100; tests/models/test_gpu.py checks that side). `make_accelerator` resets it."""
     from accelerate import Accelerator
 
     from memkit.rl.update import make_accelerator
@@ -229,7 +229,7 @@ def test_loss_weights_reproduce_aggregate_over_split_rows():
 def test_two_processes_match_one_process(tmp_path):
     """torchrun 2 x gloo (Accelerator(cpu=True)), tasks split 3/2 between processes (one empty
     micro-batch), 2 PPO epochs: same parameters and gradients as one process on all of it."""
-    worker = Path(__file__).with_name("dist_worker.py")
+    worker = Path(__file__).parents[1] / "dist_worker.py"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(worker.parent.parent), str(worker.parent)]))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(worker), str(tmp_path)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
@@ -523,14 +523,14 @@ def test_readme_train_commands_parse_to_the_notebooks_settings():
     from memkit.cli.train import train_config
     from memkit.course.nb import declared_parameters
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     readme = "\n".join((root / p).read_text() for p in ("README.md", "docs/reference.md")).replace("\\\n", " ")
     lines = [ln.split("#")[0] for ln in readme.splitlines() if re.match(r"memkit train --algo", ln)]
     cfgs = {c.method: c for c in (train_config(build_parser().parse_args(shlex.split(ln)[1:])) for ln in lines)}
     assert set(cfgs) == {"mem1", "memsearcher", "mempo", "memact"}
     mem1, ms, mp, ma = cfgs["mem1"], cfgs["memsearcher"], cfgs["mempo"], cfgs["memact"]
     # notebook 02's default RL_ALGO (its deviation 4) and full-mode sizes, read from the notebook itself
-    nb_path = Path(__file__).resolve().parents[1] / "notebooks" / "02_mem1_masked_trajectories.ipynb"
+    nb_path = Path(__file__).resolve().parents[2] / "notebooks" / "02_mem1_masked_trajectories.ipynb"
     nb02 = "".join("".join(c["source"]) for c in json.loads(nb_path.read_text())["cells"] if c["cell_type"] == "code")
     assert mem1.algo == ast.literal_eval(declared_parameters(nb_path)["RL_ALGO"]) == "grpo"
     assert f"n_samples={mem1.n_samples}, mini_batches={mem1.mini_batches}," in nb02
