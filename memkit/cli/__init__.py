@@ -1,4 +1,4 @@
-"""``memkit`` command line: world, rollout, eval, pretrain, sft, train, reproduce (one module each).
+"""``memkit`` command line: world, rollout, eval, pretrain, sft, train, reproduce, plan (one module each).
 
 Every bad input (unknown method, model, missing file, a hub model on an offline machine, a missing
 optional wheel) ends with one line naming the fix and exit status 2, never a traceback. An import
@@ -12,7 +12,7 @@ import sys
 
 #: subcommand -> the module under memkit.cli that holds its ``HELP``, ``add_arguments(sp)`` and ``run(args)``
 SUBCOMMANDS = {"world": "world", "rollout": "rollout", "eval": "evaluate", "pretrain": "pretrain", "sft": "sft",
-               "reproduce": "reproduce", "results": "results", "train": "train"}
+               "reproduce": "reproduce", "results": "results", "train": "train", "plan": "plan"}
 
 #: how to install the optional packages memkit imports only when a feature needs them
 INSTALL_HINTS = {
