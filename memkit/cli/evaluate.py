@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 
 from memkit.cli.args import methods, positive
-from memkit.cli.rollout import add_context_options, add_policy
+from memkit.cli.rollout import add_context_options, add_policy, placed_policy
 from memkit.cli.world import add_common
 
 HELP = "evaluate methods at several objective counts and print the table"
@@ -72,8 +72,9 @@ def run(args) -> int:
         if method == "memt":
             run_streams(args, kit)
             continue
-        results = evaluate(method, kit, objectives=args.objectives, n_tasks=args.n_tasks, policy=args.policy,
-                           temperature=args.temperature, prompt=args.prompt, k_docs=args.k_docs)
+        results = evaluate(method, kit, objectives=args.objectives, n_tasks=args.n_tasks,
+                           policy=placed_policy(args, method, kit), temperature=args.temperature, prompt=args.prompt,
+                           k_docs=args.k_docs, min_new_tokens=args.min_new_tokens)
         for k, (summary, trajs) in results.items():
             rows.append({"method": method, "k": k, **summary})
             if args.out_dir:

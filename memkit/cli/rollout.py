@@ -31,7 +31,8 @@ def add_policy(sp) -> None:
 
 
 def add_context_options(sp) -> None:
-    """``--prompt`` and ``--k-docs``: the context a policy is rolled out with."""
+    """``--prompt``, ``--k-docs``, ``--min-new-tokens``: the context and output budget a policy is rolled
+    out with; ``--device``, ``--dtype``: where its model runs."""
     from memkit.agents.base import PROMPTS
 
     sp.add_argument("--prompt", choices=PROMPTS, default="auto",
@@ -40,6 +41,28 @@ def add_context_options(sp) -> None:
     sp.add_argument("--k-docs", type=positive, default=None,
                     help="passages per search (default: what the model was SFT'd with, e.g. 1 for tiny-sft; "
                          "else 3)")
+    sp.add_argument("--min-new-tokens", type=int, default=None,
+                    help="every call may write at least this many tokens (default: the format's budget for tiny "
+                         "models, 512 for a pretrained chat model)")
+    sp.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                    help="where a model policy runs (auto = cuda when present)")
+    sp.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                    help="parameter dtype of a model policy (auto = bfloat16 on a GPU, float32 on the CPU)")
+
+
+def placed_policy(args, method: str, kit):
+    """``args.policy`` loaded once (a model spec) on ``--device`` in ``--dtype``; "oracle" unchanged."""
+    import torch
+
+    from memkit.lab.policies import load_spec
+
+    policy = load_spec(args.policy, method, kit, args.seed)
+    if isinstance(policy, str):
+        return policy
+    device = args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = args.dtype if args.dtype != "auto" else "bfloat16" if device == "cuda" else "float32"
+    policy.model.to(device=device, dtype=getattr(torch, dtype))
+    return policy
 
 
 def run(args) -> int:
@@ -50,8 +73,9 @@ def run(args) -> int:
 
     kit = load_kit(args.world_seed, retriever=args.retriever)
     tasks = load_tasks_jsonl(args.tasks) if args.tasks else make_tasks(kit.world, n=args.n_tasks, k=args.objectives[0], seed=args.seed)
-    trajs = rollout(args.method, tasks, kit, policy=args.policy, n=args.n, temperature=args.temperature, seed=args.seed,
-                    progress=True, prompt=args.prompt, k_docs=args.k_docs)
+    trajs = rollout(args.method, tasks, kit, policy=placed_policy(args, args.method, kit), n=args.n,
+                    temperature=args.temperature, seed=args.seed, progress=True, prompt=args.prompt, k_docs=args.k_docs,
+                    min_new_tokens=args.min_new_tokens)
     save_jsonl(trajs, args.out)
     ok = sum(t.valid for t in trajs)
     print(f"wrote {len(trajs)} trajectories ({ok} valid) to {args.out}")

@@ -1,4 +1,5 @@
-"""``memkit sft``: behaviour-clone a method's oracle into the tiny model (a cached checkpoint).
+"""``memkit sft``: behaviour-clone a method's oracle into a model (a cached checkpoint): the tiny model, or
+a pretrained one (``--init smollm2-135m --lora``, a hub id) in its own tokens and chat template.
 
 Every :class:`~memkit.train.sft.SFTConfig` field is a flag (``--batch-size``, ``--oracle-p-drop-fact``, ...).
 """
@@ -9,7 +10,7 @@ import time
 
 from memkit.cli.args import add_config_flags, add_max_minutes, config_from_args, ints
 
-HELP = "behaviour-clone the oracle into the tiny model (cached checkpoint)"
+HELP = "behaviour-clone the oracle into the tiny model or a pretrained one (cached checkpoint)"
 
 
 def add_arguments(sp) -> None:
@@ -40,7 +41,7 @@ def run(args) -> int:
     from memkit.core.cpu import busy_cpu_note
     from memkit.lab.evaluation import evaluate
     from memkit.lab.kit import load_kit
-    from memkit.lab.policies import sft_checkpoint_path, sft_tag
+    from memkit.lab.policies import pretrained_init, sft_output_path, sft_tag
     from memkit.lab.runs import train_sft_model
     from memkit.train.sft import budget_note
 
@@ -52,8 +53,8 @@ def run(args) -> int:
     t0 = time.perf_counter()
     path, history, n_ex = train_sft_model(cfg.method, kit, cfg, log=lambda r: print(
         f"step {r['step']:5d}  loss {r['loss']:.4f}  lr {r['lr']:.2e}  {r['seconds']:.0f}s  attention {r['attention']}", flush=True),
-        path=sft_checkpoint_path(cfg.method, cfg.world_seed, tag))
-    spec = "tiny-sft" if tag == "default" else f"tiny-sft:{tag}"
+        path=sft_output_path(cfg, cfg.world_seed, tag))
+    spec = str(path) if pretrained_init(cfg.init) else "tiny-sft" if tag == "default" else f"tiny-sft:{tag}"
     print(f"trained on {n_ex} calls in {time.perf_counter() - t0:.0f}s; checkpoint: {path}\n"
           f"use it as --policy {spec} (memkit eval / rollout) or --init {spec} (memkit train)")
     note = budget_note(history, cfg, time.perf_counter() - t0, cfg.method)

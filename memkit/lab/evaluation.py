@@ -13,18 +13,25 @@ from memkit.lab.policies import load_spec, prompt_wrap, resolve_policy
 from memkit.metrics.qa import em_by_kind, summarize
 from memkit.models import trained_k_docs
 from memkit.rl.headroom import exploration_headroom
-from memkit.rollout.engine import RolloutConfig, run_rollouts
+from memkit.rollout.engine import RolloutConfig, output_floor, run_rollouts
 from memkit.world.task_sets import DEFAULT_KINDS, held_out_tasks
 
 
 def rollout(method_name: str, tasks, kit, policy: str = "oracle", n: int = 1, max_turns: int | None = None,
             temperature: float = 0.0, seed: int = 0, oracle_cfg: OracleConfig | None = None,
             max_context_tokens: int | None = None, progress: bool = False, method_kwargs: dict | None = None,
-            prompt: str = "auto", k_docs: int | None = None, sample_seeds=None, backend=None):
+            prompt: str = "auto", k_docs: int | None = None, sample_seeds=None, backend=None, as_model=None,
+            min_new_tokens: int | None = None):
     """Roll out ``n`` trajectories per task with a policy spec; returns trajectories.
 
     ``backend``: a rollout-backend factory (:mod:`memkit.models.backend`) for a model policy; None
     = the loaded model's own (memkit's HF loop unless it was given another).
+
+    ``as_model``: with ``policy="oracle"``, a :class:`memkit.models.LoadedModel` whose tokenizer and
+    chat template the oracle's calls are written in (SFT data for a pretrained model).
+    ``min_new_tokens``: every call may write at least this many tokens (None: the format's own budget
+    for the kit's tiny models, :data:`memkit.rollout.engine.REAL_MODEL_MIN_NEW_TOKENS` for a model
+    with its own chat template: :func:`memkit.rollout.engine.output_floor`).
 
     ``sample_seeds``: one seed per trajectory (task-major) for batch-invariant sampling
     (:class:`RolloutConfig`); None = one stream seeded by ``seed``.
@@ -35,14 +42,15 @@ def rollout(method_name: str, tasks, kit, policy: str = "oracle", n: int = 1, ma
     trained with (:func:`memkit.models.trained_k_docs`, e.g. 1 for the SFT'd tiny model), else the kit's.
     """
     method = get_method(method_name, **(method_kwargs or {}))
-    engine_policy, tok, wrap, loaded = resolve_policy(policy, method, kit, temperature, seed, oracle_cfg, backend)
+    engine_policy, tok, wrap, loaded = resolve_policy(policy, method, kit, temperature, seed, oracle_cfg, backend,
+                                                      as_model)
     env = kit.env_for(k_docs if k_docs is not None else trained_k_docs(getattr(loaded, "model", None)))
     wrap = prompt_wrap(method.name, tok, wrap, prompt, oracle=isinstance(policy, str) and policy == "oracle")
     if max_context_tokens is None:  # the model's window; the oracle has none
         model = getattr(loaded, "model", None)
         max_context_tokens = model.config.max_position_embeddings - 256 if model is not None else 10**9
     cfg = RolloutConfig(n=n, max_turns=max_turns, max_context_tokens=max_context_tokens, seed=seed,
-                        sample_seeds=sample_seeds)
+                        sample_seeds=sample_seeds, min_new_tokens=output_floor(tok, min_new_tokens))
     return run_rollouts(method, tasks, env, engine_policy, tok, cfg, wrap=wrap, progress=progress)
 
 

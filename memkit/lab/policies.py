@@ -16,9 +16,10 @@ from pathlib import Path
 
 from memkit.agents.base import PROMPTS, OracleConfig, compact_prompt_wrap
 from memkit.core.io import cache_dir
-from memkit.models import LoadedModel, LoraSpec, apply_lora, build_tiny, identity_wrap, load_policy
+from memkit.models import LORA_TARGETS, LoadedModel, LoraSpec, apply_lora, build_tiny, identity_wrap, load_policy
 from memkit.models.tokenizer import TOKENIZER_SCHEME
 from memkit.rollout.engine import ModelPolicy, OraclePolicy
+from memkit.train.config import resolve_sft
 from memkit.train.pretrain import PretrainConfig, cache_key, train_base
 from memkit.train.sft import SFTConfig
 from memkit.world.splits import SPLIT_SCHEME
@@ -56,7 +57,24 @@ def sft_tag(cfg: SFTConfig) -> str:
             tag += "-cmp"  # memkit sft --show-comparison
         elif cfg.oracle != d.oracle:  # other imperfection knobs: name them by hash
             tag += f"-o{config_hash(cfg.oracle)[:6]}"
+    tag += "-lora" if cfg.lora.enabled else ""
     return tag if cfg.init == "scratch" else f"{tag}-{init_tag(cfg.init)}"
+
+
+def pretrained_init(init: str) -> bool:
+    """Whether an ``SFTConfig.init`` names a pretrained model ("smollm2-135m", a hub id), not the kit's
+    tiny family (scratch, the base, ``tiny-sft``, or a checkpoint directory)."""
+    return not (init in ("scratch", "base") or init.startswith("tiny-sft") or Path(init).expanduser().is_dir())
+
+
+def sft_output_path(cfg: SFTConfig, world_seed: int, tag: str) -> Path:
+    """Where ``memkit sft`` saves ``cfg``'s model: :func:`sft_checkpoint_path` for the tiny family
+    (loadable as ``tiny-sft:<tag>``), ``sft-<model>-<method>-...`` for a pretrained model (load it
+    by this path)."""
+    if not pretrained_init(cfg.init):
+        return sft_checkpoint_path(cfg.method, world_seed, tag)
+    slug = "".join(c if c.isalnum() or c in "-_." else "-" for c in cfg.init.split("/")[-1].lower())
+    return cache_dir() / f"sft-{slug}-{cfg.method}-w{world_seed}-{SPLIT_SCHEME}-{tag}"
 
 
 def init_tag(init: str) -> str:
@@ -68,12 +86,19 @@ def init_tag(init: str) -> str:
 
 
 def sft_cache_key(cfg: SFTConfig) -> str:
-    """``config_hash`` of ``cfg``, with ``init`` left out when it is "scratch" and ``method_kwargs``
-    when empty (so the SFT caches made before those fields existed keep their names)."""
+    """``config_hash`` of ``cfg``, with ``init`` left out when it is "scratch", ``method_kwargs`` when
+    empty, ``lora`` when off, and ``lr`` / ``max_len`` keyed by their tiny-model values when left at
+    None (so the SFT caches made before those fields existed keep their names)."""
     key = asdict(cfg)
-    for name, default in (("init", "scratch"), ("method_kwargs", {})):
+    for name, default in (("init", "scratch"), ("method_kwargs", {}), ("lora", asdict(SFTConfig().lora))):
         if key[name] == default:
             del key[name]
+    tiny = cfg.init in ("scratch", "base") or cfg.init.startswith("tiny-sft")
+    if tiny:  # the tiny's defaults of the fields that became model-dependent, as keyed before they were
+        key.update({k: v for k, v in asdict(resolve_sft(cfg, pretrained=False)).items()
+                    if k in ("lr", "max_len", "context_weight") and key[k] is None})
+        if cfg.gradient_checkpointing is None:
+            del key["gradient_checkpointing"]
     return config_hash(key)
 
 
@@ -96,10 +121,12 @@ def ensure_base(kit, cfg: PretrainConfig | None = None, progress: bool = True, l
 
 def sft_init(cfg: SFTConfig, kit, progress: bool = True) -> LoadedModel:
     """The model an SFT of ``cfg`` starts from (``cfg.init``): a fresh tiny model ("scratch"), the
-    pretrained base ("base", trained first if missing), or the checkpoint a spec names (continued).
-    A model whose tokenizer is not the kit's is refused: SFT's data is tokenised with the kit's."""
+    pretrained base ("base", trained first if missing), or any model a spec names: a checkpoint to
+    continue, "smollm2-135m", a hub id. A model with its own tokenizer keeps it and its chat template
+    (the oracle's calls are tokenised with them); ``cfg.lora`` puts LoRA adapters on it."""
     if cfg.init == "scratch":
-        return fresh_tiny(kit, cfg.seed)
+        tiny = fresh_tiny(kit, cfg.seed)
+        return replace(tiny, model=apply_lora(tiny.model, lora_spec(cfg.lora, cfg.seed))) if cfg.lora.enabled else tiny
     if cfg.init == "base":
         spec = str(ensure_base(kit, progress=progress).path)
     elif cfg.init == "tiny-sft" or cfg.init.startswith("tiny-sft:"):
@@ -109,11 +136,10 @@ def sft_init(cfg: SFTConfig, kit, progress: bool = True) -> LoadedModel:
                          "pretrained base, or a checkpoint to continue")
     else:
         spec = cfg.init
-    loaded = load_policy(spec)
-    if loaded.tokenizer.get_vocab() != kit.tokenizer.get_vocab():
-        raise ValueError(f"SFTConfig.init={cfg.init!r} ({spec}) uses another tokenizer than world "
-                         f"{kit.world_seed}'s; SFT from 'scratch' or 'base', or from a checkpoint trained on this kit")
-    return LoadedModel(model=loaded.model, tokenizer=kit.tokenizer, spec=spec, wrap=identity_wrap)
+    loaded = load_policy(spec, lora=lora_spec(cfg.lora, cfg.seed))
+    if loaded.tokenizer.get_vocab() == kit.tokenizer.get_vocab():  # a tiny model: the kit's tokenizer, no template
+        return LoadedModel(model=loaded.model, tokenizer=kit.tokenizer, spec=spec, wrap=identity_wrap)
+    return loaded  # a pretrained model: its own tokenizer and chat template (the SFT data is made with them)
 
 
 def sft_spec_path(spec: str, method: str, world_seed: int = 0) -> Path:
@@ -145,15 +171,17 @@ def load_spec(spec, method_name: str, kit, seed: int = 0, backend=None):
 
 
 def resolve_policy(spec: str, method, kit, temperature: float = 0.0, seed: int = 0,
-                   oracle_cfg: OracleConfig | None = None, backend=None):
+                   oracle_cfg: OracleConfig | None = None, backend=None, as_model: LoadedModel | None = None):
     """Return ``(engine_policy, tokenizer, wrap, loaded)``; ``loaded`` is the models.LoadedModel or None.
 
     ``spec`` is a policy spec string or an already loaded :class:`memkit.models.LoadedModel` (reused
     as is, e.g. to roll out many batches without reloading the model: :func:`load_spec`).
     ``backend``: the rollout-backend factory of a model policy (None: the loaded model's own, by
-    default memkit's HF loop)."""
+    default memkit's HF loop). ``as_model``: the oracle only: tokenise and wrap its calls as this
+    model sees its contexts (its tokenizer and chat template: SFT data for a pretrained model)."""
     if spec == "oracle":  # a loaded LoadedModel never equals the string
-        return OraclePolicy(method, kit.tokenizer, oracle_cfg, seed=seed), kit.tokenizer, None, None
+        tok, wrap = (as_model.tokenizer, as_model.wrap) if as_model is not None else (kit.tokenizer, None)
+        return OraclePolicy(method, tok, oracle_cfg, seed=seed), tok, wrap, None
     return _model_policy(load_spec(spec, method.name, kit, seed, backend), temperature, seed)
 
 
@@ -195,12 +223,36 @@ def init_spec(cfg, world_seed: int) -> str:
         raise FileNotFoundError(f"{e} (or use --init tiny for a random policy)") from None
 
 
+def lora_spec(cfg, seed: int) -> LoraSpec | None:
+    """The :class:`~memkit.models.LoraSpec` of a ``LoRAConfig`` group (None when LoRA is off)."""
+    if not cfg.enabled:
+        return None
+    return LoraSpec(r=cfg.r, alpha=cfg.alpha, seed=seed, target_modules=LORA_TARGETS[cfg.targets])
+
+
+def param_dtype(cfg) -> str:
+    """The parameter dtype of ``cfg.runtime.dtype``: ``auto`` = bfloat16 for a LoRA run on a GPU
+    (``device`` cuda, or auto with one present; the frozen base in bf16, peft keeps the adapters in
+    float32), float32 otherwise (full fine-tuning keeps float32 master weights for AdamW; bf16 compute
+    is ``--mixed-precision bf16``)."""
+    runtime = cfg.runtime
+    if runtime.dtype != "auto":
+        return runtime.dtype
+    if not cfg.lora.enabled:
+        return "float32"
+    import torch
+
+    gpu = runtime.device == "cuda" or (runtime.device == "auto" and torch.cuda.is_available())
+    return "bfloat16" if gpu else "float32"
+
+
 def load_init(cfg, kit):
     """The initial policy of ``cfg.init`` -> ``(model, tokenizer, wrap)`` (LoRA applied if asked)."""
-    lora = LoraSpec(r=cfg.lora.r, alpha=cfg.lora.alpha, seed=cfg.seed) if cfg.lora.enabled else None
+    lora = lora_spec(cfg.lora, cfg.seed)
     spec = init_spec(cfg, kit.world_seed)
+    dtype = param_dtype(cfg)
     if spec == "tiny":  # random init with the kit's world tokenizer
-        model = build_tiny(kit.tokenizer, seed=cfg.seed)
+        model = build_tiny(kit.tokenizer, seed=cfg.seed).to(dtype)
         return (apply_lora(model, lora) if lora else model), kit.tokenizer, identity_wrap
-    p = load_policy(spec, lora=lora)
+    p = load_policy(spec, lora=lora, dtype=dtype)
     return p.model, p.tokenizer, p.wrap

@@ -21,6 +21,7 @@ from memkit.models import K_DOCS_ATTR
 from memkit.rl.config import TrainConfig
 from memkit.rl.trainer import Trainer
 from memkit.rl.update import make_accelerator
+from memkit.train.config import resolve_sft
 from memkit.train.sft import SFTConfig, collect_examples, save_checkpoint, train_sft
 from memkit.world.task_sets import training_tasks
 
@@ -28,9 +29,11 @@ from memkit.world.task_sets import training_tasks
 # ---- SFT -------------------------------------------------------------------------------------------
 def train_sft_model(method_name: str, kit: Kit, cfg: SFTConfig | None = None, progress: bool = True, log=None,
                     path: Path | None = None):
-    """Clone the method's (imperfect) oracle into the tiny model ``cfg.init`` names (a fresh one,
-    the pretrained base, or a checkpoint to continue: :func:`~memkit.lab.policies.sft_init`); save and
-    return it.
+    """Clone the method's (imperfect) oracle into the model ``cfg.init`` names (a fresh tiny one, the
+    pretrained tiny base, a checkpoint to continue, or a pretrained model such as "smollm2-135m":
+    :func:`~memkit.lab.policies.sft_init`; with ``cfg.lora`` as adapters); save and return it. A
+    pretrained model learns from the oracle's calls in its own tokens: the paper's prompt inside its
+    chat template (:func:`~memkit.lab.evaluation.rollout`'s ``as_model``).
 
     Returns ``(path, history, n_examples)``. ``cfg.max_seconds`` budgets the oracle data and the
     training, not a base that ``init="base"`` has to pretrain first.
@@ -39,20 +42,22 @@ def train_sft_model(method_name: str, kit: Kit, cfg: SFTConfig | None = None, pr
     policy = sft_init(cfg, kit, progress=progress)
     t0 = time.perf_counter()
     tasks = training_tasks(kit.world, cfg.objectives, cfg.n_tasks, cfg.seed)
-    trajs = rollout(method_name, tasks, kit, policy="oracle", oracle_cfg=cfg.oracle, seed=cfg.seed, prompt="compact",
-                    method_kwargs=cfg.method_kwargs,
-                    k_docs=cfg.k_docs)
+    pretrained = policy.chat  # a model with its own tokenizer and chat template: the paper's prompt in it
+    cfg = resolve_sft(cfg, pretrained)
+    trajs = rollout(method_name, tasks, kit, policy="oracle", oracle_cfg=cfg.oracle, seed=cfg.seed,
+                    prompt="paper" if pretrained else "compact", method_kwargs=cfg.method_kwargs, k_docs=cfg.k_docs,
+                    as_model=policy)
     examples, dropped = collect_examples([t for t in trajs if t.valid], cfg.max_len)
     setattr(policy.model.config, K_DOCS_ATTR, cfg.k_docs)  # its rollouts will search the same way
     opt_cfg = cfg  # max_seconds budgets the whole call: the optimisation gets what the data left
     if cfg.max_seconds:
         opt_cfg = replace(cfg, max_seconds=max(cfg.max_seconds - (time.perf_counter() - t0), 1.0))
     with all_cores() as threads:
-        history = train_sft(policy.model, kit.tokenizer, examples, opt_cfg, log=log, progress=progress)
+        history = train_sft(policy.model, policy.tokenizer, examples, opt_cfg, log=log, progress=progress)
     path = path or sft_checkpoint_path(method_name, kit.world_seed)
     meta = {"sft": asdict(cfg), "n_examples": len(examples), "n_dropped_too_long": dropped, "history": history,
             "torch_threads": threads}
-    save_checkpoint(policy.model, kit.tokenizer, path, meta)
+    save_checkpoint(policy.model, policy.tokenizer, path, meta)
     return path, history, len(examples)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
@@ -34,6 +35,12 @@ from memkit.core.trajectory import Segment
 OFFLINE_SPECS = ("tiny", "smollm2-135m", "<local directory with config.json>")
 _HF_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 _SENTINEL = "\u2063MEMKIT_SEGMENTS\u2063"
+
+
+#: LoRA target sets by name (``LoRAConfig.targets``): the attention projections, or every linear
+#: layer of a Llama/Qwen block (the MLP too: what format SFT of a pretrained model needs most)
+LORA_TARGETS = {"attention": ("q_proj", "k_proj", "v_proj", "o_proj"),
+                "all-linear": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")}
 
 
 @dataclass(frozen=True)
@@ -133,6 +140,48 @@ def decoder_and_head(model):
     return (decoder, head) if decoder is not None and head is not None else None
 
 
+def set_gradient_checkpointing(model, on: bool) -> None:
+    """Turn activation checkpointing of an HF model (peft-wrapped or not) on or off.
+
+    On, each decoder layer keeps only its input for the backward and recomputes the rest: activation
+    memory ~ layers x tokens x hidden instead of layers x tokens x (every intermediate). HF checkpoints
+    only in training mode (``model.train()``), so the caller trains in train mode; dropout must then be
+    0 for the log-probs to equal eval mode's (memkit's models are built with dropout 0: a test checks
+    on/off give the same log-probs and gradients). Non-reentrant checkpointing, which needs no input
+    that requires grad (LoRA's frozen embeddings)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not getattr(base, "supports_gradient_checkpointing", False):
+        if on:
+            raise ValueError(f"{type(base).__name__} does not support gradient checkpointing; turn it off")
+        return
+    new = hasattr(base, "activation_checkpointing_enable")  # transformers >= 5.x names; 4.x has gradient_*
+    if on:
+        if new:
+            base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        base.config.use_cache = False
+    elif any(getattr(m, "gradient_checkpointing", False) for m in base.modules()):
+        base.activation_checkpointing_disable() if new else base.gradient_checkpointing_disable()
+        base.config.use_cache = True
+
+
+@contextmanager
+def checkpointed_training(model, on: bool = True):
+    """Inside: ``model`` in training mode with gradient checkpointing (:func:`set_gradient_checkpointing`);
+    after: eval mode, checkpointing off (rollouts use the KV cache). ``on=False``: leaves it alone."""
+    if not on:
+        yield model
+        return
+    set_gradient_checkpointing(model, True)
+    model.train()
+    try:
+        yield model
+    finally:
+        set_gradient_checkpointing(model, False)
+        model.eval()
+
+
 def identity_wrap(segments: list[Segment]) -> list[Segment]:
     return list(segments)
 
@@ -157,7 +206,8 @@ def chat_wrap(tokenizer) -> Callable[[list[Segment]], list[Segment]]:
     return wrap
 
 
-def _wrap_for(tokenizer):
+def wrap_for(tokenizer):
+    """The context wrap of a tokenizer: the chat template's user turn if it has one, else none."""
     return chat_wrap(tokenizer) if getattr(tokenizer, "chat_template", None) else identity_wrap
 
 
@@ -206,11 +256,11 @@ def run_policy_dir(path: Path) -> Path:
 def _load_dir(path: Path, dtype):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from memkit.models.adapters import is_adapter_dir, load_adapter_dir
+
     path = run_policy_dir(path)
-    if (path / "adapter_config.json").is_file() and not (path / "config.json").is_file():
-        raise ValueError(f"{path} holds a LoRA adapter only; load its base with load_policy(base) and apply it with "
-                         "peft.PeftModel.from_pretrained(policy.model, path), or save a merged model "
-                         "(model.merge_and_unload().save_pretrained)")
+    if is_adapter_dir(path):  # a LoRA run's checkpoint: its base + the adapter, merged
+        return load_adapter_dir(path, lambda base: load_policy(base, dtype=dtype))
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} is a directory but not a model checkpoint (no config.json, no RL "
                                 "checkpoints/latest); save one with model.save_pretrained(dir) and "
@@ -291,8 +341,11 @@ def load_policy(spec: str, lora: LoraSpec | None = None, cache_dir: str | Path |
         model = model.to(device)
     model.eval()
     if lora is not None:
+        from memkit.models.adapters import remember_base
+
         model = apply_lora(model, lora)
-    return LoadedModel(model=model, tokenizer=tok, spec=spec, wrap=_wrap_for(tok))
+        remember_base(model, spec)  # its saved adapters name this base (memkit.models.adapters)
+    return LoadedModel(model=model, tokenizer=tok, spec=spec, wrap=wrap_for(tok))
 
 
 def apply_lora(model, lora: LoraSpec):

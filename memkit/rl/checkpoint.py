@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 from memkit.core.io import atomic_write_text, kill_point, latest_checkpoint, replace_dir
+from memkit.models.adapters import save_policy
 
 
 class RunFiles:
@@ -93,8 +94,7 @@ class RunFiles:
         self.acc.save_state(str(tmp), safe_serialization=False)
         state_dict = self.acc.get_state_dict(model)  # collective under FSDP / ZeRO-3
         if self.main:
-            self.acc.unwrap_model(model).save_pretrained(tmp / "policy", state_dict=state_dict)
-            tokenizer.save_pretrained(tmp / "policy")
+            save_policy(self.acc.unwrap_model(model), tokenizer, tmp / "policy", state_dict)  # + an adapter's base
             kill_point("checkpoint-save")  # the kill-and-resume test stops here: weights written, no memkit.json
             (tmp / "memkit.json").write_text(json.dumps(meta, indent=1, default=str))
         self.acc.wait_for_everyone()

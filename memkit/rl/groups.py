@@ -16,11 +16,14 @@ from memkit.rl.choices import ATTENTION_PATHS, KL_KINDS
 
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("no", "bf16", "fp16")
+PARAM_DTYPES = ("auto", "float32", "bfloat16")
+LORA_TARGET_SETS = ("attention", "all-linear")  # the keys of memkit.models.LORA_TARGETS
 
 
 @dataclass
 class LoRAConfig:
-    """LoRA adapters (peft) instead of full fine-tuning; flags ``--lora``, ``--lora-r``, ``--lora-alpha``."""
+    """LoRA adapters (peft) instead of full fine-tuning; flags ``--lora``, ``--lora-r``, ``--lora-alpha``,
+    ``--lora-targets``."""
 
     enabled: bool = field(default=False, metadata={"flat": "lora"})
     """Train LoRA adapters (peft) instead of all weights; the reference policy is then the base
@@ -29,6 +32,9 @@ class LoRAConfig:
     """LoRA rank."""
     alpha: int = 32
     """LoRA scale numerator (update scaled by alpha / r)."""
+    targets: str = field(default="attention", metadata={"choices": LORA_TARGET_SETS})
+    """Which linear layers get adapters: ``attention`` (q/k/v/o projections) or ``all-linear`` (the
+    MLP too; ``memkit.models.LORA_TARGETS``)."""
 
 
 @dataclass
@@ -132,7 +138,21 @@ class RuntimeConfig:
     """``auto`` (GPU if available), ``cpu`` or ``cuda``; multi-GPU via ``accelerate launch``/``torchrun``."""
     mixed_precision: str = field(default="no", metadata={"choices": PRECISIONS})
     """``no`` | ``bf16`` | ``fp16`` (accelerate autocast; bf16 on GPUs)."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward of the update instead of keeping
+    them (``memkit.models.checkpointed_training``): activation memory ~ layers x tokens x hidden
+    instead of every intermediate; ~1/3 more compute. The same log-probs and gradients (tested to
+    1e-5 in fp32)."""
+    dtype: str = field(default="auto", metadata={"choices": PARAM_DTYPES})
+    """Parameter dtype the policy loads in: ``auto`` = bfloat16 for LoRA on a GPU (the frozen base;
+    adapters stay float32), float32 otherwise (AdamW's master weights; the CPU's exact log-prob
+    checks): ``memkit.lab.policies.param_dtype``. ``float32`` / ``bfloat16`` force it."""
+    min_new_tokens: int | None = None
+    """Rollouts: every call may write at least this many tokens. None = the format's own budget for
+    the kit's tiny models, 512 for a pretrained chat model, which reasons in prose before its tags
+    (``memkit.rollout.engine.output_floor``); a cut-off turn is invalid, reward 0. Not speed only:
+    a longer budget changes what a real model can finish."""
 
 
 __all__ = ["LoRAConfig", "ClipConfig", "KLConfig", "CriticConfig", "EvalConfig", "SaveConfig", "RuntimeConfig",
-           "DEVICES", "PRECISIONS"]
+           "DEVICES", "PRECISIONS", "LORA_TARGET_SETS", "PARAM_DTYPES"]

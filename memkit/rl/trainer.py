@@ -99,7 +99,7 @@ class Trainer(Learner):
 
     def rollout(self, tasks, n: int, temperature: float, seed: int) -> list[Trajectory]:
         """Roll out ``n`` samples of each task with the current policy on this process."""
-        from memkit.rollout.engine import ModelPolicy, RolloutConfig, run_rollouts
+        from memkit.rollout.engine import ModelPolicy, RolloutConfig, output_floor, run_rollouts
 
         if not tasks:
             return []
@@ -107,7 +107,8 @@ class Trainer(Learner):
         policy = ModelPolicy(self.backend, temperature=temperature,
                              top_p=self.cfg.top_p if temperature > 0 else 1.0, generator=gen)
         rc = RolloutConfig(n=n, max_turns=self.cfg.max_turns,  # None: the method's per-task limit
-                           max_context_tokens=self.cfg.max_context_tokens, seed=seed)
+                           max_context_tokens=self.cfg.max_context_tokens, seed=seed,
+                           min_new_tokens=output_floor(self.tokenizer, self.cfg.runtime.min_new_tokens))
         return run_rollouts(self.method, tasks, self.env, policy, self.tokenizer, rc, wrap=self.wrap)
 
     @property

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from memkit.core.trajectory import TrainingUnit, Trajectory
+from memkit.models.loading import checkpointed_training
 from memkit.rl.advantages import masked_moments, masked_whiten, moments_to_mean_var
 from memkit.rl.config import TrainConfig
 from memkit.rl.credit import CreditBatch, get_credit, record_call_advantages
@@ -288,8 +289,8 @@ class Learner:
             record_call_advantages(e.credit, e.adv)  # what is trained, after any whitening
         acc = {k: 0.0 for k in ("pg_loss", "kl", "entropy", "clip_frac", "approx_kl", "ratio", "vf_loss",
                                 "vf_clip_frac", "tokens", "grad_norm", "critic_grad_norm", "n_opt")}
-        for _ in range(cfg.ppo_epochs):
-            for mini in exps:
+        with checkpointed_training(self.policy, cfg.runtime.gradient_checkpointing):
+            for mini in (mini for _ in range(cfg.ppo_epochs) for mini in exps):
                 self._minibatch(mini, acc)
         live = [e for mini in exps for e in mini if e is not None]
         first = self.global_sums([sum(e.gap for e in live), sum(float(e.mask.sum()) for e in live),

@@ -159,6 +159,25 @@ class RolloutConfig:
     # one trajectory rolled out alone with its seed repeats what it did in the batch. None: the
     # policy's one shared stream (the default; what training and the notebooks use).
     sample_seeds: Sequence[int] | None = None
+    # Every call may write at least this many tokens (a real model reasons before its tags); 0 = the
+    # format's own budget (CallSpec.max_new_tokens, sized for the kit's tiny model). output_floor.
+    min_new_tokens: int = 0
+
+
+#: the output floor of a model with its own chat template (``output_floor``): a pretrained model
+#: thinks in prose before its tags, and a cut-off turn is invalid with reward 0
+REAL_MODEL_MIN_NEW_TOKENS = 512
+
+
+def output_floor(tokenizer, requested: int | None = None) -> int:
+    """``RolloutConfig.min_new_tokens`` for a policy: ``requested`` if given, else 0 for the kit's
+    tiny models (no chat template; the formats' budgets fit what they were cloned to write) and
+    :data:`REAL_MODEL_MIN_NEW_TOKENS` for a pretrained chat model."""
+    if requested is not None:
+        if requested < 0:
+            raise ValueError(f"min_new_tokens={requested} must be >= 0 (0 = the format's own output budget)")
+        return requested
+    return REAL_MODEL_MIN_NEW_TOKENS if getattr(tokenizer, "chat_template", None) else 0
 
 
 def start_states(method: Method, tasks, cfg: RolloutConfig | None = None) -> list[AgentState]:
@@ -247,6 +266,8 @@ def advance(method: Method, states: list[AgentState], env: Env, policy: Policy, 
                 _record_failure(state, f"max turns ({state.max_turns}) reached without an answer")
                 continue
             spec = method.next_call(state)
+            if spec.max_new_tokens < cfg.min_new_tokens:
+                spec = dataclasses.replace(spec, max_new_tokens=cfg.min_new_tokens)
             ids, text, tspans, cspans, refs = builder.build(state, spec)
             if len(ids) > cfg.max_context_tokens:
                 _record_failure(state, f"context over the limit ({len(ids)} > {cfg.max_context_tokens} tokens)",

@@ -7,10 +7,11 @@ second; the training that reads them lives in :mod:`memkit.train.sft` and :mod:`
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from memkit.agents import METHODS
 from memkit.agents.base import OracleConfig
+from memkit.rl.groups import LoRAConfig
 
 #: learning-rate shapes after warmup (:func:`lr_shape`)
 SCHEDULES = ("wsd", "cosine")
@@ -36,8 +37,10 @@ class SFTConfig:
     batch_size: int = 16
     """Sequences per optimizer step. The copying skill comes with sequences seen, not optimizer
     steps, so smaller batches do not buy it sooner (measured: docs/findings.md, 'SFT recipe')."""
-    lr: float = 4e-3
-    """Peak learning rate (AdamW); twice as high diverges (measured: docs/findings.md, 'SFT recipe')."""
+    lr: float | None = None
+    """Peak learning rate (AdamW). None = :func:`sft_lr`: 4e-3 for the tiny model (twice as high
+    diverges; measured: docs/findings.md, 'SFT recipe'), 2e-4 for LoRA adapters on a pretrained
+    model, 1e-5 for a pretrained model trained in full."""
     warmup: int = 200
     """Linear warmup steps."""
     schedule: str = field(default="wsd", metadata={"choices": SCHEDULES})
@@ -46,10 +49,13 @@ class SFTConfig:
     copying skill has formed (measured: docs/findings.md, 'SFT recipe')."""
     decay_fraction: float = 0.2
     """wsd only: share of the run (steps or wall time) spent decaying to 0."""
-    max_len: int = 768
-    """Sequences longer than this are dropped (counted in the log)."""
-    context_weight: float = 1.0
-    """w_ctx: LM loss on context tokens (0 = output-only SFT, see the module doc)."""
+    max_len: int | None = None
+    """Sequences longer than this are dropped (counted in the log). None = 768 tokens for the tiny
+    model (its compact prompt), 2048 for a pretrained model (the paper's prompt in its chat template)."""
+    context_weight: float | None = None
+    """w_ctx: LM loss on context tokens (0 = output-only SFT, see the module doc). None = 1 for the tiny
+    model, which learns the language of the world from its contexts too; 0 for a pretrained model,
+    which only has the format to learn (and the [T, vocab] logits of its contexts would cost GBs)."""
     context_fraction: float = 0.5
     """Share of context tokens scored by L_ctx each step (a fresh random subset per batch, an
     unbiased estimate of L_ctx). Half is as good as all of them and cheaper; a quarter is worse
@@ -70,15 +76,24 @@ class SFTConfig:
     """Where SFT starts: "scratch" (a fresh random tiny model seeded by seed), "base" (the pretrained
     tiny base of `memkit pretrain` with its default flags, trained first if missing: SFT then only
     learns the format), or a policy spec / checkpoint directory to continue from, e.g. tiny-sft:TAG
-    (the same minutes of more SFT, RL's baseline). It must use the kit's tokenizer."""
+    (the same minutes of more SFT, RL's baseline), or a pretrained model: "smollm2-135m", a hub id
+    (its own tokenizer and chat template; usually with ``lora``)."""
     seed: int = 0
     """Seeds the training tasks, the oracle's imperfections and the model's init ("scratch")."""
     world_seed: int = 0
     """Synthetic world the tasks come from."""
+    lora: LoRAConfig = field(default_factory=lambda: LoRAConfig(r=32, alpha=64, targets="all-linear"))
+    """LoRA adapters instead of all weights (``--lora``, ``--lora-r``, ``--lora-alpha``, ``--lora-targets``):
+    what format SFT of a pretrained model uses; saved as the adapter plus the base it loads onto
+    (:mod:`memkit.models.adapters`)."""
     oracle: OracleConfig = field(default_factory=lambda: OracleConfig(p_wasted_search=0.05, p_drop_fact=0.05))
     """Imperfection knobs of the cloned oracle (mistakes left in the data so RL has room)."""
     log_every: int = 50
     """Log a row every N steps."""
+    gradient_checkpointing: bool | None = None
+    """Recompute each layer's activations in the backward instead of keeping them (one hidden state
+    per layer kept: :func:`memkit.models.set_gradient_checkpointing`). None = on for a pretrained
+    model (SmolLM2's batch of 16 calls held ~18 GB without it), off for the tiny one."""
     cpu_attention: str = field(default="auto", metadata={"choices": ("auto", *ATTENTION_KERNELS)})
     """Attention kernel of CPU training: "eager", "sdpa" (same numbers, tested to 1e-5) or "auto" =
     time both on the first steps and keep the faster (:class:`AttentionProbe`). Which wins depends
@@ -142,6 +157,19 @@ class PretrainConfig:
             raise ValueError("seq_len must be >= 8; batch_size, warmup, steps and log_every >= 1")
         if self.heldout_passages < 0:
             raise ValueError(f"heldout_passages={self.heldout_passages} must be >= 0")
+
+
+def resolve_sft(cfg: SFTConfig, pretrained: bool) -> SFTConfig:
+    """``cfg`` with its model-dependent defaults (the fields left at None) filled in for a tiny model
+    or a ``pretrained`` one (a model with its own chat template): ``lr``, ``max_len``,
+    ``context_weight`` and ``gradient_checkpointing`` (see each field)."""
+    return replace(
+        cfg,
+        lr=cfg.lr if cfg.lr is not None else (2e-4 if cfg.lora.enabled else 1e-5) if pretrained else 4e-3,
+        max_len=cfg.max_len if cfg.max_len is not None else 2048 if pretrained else 768,
+        context_weight=cfg.context_weight if cfg.context_weight is not None else 0.0 if pretrained else 1.0,
+        gradient_checkpointing=(cfg.gradient_checkpointing if cfg.gradient_checkpointing is not None
+                                else pretrained))
 
 
 def lr_shape(cfg: SFTConfig):

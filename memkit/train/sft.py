@@ -38,8 +38,9 @@ from pathlib import Path
 import torch
 
 from memkit.core.io import atomic_dir
-from memkit.models.loading import decoder_and_head
-from memkit.train.config import ATTENTION_KERNELS, SFTConfig, lr_shape
+from memkit.models.adapters import save_policy
+from memkit.models.loading import decoder_and_head, set_gradient_checkpointing
+from memkit.train.config import ATTENTION_KERNELS, SFTConfig, lr_shape, resolve_sft
 
 
 def collect_examples(trajectories, max_len: int) -> tuple[list[tuple[list[int], list[int]]], int]:
@@ -203,11 +204,13 @@ def train_sft(model, tokenizer, examples, cfg: SFTConfig, log=None, progress: bo
     With ``cfg.max_seconds`` the schedule runs on whichever of steps or wall time is further
     along, so a time-limited run still ends at learning rate 0.
     """
+    cfg = resolve_sft(cfg, pretrained=bool(getattr(tokenizer, "chat_template", None)))
     shape = lr_shape(cfg)
     rng = random.Random(cfg.seed)
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)  # the context subsets
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.95))
+    trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
+    opt = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.95))
     t0 = time.perf_counter()
 
     def progress_frac(s: int) -> float:
@@ -231,6 +234,7 @@ def train_sft(model, tokenizer, examples, cfg: SFTConfig, log=None, progress: bo
         probe = AttentionProbe() if cfg.cpu_attention == "auto" else None
         model.set_attn_implementation("eager" if probe else cfg.cpu_attention)
     bf16 = sft_uses_bf16(cfg.bf16, device)
+    set_gradient_checkpointing(model, cfg.gradient_checkpointing)
     model.train()
     steps = range(cfg.steps)
     if progress:
@@ -254,7 +258,7 @@ def train_sft(model, tokenizer, examples, cfg: SFTConfig, log=None, progress: bo
                 loss = sft_loss(model, ids, attn, output_mask, cfg.context_weight, keep)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
             opt.step()
             sched.step()
             if kernel:
@@ -272,6 +276,7 @@ def train_sft(model, tokenizer, examples, cfg: SFTConfig, log=None, progress: bo
     finally:  # also on an exception or an interrupted notebook cell
         if attn_impl is not None and model.config._attn_implementation != attn_impl:
             model.set_attn_implementation(attn_impl)  # rollouts keep what the model was built with
+        set_gradient_checkpointing(model, False)
         model.eval()
     return history
 
@@ -279,8 +284,7 @@ def train_sft(model, tokenizer, examples, cfg: SFTConfig, log=None, progress: bo
 def save_checkpoint(model, tokenizer, path: Path, meta: dict | None = None) -> Path:
     """save_pretrained into a temp dir, then rename: a crash never leaves half a checkpoint."""
     with atomic_dir(path) as tmp:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        save_policy(model, tokenizer, tmp)  # a LoRA model: the adapter and the base it loads onto
         if meta is not None:
             (tmp / "memkit.json").write_text(json.dumps(meta, indent=2, default=str))
     return Path(path)

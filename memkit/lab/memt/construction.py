@@ -38,6 +38,7 @@ from memkit.rl.mot import MoTConfig, construction_ops, hindsight_filter, hindsig
 from memkit.rollout.engine import OraclePolicy, RolloutConfig, to_trajectory
 from memkit.rollout.streams import answer_questions, build_memories
 from memkit.rollout.trees import TreeConfig, grow_forest
+from memkit.train.config import resolve_sft
 from memkit.train.sft import SFTConfig, train_sft
 from memkit.world.streams import make_conversations
 
@@ -75,7 +76,7 @@ def clone_construction(kit, lab: ConstructionLab | None = None, progress: bool =
     convs = make_conversations(kit.world, lab.train_conversations, seed=40_000 + lab.seed, size=lab.size)
     built = build_memories(method, convs, OraclePolicy(method, kit.tokenizer, lab.teacher, seed=lab.seed),
                            kit.tokenizer, RolloutConfig(max_context_tokens=10**9), wrap=memt_wrap(kit))
-    examples = construction_examples(built, cfg.max_len)
+    examples = construction_examples(built, resolve_sft(cfg, pretrained=False).max_len)
     history = train_sft(policy.model, kit.tokenizer, examples, cfg, log=log, progress=progress)
     return policy.model, history, len(examples)
 

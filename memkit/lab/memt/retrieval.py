@@ -24,6 +24,7 @@ from memkit.rl.rules import MoTConfig
 from memkit.rollout.engine import ModelPolicy, OraclePolicy, RolloutConfig
 from memkit.rollout.streams import answer_questions, stream_rollouts, teacher_built_stores
 from memkit.rollout.trees import TreeConfig
+from memkit.train.config import resolve_sft
 from memkit.train.sft import SFTConfig, train_sft
 from memkit.world.streams import make_conversations
 
@@ -78,7 +79,7 @@ def clone_retrieval(kit, lab: MemTLab | None = None, progress: bool = True, log=
     convs = make_conversations(kit.world, lab.train_conversations, seed=10_000 + lab.seed, size=lab.size)
     trajs = stream_rollouts(method, convs, OraclePolicy(method, kit.tokenizer, lab.teacher, seed=lab.seed),
                             kit.tokenizer, RolloutConfig(max_context_tokens=10**9), wrap=wrap)
-    examples = retrieval_examples(trajs, cfg.max_len)
+    examples = retrieval_examples(trajs, resolve_sft(cfg, pretrained=False).max_len)
     history = train_sft(policy.model, kit.tokenizer, examples, cfg, log=log, progress=progress)
     return policy.model, history, len(examples)
 
