@@ -58,13 +58,22 @@ def sft_tag(cfg: SFTConfig) -> str:
         elif cfg.oracle != d.oracle:  # other imperfection knobs: name them by hash
             tag += f"-o{config_hash(cfg.oracle)[:6]}"
     tag += "-lora" if cfg.lora.enabled else ""
-    return tag if cfg.init == "scratch" else f"{tag}-{init_tag(cfg.init)}"
+    if cfg.init == "scratch" or pretrained_init(cfg.init):  # a pretrained model is named in the directory
+        return tag
+    return f"{tag}-{init_tag(cfg.init)}"
 
 
 def pretrained_init(init: str) -> bool:
-    """Whether an ``SFTConfig.init`` names a pretrained model ("smollm2-135m", a hub id), not the kit's
-    tiny family (scratch, the base, ``tiny-sft``, or a checkpoint directory)."""
-    return not (init in ("scratch", "base") or init.startswith("tiny-sft") or Path(init).expanduser().is_dir())
+    """Whether an ``SFTConfig.init`` names a pretrained model ("smollm2-135m", a hub id, a directory whose
+    tokenizer has a chat template), not the kit's tiny family (scratch, the base, ``tiny-sft``, a tiny
+    checkpoint directory)."""
+    if init in ("scratch", "base") or init.startswith("tiny-sft"):
+        return False
+    path = Path(init).expanduser()
+    if not path.is_dir():
+        return True
+    config = path / "tokenizer_config.json"
+    return (path / "chat_template.jinja").is_file() or (config.is_file() and "chat_template" in config.read_text())
 
 
 def sft_output_path(cfg: SFTConfig, world_seed: int, tag: str) -> Path:
@@ -96,7 +105,7 @@ def sft_cache_key(cfg: SFTConfig) -> str:
     tiny = cfg.init in ("scratch", "base") or cfg.init.startswith("tiny-sft")
     if tiny:  # the tiny's defaults of the fields that became model-dependent, as keyed before they were
         key.update({k: v for k, v in asdict(resolve_sft(cfg, pretrained=False)).items()
-                    if k in ("lr", "max_len", "context_weight") and key[k] is None})
+                    if k in ("lr", "max_len", "warmup", "context_weight") and key[k] is None})
         if cfg.gradient_checkpointing is None:
             del key["gradient_checkpointing"]
     return config_hash(key)

@@ -224,7 +224,8 @@ def logits_transient_bytes(a: Arch, s: Setup) -> int:
     return a.vocab * (s.b + 2 * F32)
 
 
-def activation_bytes(a: Arch, s: Setup, tokens: int, checkpointing: bool, transient: bool = True) -> float:
+def activation_bytes(a: Arch, s: Setup, tokens: int, checkpointing: bool, transient: bool = True,
+                     head_tokens: int | None = None) -> float:
     """Peak activation memory of a micro-batch of T tokens (layer = :func:`layer_activation_bytes`,
     head = :func:`head_activation_bytes`, tr = :func:`logits_transient_bytes` if ``transient``):
 
@@ -232,12 +233,15 @@ def activation_bytes(a: Arch, s: Setup, tokens: int, checkpointing: bool, transi
     * checkpointing:     T * (L * b*h + max(layer, head + tr))   (each layer keeps its input b*h; the
       backward recomputes one layer at a time, after the logits are freed).
 
-    ``transient=False`` gives the peak of the tensors autograd saves (what the tests measure)."""
+    ``transient=False`` gives the peak of the tensors autograd saves (what the tests measure);
+    ``head_tokens``: the tokens the LM head runs on (memkit's RL update: the response tokens only,
+    ``decoder_and_head``), default all T."""
     layer, head = layer_activation_bytes(a, s), head_activation_bytes(a, s)
     head += logits_transient_bytes(a, s) if transient else 0
+    head_share = (tokens if head_tokens is None else head_tokens) / tokens
     if checkpointing:
-        return tokens * (a.layers * s.b * a.hidden + max(layer, head))
-    return tokens * (a.layers * layer + head)
+        return tokens * (a.layers * s.b * a.hidden + max(layer, head * head_share))
+    return tokens * (a.layers * layer + head * head_share)
 
 
 def kv_cache_bytes(a: Arch, s: Setup, batch: int, length: int) -> int:
@@ -245,14 +249,17 @@ def kv_cache_bytes(a: Arch, s: Setup, batch: int, length: int) -> int:
     return 2 * a.layers * a.kv_heads * a.head_dim * s.b * batch * length
 
 
-def terms(a: Arch, s: Setup, micro_batch: int, seq_len: int, kv: float, checkpointing: bool) -> dict:
-    """Every term in bytes, and ``total`` = weights + gradients + optimizer + reference + max(activations, kv)."""
+def terms(a: Arch, s: Setup, micro_batch: int, seq_len: int, kv: float, checkpointing: bool,
+          head_tokens: int | None = None) -> dict:
+    """Every term in bytes, and ``total`` = weights + gradients + optimizer + reference + max(activations, kv).
+    ``head_tokens``: the micro-batch's tokens the LM head runs on (default all)."""
     tokens, layer = micro_batch * seq_len, layer_activation_bytes(a, s)
+    head_tokens = tokens if head_tokens is None else head_tokens
     out = {"weights": weight_bytes(a, s), "gradients": gradient_bytes(a, s), "optimizer": optimizer_bytes(a, s),
            "reference": reference_bytes(a, s),
            "activations": tokens * (a.layers * s.b * a.hidden + layer if checkpointing else a.layers * layer),
-           "logits": tokens * (head_activation_bytes(a, s) + logits_transient_bytes(a, s)),
-           "activation_peak": activation_bytes(a, s, tokens, checkpointing), "kv_cache": kv}
+           "logits": head_tokens * (head_activation_bytes(a, s) + logits_transient_bytes(a, s)),
+           "activation_peak": activation_bytes(a, s, tokens, checkpointing, head_tokens=head_tokens), "kv_cache": kv}
     out["total"] = sum(out[k] for k in ("weights", "gradients", "optimizer", "reference"))
     out["total"] += max(out["activation_peak"], kv)
     return out

@@ -38,11 +38,14 @@ class SFTConfig:
     """Sequences per optimizer step. The copying skill comes with sequences seen, not optimizer
     steps, so smaller batches do not buy it sooner (measured: docs/findings.md, 'SFT recipe')."""
     lr: float | None = None
-    """Peak learning rate (AdamW). None = :func:`sft_lr`: 4e-3 for the tiny model (twice as high
-    diverges; measured: docs/findings.md, 'SFT recipe'), 2e-4 for LoRA adapters on a pretrained
-    model, 1e-5 for a pretrained model trained in full."""
-    warmup: int = 200
-    """Linear warmup steps."""
+    """Peak learning rate (AdamW). None = :func:`resolve_sft`: 4e-3 for the tiny model (twice as high
+    diverges; measured: docs/findings.md, 'SFT recipe'), 1e-3 for LoRA adapters on a pretrained
+    model (SmolLM2's format in 19 steps: docs/findings.md, 'A real model on 2 cores'), 1e-5 for a
+    pretrained model trained in full."""
+    warmup: int | None = None
+    """Linear warmup steps. None = 200 for the tiny model; 5 for a pretrained one, whose 2-core SFT
+    is tens of steps (a 200-step warmup kept its lr under 1.5e-5 for a whole 12-minute run:
+    docs/findings.md, 'A real model on 2 cores')."""
     schedule: str = field(default="wsd", metadata={"choices": SCHEDULES})
     """After warmup: "wsd" (warmup-stable-decay: lr held, then a linear decay over the last
     decay_fraction of the run) or "cosine". wsd keeps the peak rate until the late-arriving
@@ -161,12 +164,13 @@ class PretrainConfig:
 
 def resolve_sft(cfg: SFTConfig, pretrained: bool) -> SFTConfig:
     """``cfg`` with its model-dependent defaults (the fields left at None) filled in for a tiny model
-    or a ``pretrained`` one (a model with its own chat template): ``lr``, ``max_len``,
+    or a ``pretrained`` one (a model with its own chat template): ``lr``, ``max_len``, ``warmup``,
     ``context_weight`` and ``gradient_checkpointing`` (see each field)."""
     return replace(
         cfg,
-        lr=cfg.lr if cfg.lr is not None else (2e-4 if cfg.lora.enabled else 1e-5) if pretrained else 4e-3,
+        lr=cfg.lr if cfg.lr is not None else (1e-3 if cfg.lora.enabled else 1e-5) if pretrained else 4e-3,
         max_len=cfg.max_len if cfg.max_len is not None else 2048 if pretrained else 768,
+        warmup=cfg.warmup if cfg.warmup is not None else 5 if pretrained else 200,
         context_weight=cfg.context_weight if cfg.context_weight is not None else 0.0 if pretrained else 1.0,
         gradient_checkpointing=(cfg.gradient_checkpointing if cfg.gradient_checkpointing is not None
                                 else pretrained))

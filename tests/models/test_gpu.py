@@ -103,3 +103,89 @@ def test_cuda_training_run_learns_logs_and_checkpoints(kit, tmp_path, precision)
     loaded = load_policy(str(res.path / "policy"))
     key = "model.embed_tokens.weight"
     assert torch.equal(loaded.model.state_dict()[key], res.model.state_dict()[key].detach().cpu().to(loaded.model.dtype))
+
+
+# ---- the real-model check: one device call (`issues` 54), numbers to $MEMKIT_GPU_REPORT ----------------
+QWEN_SHAPES = ("qwen2.5-0.5b", "qwen2.5-7b")
+
+
+def _qwen_shaped(name: str):
+    """A random-init Qwen2 model with ``name``'s architecture (memkit.models.plan.PRESETS), built on the
+    GPU in bf16 (nothing is downloaded: only a config travels)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from memkit.models.plan import resolve_arch
+
+    a = resolve_arch(name)
+    cfg = Qwen2Config(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.intermediate,
+                      num_hidden_layers=a.layers, num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
+                      tie_word_embeddings=a.tied, max_position_embeddings=32768)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        old = torch.get_default_dtype()
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            model = Qwen2ForCausalLM(cfg)
+        finally:
+            torch.set_default_dtype(old)
+    return model.eval(), a
+
+
+def _long_trajectories(n: int, context: int, output: int, vocab: int):
+    """``n`` one-call trajectories of ``context + output`` tokens, rewards spread in each group of 2."""
+    from memkit.core.trajectory import Call, Trajectory
+
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(n):
+        ids = torch.randint(10, vocab, (context + output,), generator=g).tolist()
+        call = Call(turn=0, role="act", context_ids=ids[:context], output_ids=ids[context:], logprobs=[-3.0] * output)
+        out.append(Trajectory(task_id=f"t{i // 2}", method="mem1", calls=[call], group_index=i % 2, reward=float(i % 2)))
+    return out
+
+
+@pytest.mark.parametrize("name", QWEN_SHAPES)
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_bf16_lora_grpo_step_on_a_qwen_shaped_model_against_the_plan(name, checkpointing):
+    """A bf16 LoRA GRPO update (micro-batch 1 x 4,096 tokens, separate rows) on a random-init
+    Qwen2.5-shaped model: the adapters move, ``torch.cuda.max_memory_allocated`` is within +-15% of
+    ``memkit plan``'s training total, and the tokens/s are reported."""
+    import os
+    import time
+
+    from accelerate import Accelerator
+
+    from memkit.models import LoraSpec, apply_lora
+    from memkit.models.plan import Setup, terms
+    from memkit.rl.config import TrainConfig
+    from memkit.rl.update import Learner
+
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    model, arch = _qwen_shaped(name)
+    model = apply_lora(model, LoraSpec(r=16, alpha=32))
+    cfg = TrainConfig.from_flags(method="mem1", init="tiny", algo="grpo", packing="separate", lora=True, kl_coef=0.001,
+                                 micro_batch_size=1, mini_batches=1, ppo_epochs=1, lr=1e-4, out_dir="", device="cuda",
+                                 gradient_checkpointing=checkpointing, log_entropy=False)
+    learner = Learner(cfg, model, dw.Tok(), accelerator=Accelerator())
+    trajs = _long_trajectories(4, 3584, 512, arch.vocab)
+    before = {n: p.detach().clone() for n, p in learner.policy.named_parameters() if p.requires_grad}
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    stats = learner.update(trajs)
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    peak = torch.cuda.max_memory_allocated()
+    moved = sum(not torch.equal(before[n], p.detach()) for n, p in learner.policy.named_parameters() if p.requires_grad)
+    # the update runs the LM head on the 512 response tokens only (memkit.models.decoder_and_head)
+    planned = terms(arch, Setup(dtype="bf16", lora=True, lora_r=16), 1, 4096, 0.0, checkpointing, head_tokens=512)["total"]
+    row = {"model": name, "checkpointing": checkpointing, "peak_gb": peak / 2**30, "planned_gb": planned / 2**30,
+           "ratio": peak / planned, "tokens_per_s": stats["tokens_processed"] / seconds, "seconds": seconds,
+           "adapters_moved": moved, "gpu": torch.cuda.get_device_name()}
+    print(json.dumps(row))
+    if os.environ.get("MEMKIT_GPU_REPORT"):
+        with open(os.environ["MEMKIT_GPU_REPORT"], "a") as f:
+            f.write(json.dumps(row) + "\n")
+    assert moved > 0 and math.isfinite(stats["pg_loss"])
+    assert 0.85 <= row["ratio"] <= 1.15, row

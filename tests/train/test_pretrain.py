@@ -149,7 +149,7 @@ def test_sft_tags_and_cache_keys_differ_per_init(tmp_path, monkeypatch):
     keys = {sft_cache_key(replace(d, init=i)) for i in ("scratch", "base", "tiny-sft:flaw-fe")}
     assert len(keys) == 3
     legacy = {k: v for k, v in asdict(d).items() if k not in ("init", "method_kwargs", "lora", "gradient_checkpointing")}
-    legacy.update(lr=4e-3, max_len=768, context_weight=1.0)  # the tiny's values, before they became model-dependent
+    legacy.update(lr=4e-3, max_len=768, warmup=200, context_weight=1.0)  # the tiny's values, before they became model-dependent
     assert sft_cache_key(d) == config_hash(legacy)  # caches made before `init`, `method_kwargs`, `lora` keep their names
     assert sft_cache_key(replace(d, lora=replace(d.lora, enabled=True))) != sft_cache_key(d)
     assert sft_cache_key(replace(d, method="memact", method_kwargs={"schedule": "window"})) != \
