@@ -14,6 +14,8 @@ import json
 from dataclasses import asdict, replace
 from pathlib import Path
 
+import torch
+
 from memkit.agents.base import PROMPTS, OracleConfig, compact_prompt_wrap
 from memkit.core.io import cache_dir
 from memkit.models import LORA_TARGETS, LoadedModel, LoraSpec, apply_lora, build_tiny, identity_wrap, load_policy
@@ -96,14 +98,13 @@ def init_tag(init: str) -> str:
 
 def sft_cache_key(cfg: SFTConfig) -> str:
     """``config_hash`` of ``cfg``, with ``init`` left out when it is "scratch", ``method_kwargs`` when
-    empty, ``lora`` when off, and ``lr`` / ``max_len`` keyed by their tiny-model values when left at
-    None (so the SFT caches made before those fields existed keep their names)."""
+    empty, ``lora`` when off, and ``lr`` / ``max_len`` / ``warmup`` / ``context_weight`` keyed by their
+    tiny-model values when left at None (so the SFT caches made before those fields existed keep their names)."""
     key = asdict(cfg)
     for name, default in (("init", "scratch"), ("method_kwargs", {}), ("lora", asdict(SFTConfig().lora))):
         if key[name] == default:
             del key[name]
-    tiny = cfg.init in ("scratch", "base") or cfg.init.startswith("tiny-sft")
-    if tiny:  # the tiny's defaults of the fields that became model-dependent, as keyed before they were
+    if not pretrained_init(cfg.init):  # the tiny's defaults of the fields that became model-dependent, as keyed before they were
         key.update({k: v for k, v in asdict(resolve_sft(cfg, pretrained=False)).items()
                     if k in ("lr", "max_len", "warmup", "context_weight") and key[k] is None})
         if cfg.gradient_checkpointing is None:
@@ -249,8 +250,6 @@ def param_dtype(cfg) -> str:
         return runtime.dtype
     if not cfg.lora.enabled:
         return "float32"
-    import torch
-
     gpu = runtime.device == "cuda" or (runtime.device == "auto" and torch.cuda.is_available())
     return "bfloat16" if gpu else "float32"
 
@@ -261,7 +260,7 @@ def load_init(cfg, kit):
     spec = init_spec(cfg, kit.world_seed)
     dtype = param_dtype(cfg)
     if spec == "tiny":  # random init with the kit's world tokenizer
-        model = build_tiny(kit.tokenizer, seed=cfg.seed).to(dtype)
+        model = build_tiny(kit.tokenizer, seed=cfg.seed).to(dtype=getattr(torch, dtype))
         return (apply_lora(model, lora) if lora else model), kit.tokenizer, identity_wrap
     p = load_policy(spec, lora=lora, dtype=dtype)
     return p.model, p.tokenizer, p.wrap
