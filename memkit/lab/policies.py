@@ -19,6 +19,7 @@ import torch
 from memkit.agents.base import PROMPTS, OracleConfig, compact_prompt_wrap
 from memkit.core.io import cache_dir
 from memkit.models import LORA_TARGETS, LoadedModel, LoraSpec, apply_lora, build_tiny, identity_wrap, load_policy
+from memkit.models.loading import is_chat
 from memkit.models.tokenizer import TOKENIZER_SCHEME
 from memkit.rollout.engine import ModelPolicy, OraclePolicy
 from memkit.train.config import resolve_sft
@@ -213,7 +214,7 @@ def prompt_wrap(method_name: str, tokenizer, wrap=None, prompt: str = "auto", or
     "auto" = paper for the oracle and chat models, compact for tiny models (what SFT trains on).
     Rollouts, SFT and RL must use the same choice, or the model sees a prompt it never learned."""
     if prompt == "auto":
-        prompt = "paper" if oracle or getattr(tokenizer, "chat_template", None) else "compact"
+        prompt = "paper" if oracle or is_chat(tokenizer) else "compact"
     if prompt == "paper":
         return wrap
     if prompt != "compact":

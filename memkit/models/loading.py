@@ -90,7 +90,7 @@ class LoadedModel:
 
     @property
     def chat(self) -> bool:
-        return bool(getattr(self.tokenizer, "chat_template", None))
+        return is_chat(self.tokenizer)
 
 
 #: ``model.config`` attribute naming the passages per search a model was trained with (set by
@@ -206,9 +206,15 @@ def chat_wrap(tokenizer) -> Callable[[list[Segment]], list[Segment]]:
     return wrap
 
 
+def is_chat(tokenizer) -> bool:
+    """Whether a tokenizer has a chat template: memkit's one test for "a pretrained chat model" (the
+    paper's prompt in the template, a real output budget, SFT defaults), against the kit's tiny ones."""
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
 def wrap_for(tokenizer):
     """The context wrap of a tokenizer: the chat template's user turn if it has one, else none."""
-    return chat_wrap(tokenizer) if getattr(tokenizer, "chat_template", None) else identity_wrap
+    return chat_wrap(tokenizer) if is_chat(tokenizer) else identity_wrap
 
 
 def _resolve_dtype(dtype) -> torch.dtype:

@@ -26,6 +26,7 @@ import torch
 from memkit.agents.base import AgentState, CallSpec, Env, Method, OracleConfig, Segment
 from memkit.core.trajectory import Call, LeafOutcome, ModelError, Trajectory
 from memkit.models.generation import Generation  # one output type for oracle and model policies
+from memkit.models.loading import is_chat
 
 _TAG_RE = re.compile(r"<(/?)([a-z_]+)>")
 
@@ -177,7 +178,7 @@ def output_floor(tokenizer, requested: int | None = None) -> int:
         if requested < 0:
             raise ValueError(f"min_new_tokens={requested} must be >= 0 (0 = the format's own output budget)")
         return requested
-    return REAL_MODEL_MIN_NEW_TOKENS if getattr(tokenizer, "chat_template", None) else 0
+    return REAL_MODEL_MIN_NEW_TOKENS if is_chat(tokenizer) else 0
 
 
 def start_states(method: Method, tasks, cfg: RolloutConfig | None = None) -> list[AgentState]:

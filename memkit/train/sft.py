@@ -39,7 +39,7 @@ import torch
 
 from memkit.core.io import atomic_dir
 from memkit.models.adapters import save_policy
-from memkit.models.loading import decoder_and_head, set_gradient_checkpointing
+from memkit.models.loading import decoder_and_head, is_chat, set_gradient_checkpointing
 from memkit.train.config import ATTENTION_KERNELS, SFTConfig, lr_shape, resolve_sft
 
 
@@ -204,7 +204,7 @@ def train_sft(model, tokenizer, examples, cfg: SFTConfig, log=None, progress: bo
     With ``cfg.max_seconds`` the schedule runs on whichever of steps or wall time is further
     along, so a time-limited run still ends at learning rate 0.
     """
-    cfg = resolve_sft(cfg, pretrained=bool(getattr(tokenizer, "chat_template", None)))
+    cfg = resolve_sft(cfg, pretrained=is_chat(tokenizer))
     shape = lr_shape(cfg)
     rng = random.Random(cfg.seed)
     torch.manual_seed(cfg.seed)
