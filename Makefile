@@ -30,6 +30,7 @@ browser-deps:
 # numbers and nbval's output check of tagged cells on that one execution, the browser check.
 test: setup browser-deps
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 # nbval itself over the committed notebooks (executes each notebook again; make test already checks
@@ -42,6 +43,7 @@ test-nbval: setup
 # Unit tests only (no notebook execution, no browser): a few minutes.
 test-fast: setup
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q -m "not slow and not browser" $(PYTEST_ARGS)
 
 # Property tests at depth: every `fuzz` test (parsers, tag spans, HTML escaping, scoring) with 10,000 examples.

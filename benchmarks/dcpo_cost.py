@@ -16,6 +16,7 @@ exact; ``mem1_mask``, MEM1's approximate row, is printed for contrast).
 
 (measured figures: docs/findings.md, 'MemAct')
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,23 +56,29 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     kit = load_kit(0)
     model = fresh_tiny(kit, seed=0).model.eval().to(args.device)
-    print(f"{'k':>2} {'layout':>9} {'rows':>5} {'tokens':>7} {'padded':>7} {'seconds':>8} {'tok ratio':>9} "
-          f"{'time ratio':>10} {'max gap':>8}")
+    print(
+        f"{'k':>2} {'layout':>9} {'rows':>5} {'tokens':>7} {'padded':>7} {'seconds':>8} {'tok ratio':>9} "
+        f"{'time ratio':>10} {'max gap':>8}"
+    )
     for k in (int(x) for x in args.objectives.split(",")):
         tasks = make_tasks(kit.world, args.tasks, k=k, seed=77)
         trajs = rollout("memact", tasks, kit, policy="oracle", oracle_cfg=LAB_ORACLE)
-        layouts = {"separate": ([TrainingUnit.of(t) for t in trajs], "separate"),
-                   "segments": ([u for t in trajs for u in segment_units(t)], "mem1_exact"),
-                   "trie": ([TrainingUnit.of(t) for t in trajs], "mem1_exact"),
-                   "mem1_mask": ([TrainingUnit.of(t) for t in trajs], "mem1_mask")}
+        layouts = {
+            "separate": ([TrainingUnit.of(t) for t in trajs], "separate"),
+            "segments": ([u for t in trajs for u in segment_units(t)], "mem1_exact"),
+            "trie": ([TrainingUnit.of(t) for t in trajs], "mem1_exact"),
+            "mem1_mask": ([TrainingUnit.of(t) for t in trajs], "mem1_mask"),
+        }
         base = None
         for name, (units, mode) in layouts.items():
             batch = pack(units, mode)
             sec = _time(model, batch, args.repeat)
             gap = packing_gap(model, units, mode)["max_abs"]
             base = base or (batch.n_tokens, sec)
-            print(f"{k:>2} {name:>9} {batch.input_ids.shape[0]:>5} {batch.n_tokens:>7} {batch.n_padded_tokens:>7} "
-                  f"{sec:>8.3f} {batch.n_tokens / base[0]:>9.2f} {sec / base[1]:>10.2f} {gap:>8.1e}")
+            print(
+                f"{k:>2} {name:>9} {batch.input_ids.shape[0]:>5} {batch.n_tokens:>7} {batch.n_padded_tokens:>7} "
+                f"{sec:>8.3f} {batch.n_tokens / base[0]:>9.2f} {sec / base[1]:>10.2f} {gap:>8.1e}"
+            )
 
 
 if __name__ == "__main__":

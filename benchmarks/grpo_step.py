@@ -22,6 +22,7 @@ trained tokens against the dense path (target <= 1e-4) and, for mem1_exact, agai
 
 All numbers come from one process on the same trajectories. (measured: docs/findings.md, 'Benchmarks')
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,9 +56,20 @@ def grpo_breakdown(args, kit) -> None:
     init = "tiny-sft" if sft_checkpoint_path("mem1", kit.world_seed).exists() else "tiny"
 
     def trainer_for(attention: str) -> Trainer:  # fresh: every update starts from the same weights
-        cfg = TrainConfig.from_flags(method="mem1", algo="grpo", init=init, objectives=(2,), tasks_per_step=args.tasks,
-                          n_samples=args.n, lr=3e-4, eval_every=0, save_every=0, out_dir="", device=args.device,
-                          attention=attention)
+        cfg = TrainConfig.from_flags(
+            method="mem1",
+            algo="grpo",
+            init=init,
+            objectives=(2,),
+            tasks_per_step=args.tasks,
+            n_samples=args.n,
+            lr=3e-4,
+            eval_every=0,
+            save_every=0,
+            out_dir="",
+            device=args.device,
+            attention=attention,
+        )
         model, tok, wrap = load_init(cfg, kit)
         return Trainer(cfg, model, tok, prompt_wrap(cfg.method, tok, wrap, cfg.prompt), kit, make_accelerator(cfg))
 
@@ -67,15 +79,21 @@ def grpo_breakdown(args, kit) -> None:
     trajs = first.rollout(first.step_tasks(0), args.n, 1.0, 0)
     sync(args.device)
     t_roll = time.perf_counter() - t0
-    print(f"== one GRPO step: mem1, policy={init}, packing={first.packing}, device={args.device}, "
-          f"threads={torch.get_num_threads()}")
+    print(
+        f"== one GRPO step: mem1, policy={init}, packing={first.packing}, device={args.device}, "
+        f"threads={torch.get_num_threads()}"
+    )
     print(f"rollout generation {t_roll:7.2f} s   ({len(trajs)} trajectories, {sum(len(t.calls) for t in trajs)} calls)")
     if init == "tiny":  # a random policy's trajectories are one garbage call each: nothing to pack
         trajs = rollout("mem1", first.step_tasks(0), kit, policy="oracle", n=args.n, prompt="compact")
-        print(f"no cached SFT model of mem1 (memkit sft --method mem1): the update below runs on the same tasks' "
-              f"oracle trajectories ({len(trajs)}, {sum(len(t.calls) for t in trajs)} calls)")
-    print(f"{'attention':<9} {'pack+credit':>11} {'old fwd':>8} {'ref fwd':>8} {'upd fwd':>8} {'bwd+step':>8} "
-          f"{'update':>8} {'step':>8}   (s, best of {args.repeats})")
+        print(
+            f"no cached SFT model of mem1 (memkit sft --method mem1): the update below runs on the same tasks' "
+            f"oracle trajectories ({len(trajs)}, {sum(len(t.calls) for t in trajs)} calls)"
+        )
+    print(
+        f"{'attention':<9} {'pack+credit':>11} {'old fwd':>8} {'ref fwd':>8} {'upd fwd':>8} {'bwd+step':>8} "
+        f"{'update':>8} {'step':>8}   (s, best of {args.repeats})"
+    )
     for path in paths_for(args.device):
         best = None
         for _ in range(args.repeats):
@@ -102,8 +120,10 @@ def grpo_breakdown(args, kit) -> None:
             t["update"] = time.perf_counter() - s
             best = t if best is None or t["update"] < best["update"] else best
         t = best
-        print(f"{path:<9} {t['exp'] - t['old'] - t['ref']:>11.2f} {t['old']:>8.2f} {t['ref']:>8.2f} {t['fwd']:>8.2f} "
-              f"{t['mini'] - t['fwd']:>8.2f} {t['update']:>8.2f} {t_roll + t['update']:>8.2f}")
+        print(
+            f"{path:<9} {t['exp'] - t['old'] - t['ref']:>11.2f} {t['old']:>8.2f} {t['ref']:>8.2f} {t['fwd']:>8.2f} "
+            f"{t['mini'] - t['fwd']:>8.2f} {t['update']:>8.2f} {t_roll + t['update']:>8.2f}"
+        )
 
 
 def timed(obj, name: str, acc: dict, key: str, device: str) -> None:
@@ -138,9 +158,11 @@ def packing_ratio(args, kit) -> None:
     trajs = [t for t in rollout("mem1", tasks, kit, policy="oracle", prompt="compact") if t.valid]
     model = fresh_tiny(kit, 0).model.to(args.device)
     pad = kit.tokenizer.pad_token_id or 0
-    micro = [trajs[i:i + args.micro] for i in range(0, len(trajs), args.micro)]
-    print(f"\n== packed vs separate forward+backward: mem1 oracle, k={args.objectives}, {len(trajs)} trajectories "
-          f"({sum(len(t.calls) for t in trajs)} calls), {args.micro} per forward, fresh tiny model")
+    micro = [trajs[i : i + args.micro] for i in range(0, len(trajs), args.micro)]
+    print(
+        f"\n== packed vs separate forward+backward: mem1 oracle, k={args.objectives}, {len(trajs)} trajectories "
+        f"({sum(len(t.calls) for t in trajs)} calls), {args.micro} per forward, fresh tiny model"
+    )
     batches = {mode: [pack(m, mode, pad) for m in micro] for mode in MODES}
 
     def flat_logps(mode: str, path: str) -> torch.Tensor:
@@ -173,16 +195,20 @@ def packing_ratio(args, kit) -> None:
     _, t_sep = best("separate", "dense")
     cells_sep = sum(b.n_attention_cells for b in batches["separate"])
     print(f"separate   fwd+bwd {t_sep:6.2f} s   cells {cells_sep / 1e6:6.2f}M")
-    print(f"{'mode':<11} {'attention':<9} {'fwd+bwd s':>9} {'first call':>10} {'x separate':>10} {'cells':>8} "
-          f"{'|dlogp| vs dense':>16} {'vs separate':>11}")
+    print(
+        f"{'mode':<11} {'attention':<9} {'fwd+bwd s':>9} {'first call':>10} {'x separate':>10} {'cells':>8} "
+        f"{'|dlogp| vs dense':>16} {'vs separate':>11}"
+    )
     for mode in ("mem1_mask", "mem1_exact"):
         for path in paths_for(args.device):
             first, t = best(mode, path)
             cells = sum(attention_cells(b.attention_mask, path) for b in batches[mode])
             lp = flat_logps(mode, path)
             vs_sep = f"{float((lp - ref['separate']).abs().max()):11.1e}" if mode == "mem1_exact" else f"{'-':>11}"
-            print(f"{mode:<11} {path:<9} {t:>9.2f} {first:>10.2f} {t / t_sep:>9.2f}x {cells / 1e6:>7.2f}M "
-                  f"{float((lp - ref[mode]).abs().max()):>16.1e} {vs_sep}")
+            print(
+                f"{mode:<11} {path:<9} {t:>9.2f} {first:>10.2f} {t / t_sep:>9.2f}x {cells / 1e6:>7.2f}M "
+                f"{float((lp - ref[mode]).abs().max()):>16.1e} {vs_sep}"
+            )
 
 
 def main() -> None:

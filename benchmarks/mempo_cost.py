@@ -12,6 +12,7 @@ trie per trajectory) and checks they give the same P.
 
 (measured figures: docs/findings.md, 'Benchmarks')
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,9 +43,21 @@ def main() -> None:
     kit = load_kit(0)
     init = str(ensure_lab_sft("mempo", kit)) if args.init == "lab" else args.init
     with tempfile.TemporaryDirectory() as out:
-        cfg = TrainConfig.from_flags(method="mempo", init=init, credit="mempo", objectives=(2,), lr=3e-4, temperature=0.5,
-                          steps=args.steps, tasks_per_step=8, n_samples=4, eval_every=0, save_every=0,
-                          device=args.device, out_dir=out)
+        cfg = TrainConfig.from_flags(
+            method="mempo",
+            init=init,
+            credit="mempo",
+            objectives=(2,),
+            lr=3e-4,
+            temperature=0.5,
+            steps=args.steps,
+            tasks_per_step=8,
+            n_samples=4,
+            eval_every=0,
+            save_every=0,
+            device=args.device,
+            out_dir=out,
+        )
         model, tok, wrap = load_init(cfg, kit)
         trainer = Trainer(cfg, model, tok, prompt_wrap("mempo", tok, wrap, cfg.prompt), kit, make_accelerator(cfg))
         print(f"{'step':>4} {'rollout s':>9} {'update s':>8} {'probes s':>8} {'memories':>8} {'probe share':>11}")
@@ -53,8 +66,10 @@ def main() -> None:
             row = trainer.train_step()
             share = row["mem_reward_seconds"] / row["seconds"]
             shares.append(share)
-            print(f"{row['step']:>4} {row['seconds_rollout']:>9.2f} {row['seconds_update']:>8.2f} "
-                  f"{row['mem_reward_seconds']:>8.2f} {row['memories']:>8.0f} {share:>11.1%}")
+            print(
+                f"{row['step']:>4} {row['seconds_rollout']:>9.2f} {row['seconds_update']:>8.2f} "
+                f"{row['mem_reward_seconds']:>8.2f} {row['memories']:>8.0f} {share:>11.1%}"
+            )
         print(f"probe share of a training step: mean {sum(shares) / len(shares):.1%}, max {max(shares):.1%}")
 
         tasks = trainer.step_tasks(trainer.step)
@@ -63,8 +78,9 @@ def main() -> None:
         results = {}
         for packing in PROBE_PACKINGS:
             t0 = time.perf_counter()
-            results[packing] = answer_probability(trainer.policy, probes, packing, 8 * cfg.runtime.micro_batch_size,
-                                                  tok.pad_token_id or 0)
+            results[packing] = answer_probability(
+                trainer.policy, probes, packing, 8 * cfg.runtime.micro_batch_size, tok.pad_token_id or 0
+            )
             print(f"{packing:>10}: {len(probes)} probes in {time.perf_counter() - t0:.2f} s")
         gap = float((results["separate"] - results["mem1_exact"]).abs().max()) if probes else 0.0
         print(f"max |P separate - P mem1_exact| = {gap:.2e}")

@@ -18,6 +18,7 @@ separate row: one call's), so fewer tokens need not mean less time.
 
 (measured figures: docs/findings.md, 'Benchmarks')
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,7 +51,9 @@ def main() -> None:
     ap.add_argument("--micro", type=int, default=1, help="trajectories per forward pass")
     ap.add_argument("--backward", action="store_true", help="also time forward + backward (~3x the forward)")
     ap.add_argument("--repeats", type=int, default=1, help="timing repeats (best is kept)")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for tiny on a shared 2-core box)")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1 is fastest for tiny on a shared 2-core box)"
+    )
     ap.add_argument("--seed", type=int, default=4242)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -61,11 +64,13 @@ def main() -> None:
     trajs = [t for t in rollout("mem1", tasks, kit, policy="oracle", prompt="compact") if t.valid]
     model = fresh_tiny(kit, 0).model
     pad = kit.tokenizer.pad_token_id or 0
-    micro = [trajs[i:i + args.micro] for i in range(0, len(trajs), args.micro)]
+    micro = [trajs[i : i + args.micro] for i in range(0, len(trajs), args.micro)]
     calls = sum(len(t.calls) for t in trajs)
-    print(f"mem1 oracle, k={args.objectives}: {len(trajs)} trajectories, {calls} calls "
-          f"({calls / max(len(trajs), 1):.1f} per trajectory); tiny model, {args.micro} trajectories per forward, "
-          f"threads={torch.get_num_threads()}, attn={model.config._attn_implementation}")
+    print(
+        f"mem1 oracle, k={args.objectives}: {len(trajs)} trajectories, {calls} calls "
+        f"({calls / max(len(trajs), 1):.1f} per trajectory); tiny model, {args.micro} trajectories per forward, "
+        f"threads={torch.get_num_threads()}, attn={model.config._attn_implementation}"
+    )
 
     res, ref = {}, None
     for mode in MODES:
@@ -108,18 +113,24 @@ def main() -> None:
     print(head)
     for mode, r in res.items():
         fb = "-" if r["fwd_bwd"] is None else f"{r['fwd_bwd']:.2f}"
-        print(f"{mode:<11} {r['shape']:>9} {r['tokens']:>8} {r['padded']:>8} {r['pairs']:>11} {r['cells']:>12} "
-              f"{r['fwd']:>7.2f} {fb:>9} {r['gap']:>10.2g}")
+        print(
+            f"{mode:<11} {r['shape']:>9} {r['tokens']:>8} {r['padded']:>8} {r['pairs']:>11} {r['cells']:>12} "
+            f"{r['fwd']:>7.2f} {fb:>9} {r['gap']:>10.2g}"
+        )
     print("ratios to separate (<1 = packing is cheaper):")
     for mode in ("mem1_mask", "mem1_exact"):
         r = res[mode]
         fb = "" if r["fwd_bwd"] is None else f"  fwd+bwd {r['fwd_bwd'] / sep['fwd_bwd']:.2f}x"
-        print(f"  {mode:<11} tokens {r['tokens'] / sep['tokens']:.2f}x  padded {r['padded'] / sep['padded']:.2f}x  "
-              f"pairs {r['pairs'] / sep['pairs']:.2f}x  cells {r['cells'] / sep['cells']:.2f}x  "
-              f"fwd {r['fwd'] / sep['fwd']:.2f}x{fb}")
+        print(
+            f"  {mode:<11} tokens {r['tokens'] / sep['tokens']:.2f}x  padded {r['padded'] / sep['padded']:.2f}x  "
+            f"pairs {r['pairs'] / sep['pairs']:.2f}x  cells {r['cells'] / sep['cells']:.2f}x  "
+            f"fwd {r['fwd'] / sep['fwd']:.2f}x{fb}"
+        )
     ex, mk = res["mem1_exact"], res["mem1_mask"]
-    print(f"  mem1_exact / mem1_mask: tokens {ex['tokens'] / mk['tokens']:.2f}x, fwd {ex['fwd'] / mk['fwd']:.2f}x "
-          "(the price of exact position ids, App. B.7)")
+    print(
+        f"  mem1_exact / mem1_mask: tokens {ex['tokens'] / mk['tokens']:.2f}x, fwd {ex['fwd'] / mk['fwd']:.2f}x "
+        "(the price of exact position ids, App. B.7)"
+    )
 
 
 if __name__ == "__main__":

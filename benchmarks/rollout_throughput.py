@@ -24,6 +24,7 @@ devices, so compare ratios only within one machine.
 
 (measured figures: docs/findings.md, 'Benchmarks')
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,9 +48,11 @@ def generated_tokens(trajs) -> int:
 def breakdown(stats) -> str:
     """Prefill vs decode share of one path's generation time (HFBackend.stats)."""
     rows = stats.decode_rows / max(stats.decode_steps, 1)
-    return (f"prefill {stats.prefill_seconds:5.1f} s ({stats.prefill_tokens} prompt tokens, "
-            f"{1e6 * stats.prefill_seconds / max(stats.prefill_tokens, 1):5.1f} us/token) | decode {stats.decode_seconds:5.1f} s "
-            f"({stats.decode_steps} steps x {rows:4.1f} rows, {1e3 * stats.decode_seconds / max(stats.decode_rows, 1):5.2f} ms/row-step)")
+    return (
+        f"prefill {stats.prefill_seconds:5.1f} s ({stats.prefill_tokens} prompt tokens, "
+        f"{1e6 * stats.prefill_seconds / max(stats.prefill_tokens, 1):5.1f} us/token) | decode {stats.decode_seconds:5.1f} s "
+        f"({stats.decode_steps} steps x {rows:4.1f} rows, {1e3 * stats.decode_seconds / max(stats.decode_rows, 1):5.2f} ms/row-step)"
+    )
 
 
 def trajectory_seeds(n_tasks: int, group: int, base: int) -> list[list[int]]:
@@ -71,8 +74,15 @@ def timed_paths(args, kit, policy, tasks, threads: int) -> dict:
     stats = policy.backend().stats
     stats.reset()
     t0 = time.perf_counter()
-    batched = rollout(args.method, tasks, kit, policy=policy, n=args.group, temperature=1.0,
-                      sample_seeds=[s for task_seeds in seeds for s in task_seeds])
+    batched = rollout(
+        args.method,
+        tasks,
+        kit,
+        policy=policy,
+        n=args.group,
+        temperature=1.0,
+        sample_seeds=[s for task_seeds in seeds for s in task_seeds],
+    )
     out = {"batched": (time.perf_counter() - t0, generated_tokens(batched), replace(stats))}
     stats.reset()
     t0 = time.perf_counter()
@@ -92,8 +102,13 @@ def main() -> None:
     ap.add_argument("--method", default="mem1")
     ap.add_argument("--objectives", type=int, default=2)
     ap.add_argument("--device", default="cpu", help="where the model runs, e.g. cpu or cuda")
-    ap.add_argument("--threads", type=int, nargs="+", default=None,
-                    help="torch thread counts to measure both paths at (default: 1 and all cores)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        nargs="+",
+        default=None,
+        help="torch thread counts to measure both paths at (default: 1 and all cores)",
+    )
     args = ap.parse_args()
     thread_counts = args.threads or sorted({1, usable_cores()})
     kept = keep_freed_memory()  # as the memkit CLI does; MEMKIT_KEEP_FREED_MEMORY=0 to compare
@@ -102,8 +117,10 @@ def main() -> None:
     policy = load_policy(str(ckpt)) if ckpt.exists() else fresh_tiny(kit)
     policy.model.to(args.device)
     tasks = make_tasks(kit.world, n=args.n // args.group, k=args.objectives, seed=4242)
-    print(f"policy={ckpt if ckpt.exists() else 'tiny (random init)'} method={args.method} k={args.objectives} trajectories={args.n} "
-          f"threads={thread_counts} keep_freed_memory={kept} device={args.device}")
+    print(
+        f"policy={ckpt if ckpt.exists() else 'tiny (random init)'} method={args.method} k={args.objectives} trajectories={args.n} "
+        f"threads={thread_counts} keep_freed_memory={kept} device={args.device}"
+    )
 
     # warm-up, not timed: the first batched rollout also grows the allocator's arena and builds kernels for
     # its shapes (0.3-0.7 s of prefill measured), which would count against whichever path runs first
@@ -115,10 +132,14 @@ def main() -> None:
         same = res.pop("identical")
         print(f"-- {threads} thread(s): {same} of {args.n} trajectories identical on both paths")
         for path, (seconds, tokens, stats) in res.items():
-            print(f"  {path:10s}: {tokens} tokens generated, {seconds:6.1f} s, {tokens / seconds:7.1f} tok/s | {breakdown(stats)}")
+            print(
+                f"  {path:10s}: {tokens} tokens generated, {seconds:6.1f} s, {tokens / seconds:7.1f} tok/s | {breakdown(stats)}"
+            )
             if path not in best or seconds < best[path][0]:
                 best[path] = (seconds, threads)
-        print(f"  speed-up at {threads} thread(s) (wall, same trajectories): {res['one-by-one'][0] / res['batched'][0]:.1f}x")
+        print(
+            f"  speed-up at {threads} thread(s) (wall, same trajectories): {res['one-by-one'][0] / res['batched'][0]:.1f}x"
+        )
     (tb, nb), (ts, ns) = best["batched"], best["one-by-one"]
     print(f"speed-up, each path at its fastest thread count (batched {nb}, one-by-one {ns}): {ts / tb:.1f}x")
 

@@ -15,6 +15,7 @@ It prints one row per (model, k) and the SFT's steps, sequences and training tok
 them as JSON to ``--out`` (default ``benchmarks/out/smollm2_sft.json``). Figures and what they mean:
 docs/findings.md, 'A real model on 2 cores'.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,11 +33,19 @@ def evaluate_rows(label: str, method: str, kit, policy, tasks: int, objectives) 
     rows = []
     for k, (summary, trajs) in evaluate(method, kit, objectives=objectives, n_tasks=tasks, policy=policy).items():
         calls = [c for t in trajs for c in t.calls]
-        row = {"model": label, "k": k, "valid": 1.0 - summary["invalid_rate"], "em": summary["em"],
-               "output_tokens_per_call": sum(len(c.output_ids) for c in calls) / max(len(calls), 1),
-               "wall_seconds": summary["wall_seconds"]}
-        print(f"{label:>12s} k={k}: valid {row['valid']:.2f}  EM {row['em']:.3f}  "
-              f"output tokens/call {row['output_tokens_per_call']:.0f}  ({row['wall_seconds']:.0f} s)", flush=True)
+        row = {
+            "model": label,
+            "k": k,
+            "valid": 1.0 - summary["invalid_rate"],
+            "em": summary["em"],
+            "output_tokens_per_call": sum(len(c.output_ids) for c in calls) / max(len(calls), 1),
+            "wall_seconds": summary["wall_seconds"],
+        }
+        print(
+            f"{label:>12s} k={k}: valid {row['valid']:.2f}  EM {row['em']:.3f}  "
+            f"output tokens/call {row['output_tokens_per_call']:.0f}  ({row['wall_seconds']:.0f} s)",
+            flush=True,
+        )
         rows.append(row)
     return rows
 
@@ -51,8 +60,11 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--n-tasks", type=int, default=400, help="oracle tasks to clone")
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast (AVX512-BF16 / AMX CPUs run it faster)")
-    p.add_argument("--no-checkpointing", action="store_true",
-                   help="keep activations (faster, more memory) instead of the pretrained default")
+    p.add_argument(
+        "--no-checkpointing",
+        action="store_true",
+        help="keep activations (faster, more memory) instead of the pretrained default",
+    )
     p.add_argument("--skip-prompt-only", action="store_true")
     p.add_argument("--out", default="benchmarks/out/smollm2_sft.json")
     args = p.parse_args()
@@ -67,25 +79,49 @@ def main() -> None:
     kit = load_kit(0)
     rows = []
     if not args.skip_prompt_only:
-        rows += evaluate_rows("prompt-only", args.method, kit, load_spec("smollm2-135m", args.method, kit),
-                              args.eval_tasks, objectives)
-    cfg = SFTConfig(method=args.method, init="smollm2-135m", lr=args.lr, batch_size=args.batch_size,
-                    n_tasks=args.n_tasks, max_seconds=60 * args.minutes, log_every=10, bf16=args.bf16 or None,
-                    gradient_checkpointing=False if args.no_checkpointing else None)
+        rows += evaluate_rows(
+            "prompt-only", args.method, kit, load_spec("smollm2-135m", args.method, kit), args.eval_tasks, objectives
+        )
+    cfg = SFTConfig(
+        method=args.method,
+        init="smollm2-135m",
+        lr=args.lr,
+        batch_size=args.batch_size,
+        n_tasks=args.n_tasks,
+        max_seconds=60 * args.minutes,
+        log_every=10,
+        bf16=args.bf16 or None,
+        gradient_checkpointing=False if args.no_checkpointing else None,
+    )
     cfg.lora.enabled = True
     t0 = time.perf_counter()
     tag = f"{sft_tag(cfg)}-bench-{config_hash(vars(args))[:6]}"
-    path, history, n_ex = train_sft_model(args.method, kit, cfg, path=sft_output_path(cfg, 0, tag),
-                                          log=lambda r: print(f"  sft step {r['step']:4d}  loss {r['loss']:.3f}  "
-                                                              f"{r['seconds']:.0f}s", flush=True))
+    path, history, n_ex = train_sft_model(
+        args.method,
+        kit,
+        cfg,
+        path=sft_output_path(cfg, 0, tag),
+        log=lambda r: print(f"  sft step {r['step']:4d}  loss {r['loss']:.3f}  {r['seconds']:.0f}s", flush=True),
+    )
     sft_seconds = time.perf_counter() - t0
     meta = json.loads((Path(path) / "memkit.json").read_text())
     steps = history[-1]["step"] + 1
-    sft = {"seconds": sft_seconds, "steps": steps, "sequences": steps * args.batch_size, "examples": n_ex,
-           "lr": meta["sft"]["lr"], "final_loss": history[-1]["loss"], "first_loss": history[0]["loss"],
-           "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "path": str(path)}
-    print(f"SFT: {steps} steps x {args.batch_size} sequences in {sft_seconds:.0f} s (data included); "
-          f"loss {sft['first_loss']:.2f} -> {sft['final_loss']:.2f}; peak RSS {sft['peak_rss_gb']:.1f} GB", flush=True)
+    sft = {
+        "seconds": sft_seconds,
+        "steps": steps,
+        "sequences": steps * args.batch_size,
+        "examples": n_ex,
+        "lr": meta["sft"]["lr"],
+        "final_loss": history[-1]["loss"],
+        "first_loss": history[0]["loss"],
+        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        "path": str(path),
+    }
+    print(
+        f"SFT: {steps} steps x {args.batch_size} sequences in {sft_seconds:.0f} s (data included); "
+        f"loss {sft['first_loss']:.2f} -> {sft['final_loss']:.2f}; peak RSS {sft['peak_rss_gb']:.1f} GB",
+        flush=True,
+    )
     rows += evaluate_rows("SFT+LoRA", args.method, kit, str(path), args.eval_tasks, objectives)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -30,6 +30,7 @@ fewer padded slots and fewer forwards, which RL runs with a wall-clock budget tu
 
 (measured figures: docs/findings.md, 'Benchmarks')
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,10 +45,18 @@ from memkit.rl.config import TrainConfig
 from memkit.rl.trainer import Trainer, make_accelerator
 
 SETUPS = {  # the notebooks' full-mode batches (TrainConfig fields)
-    "mem1": dict(algo="ppo", packing="mem1_exact", agg="token-mean", mini_batches=1, critic_lr=1e-3,
-                 tasks_per_step=8, n_samples=4),
-    "memsearcher": dict(algo="grpo", packing="separate", agg="seq-mean-token-mean", mini_batches=2,
-                        tasks_per_step=4, n_samples=5),
+    "mem1": dict(
+        algo="ppo",
+        packing="mem1_exact",
+        agg="token-mean",
+        mini_batches=1,
+        critic_lr=1e-3,
+        tasks_per_step=8,
+        n_samples=4,
+    ),
+    "memsearcher": dict(
+        algo="grpo", packing="separate", agg="seq-mean-token-mean", mini_batches=2, tasks_per_step=4, n_samples=5
+    ),
 }
 
 
@@ -68,8 +77,18 @@ def main() -> None:
     init = "tiny-sft" if sft_checkpoint_path(args.method, kit.world_seed).exists() else "tiny"
 
     def trainer_for(recompute: bool, sort: bool, row_groups: int = 1) -> Trainer:  # fresh: each update starts alike
-        cfg = TrainConfig.from_flags(method=args.method, init=init, objectives=(2,), lr=3e-4, eval_every=0, save_every=0,
-                          out_dir="", recompute_old_logprobs=recompute, row_groups=row_groups, **setup)
+        cfg = TrainConfig.from_flags(
+            method=args.method,
+            init=init,
+            objectives=(2,),
+            lr=3e-4,
+            eval_every=0,
+            save_every=0,
+            out_dir="",
+            recompute_old_logprobs=recompute,
+            row_groups=row_groups,
+            **setup,
+        )
         model, tok, wrap = load_init(cfg, kit)
         trainer = Trainer(cfg, model, tok, prompt_wrap(cfg.method, tok, wrap, cfg.prompt), kit, make_accelerator(cfg))
         trainer.sort_micro_batches = sort
@@ -77,12 +96,19 @@ def main() -> None:
 
     first = trainer_for(True, False)
     trajs = first.rollout(first.step_tasks(0), n, 1.0, 0)
-    print(f"policy={init} method={args.method} algo={first.cfg.algo} packing={first.packing} "
-          f"trajectories={len(trajs)} threads={torch.get_num_threads()}")
+    print(
+        f"policy={init} method={args.method} algo={first.cfg.algo} packing={first.packing} "
+        f"trajectories={len(trajs)} threads={torch.get_num_threads()}"
+    )
     rows = []
     groups = TrainConfig().row_groups
-    for recompute, sort, row_groups in [(True, False, 1), (True, True, 1), (False, False, 1), (False, True, 1),
-                                        (False, True, groups)]:
+    for recompute, sort, row_groups in [
+        (True, False, 1),
+        (True, True, 1),
+        (False, False, 1),
+        (False, True, 1),
+        (False, True, groups),
+    ]:
         best, stats = float("inf"), None
         for _ in range(args.repeats):
             trainer = trainer_for(recompute, sort, row_groups)
@@ -90,12 +116,16 @@ def main() -> None:
             stats = trainer.update(trajs)
             best = min(best, time.perf_counter() - t0)
         rows.append(best)
-        print(f"old log-probs {'recomputed' if recompute else 'from rollout':12}  micro-batches "
-              f"{'length-sorted' if sort else 'rollout order':13}  row groups {row_groups}  update {best:6.2f} s   "
-              f"tokens {int(stats['tokens_processed'])}  padded slots {int(stats['padded_tokens'])}")
-    print(f"speed-up over recomputed + rollout order: sorted {rows[0] / rows[1]:.2f}x, "
-          f"from rollout {rows[0] / rows[2]:.2f}x, both {rows[0] / rows[3]:.2f}x, "
-          f"and rows in {groups} length groups {rows[0] / rows[4]:.2f}x ({rows[3] / rows[4]:.2f}x over both)")
+        print(
+            f"old log-probs {'recomputed' if recompute else 'from rollout':12}  micro-batches "
+            f"{'length-sorted' if sort else 'rollout order':13}  row groups {row_groups}  update {best:6.2f} s   "
+            f"tokens {int(stats['tokens_processed'])}  padded slots {int(stats['padded_tokens'])}"
+        )
+    print(
+        f"speed-up over recomputed + rollout order: sorted {rows[0] / rows[1]:.2f}x, "
+        f"from rollout {rows[0] / rows[2]:.2f}x, both {rows[0] / rows[3]:.2f}x, "
+        f"and rows in {groups} length groups {rows[0] / rows[4]:.2f}x ({rows[3] / rows[4]:.2f}x over both)"
+    )
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ a notebook imports one name, as d2l's chapters do::
 Each name loads its module on first use (PEP 562), so ``import memkit`` costs no torch import and
 ``memkit --help`` stays fast; ``mk.<name>.__module__`` says where it lives.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -56,19 +57,51 @@ class Paper:
 
 
 #: the five papers, in the course's order
-PAPERS = {p.key: p for p in (
-    Paper("mem1", "MEM1: Learning to Synergize Memory and Reasoning for Efficient Long-Horizon Agents",
-          "mem1.md", "mem1", "notebooks/02_mem1_masked_trajectories.ipynb", "memkit.lab.recipes.lab_sft_config"),
-    Paper("memsearcher", "MemSearcher: Training LLMs to Reason, Search and Manage Memory via End-to-End RL",
-          "memsearcher.md", "memsearcher", "notebooks/03_memsearcher_multicontext_grpo.ipynb",
-          "memkit.lab.recipes.lab_sft_config"),
-    Paper("mempo", "MemPO: Self-Memory Policy Optimization for Long-Horizon Agents", "mempo.md", "mempo",
-          "notebooks/04_mempo_memory_reward.ipynb", "memkit.lab.recipes.lab_sft_config"),
-    Paper("memact", "Memory as Action: Autonomous Context Curation for Long-Horizon Agentic Tasks", "memact.md",
-          "memact", "notebooks/05_memact_dcpo.ipynb", "memkit.lab.recipes.lab_sft_config"),
-    Paper("memt", "Mem-T: Densifying Rewards for Long-Horizon Memory Agents", "mem-t.md", "memt",
-          "notebooks/06_memt_tree_backprop.ipynb", "memkit.lab.memt.retrieval.MemTLab"),
-)}
+PAPERS = {
+    p.key: p
+    for p in (
+        Paper(
+            "mem1",
+            "MEM1: Learning to Synergize Memory and Reasoning for Efficient Long-Horizon Agents",
+            "mem1.md",
+            "mem1",
+            "notebooks/02_mem1_masked_trajectories.ipynb",
+            "memkit.lab.recipes.lab_sft_config",
+        ),
+        Paper(
+            "memsearcher",
+            "MemSearcher: Training LLMs to Reason, Search and Manage Memory via End-to-End RL",
+            "memsearcher.md",
+            "memsearcher",
+            "notebooks/03_memsearcher_multicontext_grpo.ipynb",
+            "memkit.lab.recipes.lab_sft_config",
+        ),
+        Paper(
+            "mempo",
+            "MemPO: Self-Memory Policy Optimization for Long-Horizon Agents",
+            "mempo.md",
+            "mempo",
+            "notebooks/04_mempo_memory_reward.ipynb",
+            "memkit.lab.recipes.lab_sft_config",
+        ),
+        Paper(
+            "memact",
+            "Memory as Action: Autonomous Context Curation for Long-Horizon Agentic Tasks",
+            "memact.md",
+            "memact",
+            "notebooks/05_memact_dcpo.ipynb",
+            "memkit.lab.recipes.lab_sft_config",
+        ),
+        Paper(
+            "memt",
+            "Mem-T: Densifying Rewards for Long-Horizon Memory Agents",
+            "mem-t.md",
+            "memt",
+            "notebooks/06_memt_tree_backprop.ipynb",
+            "memkit.lab.memt.retrieval.MemTLab",
+        ),
+    )
+}
 
 
 def paper(name: str) -> Paper:
@@ -102,8 +135,12 @@ _EXPORTS = {
     "memkit.rl.choices": ("PACKING_MODES",),
     "memkit.rl.config": ("TrainConfig",),
     "memkit.rl.rules": ("DCPOConfig", "MemPOConfig", "MoTConfig"),
-    "memkit.rl.advantages": ("broadcast_to_calls", "broadcast_to_calls_loop", "grpo_advantages",
-                             "grpo_advantages_loop"),
+    "memkit.rl.advantages": (
+        "broadcast_to_calls",
+        "broadcast_to_calls_loop",
+        "grpo_advantages",
+        "grpo_advantages_loop",
+    ),
     "memkit.rl.credit": ("CreditBatch", "get_credit", "trajectory_gae"),
     "memkit.rl.critic": ("loss_weights",),
     "memkit.rl.losses": ("token_logprobs",),
@@ -114,18 +151,48 @@ _EXPORTS = {
     "memkit.rl.headroom": ("exploration_headroom", "slot_em"),
     "memkit.rl.memory_reward": ("answer_probability", "memory_probes", "memory_span", "score_memories"),
     "memkit.rl.segments": ("dcpo_units", "sample_segments", "sampler_draws", "segment_calls", "segment_units"),
-    "memkit.rl.mot": ("construction_ops", "hindsight_filter", "hindsight_scores", "mot_units", "node_rewards",
-                      "score_query", "tree_advantages", "tree_nodes"),
+    "memkit.rl.mot": (
+        "construction_ops",
+        "hindsight_filter",
+        "hindsight_scores",
+        "mot_units",
+        "node_rewards",
+        "score_query",
+        "tree_advantages",
+        "tree_nodes",
+    ),
     "memkit.lab.kit": ("load_kit",),
     "memkit.lab.policies": ("fresh_tiny", "load_init", "prompt_wrap"),
     "memkit.lab.evaluation": ("evaluate", "measure_headroom"),
     "memkit.lab.runs": ("arm_table", "ensure_sft", "train_arms"),
-    "memkit.lab.recipes": ("ensure_lab_clone", "ensure_lab_sft", "ensure_lab_window_sft", "LAB_CLONES",
-                           "LAB_FORMATS", "LAB_ORACLE", "LAB_RL_MINUTES", "LAB_WINDOW"),
-    "memkit.lab.memt.retrieval": ("answer_with", "built_stores", "ensure_memt_clone", "f1_by_category", "MemTLab",
-                                  "RETRIEVAL_ARMS", "run_arm"),
-    "memkit.lab.memt.construction": ("CONSTRUCTION_ARMS", "ConstructionLab", "ensure_construction_clone",
-                                     "op_examples", "OpPool", "run_construction_arms", "store_quality"),
+    "memkit.lab.recipes": (
+        "ensure_lab_clone",
+        "ensure_lab_sft",
+        "ensure_lab_window_sft",
+        "LAB_CLONES",
+        "LAB_FORMATS",
+        "LAB_ORACLE",
+        "LAB_RL_MINUTES",
+        "LAB_WINDOW",
+    ),
+    "memkit.lab.memt.retrieval": (
+        "answer_with",
+        "built_stores",
+        "ensure_memt_clone",
+        "f1_by_category",
+        "MemTLab",
+        "RETRIEVAL_ARMS",
+        "run_arm",
+    ),
+    "memkit.lab.memt.construction": (
+        "CONSTRUCTION_ARMS",
+        "ConstructionLab",
+        "ensure_construction_clone",
+        "op_examples",
+        "OpPool",
+        "run_construction_arms",
+        "store_quality",
+    ),
     "memkit.lab.memt.evaluation": ("evaluate_streams", "format_stream_table"),
     "memkit.course.results": ("seed_spread",),
     "memkit.viz": ("to_html", "TraceViewer", "TreeViewer"),

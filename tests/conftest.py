@@ -1,4 +1,5 @@
 """Shared pytest setup: markers, a per-session model/data cache, a temp OUT_DIR."""
+
 from __future__ import annotations
 
 import os

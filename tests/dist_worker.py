@@ -5,6 +5,7 @@ As a script (``torchrun --nproc_per_node 2 tests/dist_worker.py OUT_DIR``) every
 saves the updated parameters to ``OUT_DIR/<algo>.pt``; the test compares them with one process
 updating on the whole batch.
 """
+
 from __future__ import annotations
 
 import sys
@@ -31,8 +32,15 @@ def tiny_llama(seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    cfg = LlamaConfig(
+        vocab_size=100,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
     cfg._attn_implementation = "sdpa"
     return LlamaForCausalLM(cfg).eval()
 
@@ -51,8 +59,17 @@ def mem1_traj(task: int, sample: int, n_calls: int) -> Trajectory:
             refs.append((len(ctx), len(ctx) + len(p.observation_ids), t - 1, "observation"))
             ctx += p.observation_ids
         out = take(2 + (task + sample + t) % 5)
-        calls.append(Call(turn=t, role="act", context_ids=ctx, output_ids=out, logprobs=[-2.0] * len(out),
-                          context_refs=refs, observation_ids=take(3) if t < n_calls - 1 else []))
+        calls.append(
+            Call(
+                turn=t,
+                role="act",
+                context_ids=ctx,
+                output_ids=out,
+                logprobs=[-2.0] * len(out),
+                context_refs=refs,
+                observation_ids=take(3) if t < n_calls - 1 else [],
+            )
+        )
     reward = float((task + 2 * sample) % 3) / 2  # varies inside each group
     return Trajectory(task_id=f"task{task}", method="mem1", calls=calls, group_index=sample, reward=reward)
 

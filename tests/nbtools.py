@@ -1,4 +1,5 @@
 """Shared helpers for notebook tests: build small notebooks, run them, check recorded numbers."""
+
 from __future__ import annotations
 
 import math
@@ -18,8 +19,12 @@ OUTPUT_CHECK_TAGS = {"nbval-check-output", "nbval-check"}
 DEFAULT_PARAMS = 'SMOKE = True\nMODEL = "tiny"\nSEED = 0\nOUT_DIR = "out"\n'
 
 
-def make_notebook(path: str | Path, cells: Iterable[str], parameters: str | None = DEFAULT_PARAMS,
-                  tags: dict[int, list[str]] | None = None) -> Path:
+def make_notebook(
+    path: str | Path,
+    cells: Iterable[str],
+    parameters: str | None = DEFAULT_PARAMS,
+    tags: dict[int, list[str]] | None = None,
+) -> Path:
     """Write a python3 notebook: an optional ``parameters`` cell, then one code cell per source.
 
     ``tags`` maps the index of a cell in ``cells`` to extra tags.
@@ -37,8 +42,9 @@ def make_notebook(path: str | Path, cells: Iterable[str], parameters: str | None
     return path
 
 
-def run_notebook(path: str | Path, params: dict[str, Any], out_dir: str | Path,
-                 timeout: float | None = 600) -> dict[str, Any]:
+def run_notebook(
+    path: str | Path, params: dict[str, Any], out_dir: str | Path, timeout: float | None = 600
+) -> dict[str, Any]:
     """Execute ``path`` with papermill into ``out_dir``; return its recorded numbers.
 
     Refuses (``ValueError``) any parameter the notebook's parameters cell does not declare,
@@ -46,8 +52,10 @@ def run_notebook(path: str | Path, params: dict[str, Any], out_dir: str | Path,
     """
     run = execute_notebook(path, out_dir, params, strict=True, timeout=timeout)
     if not run.ok:
-        raise AssertionError(f"{Path(path).name} failed after {run.seconds:.1f} s: {run.error}\n"
-                             f"executed notebook with outputs: {run.executed_path}")
+        raise AssertionError(
+            f"{Path(path).name} failed after {run.seconds:.1f} s: {run.error}\n"
+            f"executed notebook with outputs: {run.executed_path}"
+        )
     return run.records
 
 
@@ -83,8 +91,10 @@ def check_expectations(records: dict[str, Any], expectations: dict[str, Any]) ->
             continue
         name = key[: -len(suffix)]
         if name not in records:
-            problems.append(f"{name!r} was not recorded (recorded: {sorted(records)}); "
-                            f"call memkit.course.nb.record({name!r}, value) in the notebook")
+            problems.append(
+                f"{name!r} was not recorded (recorded: {sorted(records)}); "
+                f"call memkit.course.nb.record({name!r}, value) in the notebook"
+            )
             continue
         v = records[name]
         if suffix == "_eq":
@@ -130,14 +140,18 @@ def output_check_problems(committed: str | Path, executed: str | Path) -> list[s
     papermill's injected-parameters cell is skipped when pairing cells.
     """
     ref = [c for c in nbformat.read(str(committed), as_version=4).cells if c.cell_type == "code"]
-    run = [c for c in nbformat.read(str(executed), as_version=4).cells if c.cell_type == "code"
-           and "injected-parameters" not in c.get("metadata", {}).get("tags", [])]
+    run = [
+        c
+        for c in nbformat.read(str(executed), as_version=4).cells
+        if c.cell_type == "code" and "injected-parameters" not in c.get("metadata", {}).get("tags", [])
+    ]
     if len(ref) != len(run):
         return [f"{Path(executed).name}: {len(run)} code cells executed, the committed notebook has {len(ref)}"]
     problems = []
     for i, (want, got) in enumerate(zip(ref, run)):
         if OUTPUT_CHECK_TAGS & set(want.get("metadata", {}).get("tags", [])):
             if _comparable(want.outputs) != _comparable(got.outputs):
-                problems.append(f"code cell {i}: outputs {_comparable(got.outputs)!r}, committed "
-                                f"{_comparable(want.outputs)!r}")
+                problems.append(
+                    f"code cell {i}: outputs {_comparable(got.outputs)!r}, committed {_comparable(want.outputs)!r}"
+                )
     return problems

@@ -1,6 +1,7 @@
 """The docs point at real code: every ``memkit.…`` name and every ``tests/…::test_…`` reference in
 the README and docs/*.md resolves (the course's equation map is read by students; a renamed
 function or test must not leave it pointing nowhere)."""
+
 from __future__ import annotations
 
 import ast
@@ -50,8 +51,11 @@ def test_test_references_in_the_docs_exist():
     missing = []
     for doc, path, test in refs:
         file = ROOT / path
-        defined = {n.name for n in ast.walk(ast.parse(file.read_text())) if isinstance(n, ast.FunctionDef)} \
-            if file.exists() else set()
+        defined = (
+            {n.name for n in ast.walk(ast.parse(file.read_text())) if isinstance(n, ast.FunctionDef)}
+            if file.exists()
+            else set()
+        )
         if test not in defined:
             missing.append(f"{doc}: {path}::{test}")
     assert not missing, "docs cite tests that do not exist: " + "; ".join(missing)

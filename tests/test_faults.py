@@ -5,6 +5,7 @@ as a run that was never interrupted; incomplete checkpoints are skipped with a m
 The kill lands at a fixed place through ``MEMKIT_KILL_AT=<point>:<n>`` (:func:`memkit.core.io.kill_point`):
 the process kills itself with SIGKILL (no handler, no cleanup), as an OOM kill or a pulled plug would.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,19 +22,58 @@ from safetensors.torch import load_file
 pytestmark = pytest.mark.slow
 
 # PPO (critic, two optimizers, warmup schedulers) on the random tiny model: the entropy bonus and KL move it
-TRAIN = ["train", "--algo", "ppo", "--method", "mem1", "--init", "tiny", "--steps", "4", "--tasks-per-step", "2",
-         "--n", "2", "--micro-batch-size", "2", "--lr", "1e-3", "--entropy-coef", "0.01", "--warmup-steps", "3",
-         "--save-every", "1", "--eval-every", "2", "--eval-tasks", "2", "--keep-checkpoints", "1",
-         "--max-turns", "2", "--objectives", "1", "--eval-objectives", "1",
-         "--device", "cpu"]
+TRAIN = [
+    "train",
+    "--algo",
+    "ppo",
+    "--method",
+    "mem1",
+    "--init",
+    "tiny",
+    "--steps",
+    "4",
+    "--tasks-per-step",
+    "2",
+    "--n",
+    "2",
+    "--micro-batch-size",
+    "2",
+    "--lr",
+    "1e-3",
+    "--entropy-coef",
+    "0.01",
+    "--warmup-steps",
+    "3",
+    "--save-every",
+    "1",
+    "--eval-every",
+    "2",
+    "--eval-tasks",
+    "2",
+    "--keep-checkpoints",
+    "1",
+    "--max-turns",
+    "2",
+    "--objectives",
+    "1",
+    "--eval-objectives",
+    "1",
+    "--device",
+    "cpu",
+]
 
 
 def memkit(out: Path, *extra: str, kill_at: str | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "MEMKIT_KILL_AT"}
     if kill_at:
         env["MEMKIT_KILL_AT"] = kill_at
-    return subprocess.run([sys.executable, "-m", "memkit.cli", *TRAIN, "--out", str(out), *extra],
-                          capture_output=True, text=True, env=env, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "memkit.cli", *TRAIN, "--out", str(out), *extra],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
 
 
 def final_state(run: Path) -> dict[str, torch.Tensor]:

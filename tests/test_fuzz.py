@@ -3,6 +3,7 @@
 Default depth keeps ``make test`` fast; ``make test-fuzz`` runs every test marked ``fuzz`` (here and
 the parser fuzzers of ``test_agents.py``) with ``MEMKIT_FUZZ_EXAMPLES=10000`` examples each.
 """
+
 from __future__ import annotations
 
 import html
@@ -28,12 +29,34 @@ def depth(default: int, fuzz: int | None = None) -> int:
 
 FUZZ = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 TAGS = ["think", "search", "answer", "mem", "memory", "information", "tool_call", "prune"]
-PIECES = st.sampled_from([f"<{t}>" for t in TAGS] + [f"</{t}>" for t in TAGS] + ["<", ">", "</", "/>", "a", " ", "\n", "x y"])
+PIECES = st.sampled_from(
+    [f"<{t}>" for t in TAGS] + [f"</{t}>" for t in TAGS] + ["<", ">", "</", "/>", "a", " ", "\n", "x y"]
+)
 TAGGED = st.lists(st.one_of(PIECES, st.text(max_size=4)), max_size=25).map("".join)
-INJECT = st.lists(st.one_of(st.sampled_from(['<script>alert(1)</script>', '<img src=x onerror="alert(1)">', '"', "'",
-                                             "&amp;", "&", "</td></tr></table>", "<!--", "-->", "]]>", "</span>",
-                                             '<a href="javascript:alert(1)">x</a>', "<think>", "</think>"]),
-                            st.text(max_size=6)), max_size=12).map("".join)
+INJECT = st.lists(
+    st.one_of(
+        st.sampled_from(
+            [
+                "<script>alert(1)</script>",
+                '<img src=x onerror="alert(1)">',
+                '"',
+                "'",
+                "&amp;",
+                "&",
+                "</td></tr></table>",
+                "<!--",
+                "-->",
+                "]]>",
+                "</span>",
+                '<a href="javascript:alert(1)">x</a>',
+                "<think>",
+                "</think>",
+            ]
+        ),
+        st.text(max_size=6),
+    ),
+    max_size=12,
+).map("".join)
 
 
 @settings(max_examples=depth(300), **FUZZ)
@@ -102,8 +125,10 @@ class _Replay:
     def generate_calls(self, states, specs, contexts):
         from memkit.models.generation import Generation
 
-        return [Generation(ids=[ord(c) for c in t], logprobs=[0.0] * len(t), text=t)
-                for t in (self.texts.pop(0) for _ in states)]
+        return [
+            Generation(ids=[ord(c) for c in t], logprobs=[0.0] * len(t), text=t)
+            for t in (self.texts.pop(0) for _ in states)
+        ]
 
 
 class _CharTok:
@@ -136,7 +161,9 @@ def test_trajectory_page_escapes_model_text(think, query, answer):
         return p
 
     benign = page(["<think>a</think><search>b</search>", "<think>c</think><answer>d</answer>"])
-    hostile = page([f"<think>{think}</think><search>{query}</search>", f"<think>{think}</think><answer>{answer}</answer>"])
+    hostile = page(
+        [f"<think>{think}</think><search>{query}</search>", f"<think>{think}</think><answer>{answer}</answer>"]
+    )
     assert hostile.tags.count("script") == benign.tags.count("script") == 1
     assert set(hostile.tags) <= set(benign.tags) | {"span"}
     assert not [a for a in hostile.attrs if a[1].startswith("on") or "javascript:" in (a[2] or "")]
@@ -146,7 +173,9 @@ ANSWER = st.text(alphabet=st.sampled_from(list("ab ;,.'-A1")), max_size=20)
 
 
 @settings(max_examples=depth(300), **FUZZ)
-@given(pred=st.one_of(st.none(), ANSWER), golds=st.lists(st.lists(ANSWER, min_size=1, max_size=3), min_size=1, max_size=4))
+@given(
+    pred=st.one_of(st.none(), ANSWER), golds=st.lists(st.lists(ANSWER, min_size=1, max_size=3), min_size=1, max_size=4)
+)
 def test_answer_scoring_properties(pred, golds):
     """Scores lie in [0, 1] per question and add up; the right count of answers is needed for any
     credit at k > 1; a gold alias scores itself 1 (if it normalises to something)."""
@@ -187,7 +216,10 @@ def call_layouts(draw):
     calls: list[Call] = []
     for t in range(draw(st.integers(1, 5))):
         # mostly the shared prompt; sometimes a context that opens differently (a new conversation's turn)
-        ctx, refs = list(prompt if t == 0 or draw(st.integers(0, 3)) else draw(st.lists(ids, min_size=1, max_size=4))), []
+        ctx, refs = (
+            list(prompt if t == 0 or draw(st.integers(0, 3)) else draw(st.lists(ids, min_size=1, max_size=4))),
+            [],
+        )
         if t:
             for j in range(t):
                 for kind, src in (("output", calls[j].output_ids), ("observation", calls[j].observation_ids)):
@@ -199,8 +231,11 @@ def call_layouts(draw):
         out = draw(st.lists(ids, min_size=1, max_size=4))
         obs = draw(st.lists(ids, max_size=3))
         lp = [-0.01 * (len(calls) * 10 + i + 1) for i in range(len(out))]  # distinct per token
-        calls.append(Call(turn=t, role="act", context_ids=ctx, output_ids=out, logprobs=lp, context_refs=refs,
-                          observation_ids=obs))
+        calls.append(
+            Call(
+                turn=t, role="act", context_ids=ctx, output_ids=out, logprobs=lp, context_refs=refs, observation_ids=obs
+            )
+        )
     chosen = sorted(draw(st.sets(st.integers(0, len(calls) - 1), min_size=1)))
     return Trajectory(task_id="fuzz", method="fuzz", calls=calls), tuple(chosen)
 
@@ -210,7 +245,6 @@ def _attended(batch, b: int, q: int) -> list[int]:
     if batch.attention_mask.dim() == 2:
         return [k for k in range(q + 1) if batch.attention_mask[b, k]]
     return [int(i) for i in batch.attention_mask[b, 0, q].nonzero().flatten()]
-
 
 
 @settings(max_examples=depth(60, fuzz=10000), **FUZZ)
@@ -242,12 +276,12 @@ def test_packing_random_layouts(layout):
                     # set: positions are contiguous over the stitched row, App. B.7); reused tokens keep their
                     # own rows, so only from the second output token on is the predicting query one of them
                     own = sorted(int(batch.input_ids[b, k]) for k in _attended(batch, b, i))
-                    assert own == sorted(seq[:call.n_context + j + 1]), (mode, t, j)
+                    assert own == sorted(seq[: call.n_context + j + 1]), (mode, t, j)
                     assert j == 0 or int(batch.pred_index[b, i]) == where[j - 1][1], (mode, t, j)
                     continue
                 p = int(batch.pred_index[b, i])
                 view = _attended(batch, b, p)
-                assert [int(batch.input_ids[b, k]) for k in view] == seq[:call.n_context + j], (mode, t, j)
+                assert [int(batch.input_ids[b, k]) for k in view] == seq[: call.n_context + j], (mode, t, j)
                 assert [int(batch.position_ids[b, k]) for k in view] == list(range(call.n_context + j))
                 for k in view:
                     assert _attended(batch, b, k) == [v for v in view if v <= k], (mode, t, j, k)

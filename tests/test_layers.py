@@ -14,6 +14,7 @@ package, so the tree is this diagram:
     6  course, viz                             notebook helpers, reproduce, the claims page, widgets
     7  cli                                     the ``memkit`` command
 """
+
 from __future__ import annotations
 
 import ast
@@ -58,7 +59,9 @@ def imports(name: str, path: Path, known: set[str]) -> list[tuple[str, bool, int
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
             targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
         for t in dict.fromkeys(targets):
             if t == "memkit" or t.startswith("memkit."):
@@ -88,7 +91,9 @@ def test_the_tree_is_the_layer_diagram():
     loose = sorted(p.name for p in ROOT.glob("*.py") if p.name != "__init__.py")
     assert not loose, f"move these into the package of their layer: {loose}"
     packages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()}
-    assert packages == set(RANK), f"packages without a layer: {packages - set(RANK)}; layers without a package: {set(RANK) - packages}"
+    assert packages == set(RANK), (
+        f"packages without a layer: {packages - set(RANK)}; layers without a package: {set(RANK) - packages}"
+    )
 
 
 def test_the_tests_mirror_the_packages():
@@ -99,7 +104,8 @@ def test_the_tests_mirror_the_packages():
     assert folders <= set(RANK), f"test folders that name no memkit package: {sorted(folders - set(RANK))}"
     loose = sorted(p.name for p in tests.glob("test_*.py"))
     assert loose == ["test_docs.py", "test_faults.py", "test_fuzz.py", "test_layers.py", "test_packaging.py"], (
-        f"move a package's tests into tests/<package>/: {loose}")
+        f"move a package's tests into tests/<package>/: {loose}"
+    )
 
 
 def test_no_upward_imports():
@@ -121,7 +127,7 @@ def cycles(deps: dict[str, list[str]]) -> list[str]:
         state[node] = 1
         for dep in deps.get(node, ()):
             if state.get(dep) == 1:
-                found.append(" -> ".join(stack[stack.index(dep):] + [dep]))
+                found.append(" -> ".join(stack[stack.index(dep) :] + [dep]))
             elif dep not in state:
                 visit(dep, stack + [dep])
         state[node] = 2
@@ -201,14 +207,20 @@ def test_the_paper_locator_points_at_real_things():
     else:
         raise AssertionError("an unknown paper must name the choices")
     # `import memkit` stays light: the CLI's start-up depends on it
-    out = subprocess.run([sys.executable, "-c", "import memkit, sys; print('torch' in sys.modules)"],
-                         capture_output=True, text=True, check=True).stdout.strip()
+    out = subprocess.run(
+        [sys.executable, "-c", "import memkit, sys; print('torch' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert out == "False"
 
 
 def test_no_module_over_400_lines():
     """A module a reader can hold in one sitting: split one that grows past 400 lines."""
-    long = {name: n for name, path in modules().items() if (n := len(path.read_text(encoding="utf-8").splitlines())) > 400}
+    long = {
+        name: n for name, path in modules().items() if (n := len(path.read_text(encoding="utf-8").splitlines())) > 400
+    }
     assert not long, f"split these modules (lines): {long}"
 
 

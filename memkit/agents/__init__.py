@@ -18,6 +18,7 @@ streams (:mod:`memkit.rollout.streams`, :mod:`memkit.lab.memt.evaluation`).
 ``get_method(name, **kw)`` builds one; keyword arguments go to its constructor
 (``memsearcher``: ``memory_budget_words``, ``on_over_budget``; ``memact``: ``prune_after``).
 """
+
 from __future__ import annotations
 
 from memkit.agents.base import AgentState, CallSpec, Env, Method, OracleConfig, Parsed, Segment
@@ -41,5 +42,21 @@ def get_method(name: str, **kw) -> Method:
     return _CLASSES[key](**kw)
 
 
-__all__ = ["METHODS", "STREAM_METHODS", "get_method", "Method", "AgentState", "CallSpec", "Env", "OracleConfig", "Parsed",
-           "Segment", "ReAct", "MEM1", "MemSearcher", "MemPO", "MemAct", "MemT"]
+__all__ = [
+    "METHODS",
+    "STREAM_METHODS",
+    "get_method",
+    "Method",
+    "AgentState",
+    "CallSpec",
+    "Env",
+    "OracleConfig",
+    "Parsed",
+    "Segment",
+    "ReAct",
+    "MEM1",
+    "MemSearcher",
+    "MemPO",
+    "MemAct",
+    "MemT",
+]

@@ -16,6 +16,7 @@ Segments carry ``ref=(call_index, "output"|"observation")`` when they are a verb
 an earlier call's generated tokens or observation: the rollout engine then reuses those
 exact token ids (so MEM1's packed trajectory is exact) instead of re-tokenising the text.
 """
+
 from __future__ import annotations
 
 import random
@@ -182,7 +183,7 @@ def wrap_information(obs: str, hint: str = "") -> str:
     """``\n<information>{hint}{docs}</information>\n`` whatever the env wrapped it in."""
     body = (obs or "").strip()
     if body.startswith("<information>") and body.endswith("</information>"):
-        body = body[len("<information>"): -len("</information>")].strip()
+        body = body[len("<information>") : -len("</information>")].strip()
     return f"\n<information>{hint}{body}</information>\n"
 
 
@@ -195,8 +196,11 @@ def f1_score(pred: str, golds: list[str]) -> float:
     return metrics.f1(pred, golds)
 
 
-_COMPOSITE = re.compile(r"Answer each of the following questions: (.*?) Organize your final answer in <answer> "
-                        r"and </answer> and separate the answer to each question with semicolon\.", re.S)
+_COMPOSITE = re.compile(
+    r"Answer each of the following questions: (.*?) Organize your final answer in <answer> "
+    r"and </answer> and separate the answer to each question with semicolon\.",
+    re.S,
+)
 
 
 def numbered_questions(text: str) -> str:
@@ -210,8 +214,7 @@ def numbered_questions(text: str) -> str:
     # title ('Who directed "Vokbros Signal"?') stays one question
     questions = body[1:-1].split('" "') if body.startswith('"') and body.endswith('"') else [body]
     listed = " ".join(f"Q{i}: {q}" for i, q in enumerate(questions, 1))
-    return text[: m.start()] + listed + text[m.end():]
-
+    return text[: m.start()] + listed + text[m.end() :]
 
 
 #: The instruction choices of a context (``policies.prompt_wrap``): the paper's, the compact one
@@ -253,8 +256,8 @@ def _number_question_segment(text: str) -> str:
     """Number the questions inside a question segment: ``<question>...</question>`` and the
     trailing newline are kept, a ``Question: `` prefix is dropped (the ``Q1:`` labels replace it)."""
     body = text.rstrip("\n")
-    newline = text[len(body):]
+    newline = text[len(body) :]
     open_tag, close_tag = "<question>", "</question>"
     if body.startswith(open_tag) and body.endswith(close_tag):
-        return open_tag + numbered_questions(body[len(open_tag): -len(close_tag)]) + close_tag + newline
+        return open_tag + numbered_questions(body[len(open_tag) : -len(close_tag)]) + close_tag + newline
     return numbered_questions(body.removeprefix("Question: ")) + newline

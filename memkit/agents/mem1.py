@@ -18,6 +18,7 @@ answers differs from the number of questions; no format penalty (§4.4, App. F.2
 Deviation: Alg. 1 writes ``T - t`` turns left before incrementing t, which counts the turn
 just taken; memkit writes the number of calls the agent really has left.
 """
+
 from __future__ import annotations
 
 import random
@@ -109,8 +110,11 @@ class MEM1(Method):
         k = state.task.k
         # k > 1: task.prompt is already the §3.3 composite ("Answer each of the following questions: ...")
         instruction, prefix = (PROMPT_MULTI, "") if k > 1 else (PROMPT_SINGLE, "Question: ")
-        return CallSpec(question_segments(instruction, state, prefix) + last_step_segments(state, "think"),
-                        max_new_tokens=96 + 32 * k, stop=("</search>", "</answer>"))
+        return CallSpec(
+            question_segments(instruction, state, prefix) + last_step_segments(state, "think"),
+            max_new_tokens=96 + 32 * k,
+            stop=("</search>", "</answer>"),
+        )
 
     def parse(self, text: str, role: str = "act") -> Parsed:
         return parse_action(text, ("search", "answer"), required=("think",))

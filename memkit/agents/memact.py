@@ -28,6 +28,7 @@ Prompt: the system instruction of App. A.4.2 verbatim, with the ``prune_context`
 are random strings such as ``4sNKcUV``); the tool call is ``<prune>ids</prune><note>...</note>``
 rather than a JSON function call, so a small model learns it quickly.
 """
+
 from __future__ import annotations
 
 import random
@@ -88,7 +89,7 @@ PRUNE_OPENER = "<think>Let me prune the context and keep the facts.</think><prun
 
 
 def parse_ids(text: str) -> list[str]:
-    """"r1, [r3] r4" -> ["r1", "r3", "r4"] (order kept, duplicates dropped)."""
+    """ "r1, [r3] r4" -> ["r1", "r3", "r4"] (order kept, duplicates dropped)."""
     out: list[str] = []
     for tok in _ID_RE.findall(text or ""):
         if tok not in out:
@@ -131,17 +132,20 @@ class MemAct(Method):
     def next_call(self, state: AgentState) -> CallSpec:
         segs = question_segments(INSTRUCTION, state)
         records = self._mem(state)["records"]
-        for rec in records[-self.window:] if self.schedule == "window" else records:
+        for rec in records[-self.window :] if self.schedule == "window" else records:
             call = state.calls[rec["call"]]
             segs.append(Segment("record", f"[{rec['id']}] "))
-            segs.append(Segment("note" if rec["kind"] == "note" else "output", call.output_text, ref=(rec["call"], "output")))
+            segs.append(
+                Segment("note" if rec["kind"] == "note" else "output", call.output_text, ref=(rec["call"], "output"))
+            )
             if call.observation_text:
                 segs.append(Segment("information", call.observation_text, ref=(rec["call"], "observation")))
         prefix = PRUNE_OPENER if self.prune_due(state) else ""
         if prefix:
             segs.append(Segment("hint", prefix))
-        return CallSpec(segs, max_new_tokens=96 + 32 * state.task.k, stop=("</search>", "</answer>", "</note>"),
-                        prefix=prefix)
+        return CallSpec(
+            segs, max_new_tokens=96 + 32 * state.task.k, stop=("</search>", "</answer>", "</note>"), prefix=prefix
+        )
 
     def parse(self, text: str, role: str = "act") -> Parsed:
         if not isinstance(text, str):
@@ -174,8 +178,11 @@ class MemAct(Method):
             state.fail("fixed schedule: a Prune&Write was due")
             return None
         if parsed.action == "prune_write" and self.schedule != "agent" and not due:
-            state.fail("no prune tool under the sliding window" if self.schedule == "window"
-                       else f"memory action off the fixed schedule (every {self.interval} calls)")
+            state.fail(
+                "no prune tool under the sliding window"
+                if self.schedule == "window"
+                else f"memory action off the fixed schedule (every {self.interval} calls)"
+            )
             return None
         if parsed.action == "prune_write":
             live = [r["id"] for r in m["records"]]
@@ -204,9 +211,11 @@ class MemAct(Method):
     def trajectory_info(self, state: AgentState) -> dict:
         m = self._mem(state)
         n = len(state.calls)
-        return {INFO_RECORD_IDS: [m["made"].get(i) for i in range(n)],
-                INFO_PRUNED_IDS: [list(m["pruned"].get(i, [])) for i in range(n)],
-                "live_records": [r["id"] for r in m["records"]]}
+        return {
+            INFO_RECORD_IDS: [m["made"].get(i) for i in range(n)],
+            INFO_PRUNED_IDS: [list(m["pruned"].get(i, [])) for i in range(n)],
+            "live_records": [r["id"] for r in m["records"]],
+        }
 
     def oracle(self, state: AgentState, rng: random.Random, cfg: OracleConfig) -> str:
         script.observe(state, rng, cfg)
@@ -216,19 +225,27 @@ class MemAct(Method):
         # agent: prune when enough records piled up, unless the turns left are needed for searching;
         # fixed: exactly when due (the context already ends with the opening); window: never
         due = self.prune_due(state)
-        wants = (self.schedule == "agent" and hop is not None and n_search >= self.prune_after
-                 and state.max_turns - state.turn > script.hops_left(state) + 2)
+        wants = (
+            self.schedule == "agent"
+            and hop is not None
+            and n_search >= self.prune_after
+            and state.max_turns - state.turn > script.hops_left(state) + 2
+        )
         if due or wants:
             k = state.task.k
-            status = "Next: answer." if hop is None else \
-                f"Next: Q{hop[0] + 1}: {state.task.questions[hop[0]].decomposition[hop[1]].text}"
-            note = (f"[OBJECTIVE] Answer {k} question{'s' if k > 1 else ''}. [CONCLUSIONS/FACTS] "
-                    f"{script.facts_text(state, cfg)} [STATUS] {status}")
+            status = (
+                "Next: answer."
+                if hop is None
+                else f"Next: Q{hop[0] + 1}: {state.task.questions[hop[0]].decomposition[hop[1]].text}"
+            )
+            note = (
+                f"[OBJECTIVE] Answer {k} question{'s' if k > 1 else ''}. [CONCLUSIONS/FACTS] "
+                f"{script.facts_text(state, cfg)} [STATUS] {status}"
+            )
             ids = ", ".join(r["id"] for r in m["records"])
             text = f"{PRUNE_OPENER}{ids}</prune><note>{note}</note>"
-            return text[len(PRUNE_OPENER):] if due else text
+            return text[len(PRUNE_OPENER) :] if due else text
         d = script.decide(state, rng, cfg)
         if d.kind == "answer":
             return f"<think>{d.plan}</think><answer>{script.answer_text(state, rng, cfg)}</answer>"
         return f"<think>{script.plan_text(d)}</think><search>{d.query}</search>"
-

@@ -13,6 +13,7 @@ Reward (§4.1): 1 iff the answer is correct and the format proper, else 0; with 
 "correct" means every slot (``reward="all"``, the default); ``reward="fraction"`` gives the
 fraction of correct slots instead (memkit's reward for MemAct; equal at k = 1).
 """
+
 from __future__ import annotations
 
 import random

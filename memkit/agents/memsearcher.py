@@ -26,6 +26,7 @@ Prompt: the paper prints none; this one paraphrases §3.1. Deviations: the answe
 use MEM1's ";" rule; observations are wrapped in ``<information>`` like the other formats,
 not ``<tool_response>``.
 """
+
 from __future__ import annotations
 
 import json
@@ -81,18 +82,25 @@ class MemSearcher(Method):
         # m_{i-1}: a verbatim ref to the memory call when its output is exactly the memory (the
         # engine then reuses its token ids), else the clean (or truncated) memory as text.
         ref, text = state.memory.get("memory_ref"), state.memory.get("memory_text", "<memory></memory>")
-        memory = (Segment("memory", text, ref=(ref, "output"))
-                  if ref is not None and ref < len(state.calls) and state.calls[ref].output_text == text
-                  else Segment("memory", text))
-        return [Segment("system", INSTRUCTION.format(budget=self.budget)),
-                Segment("question", f"<question>{state.task.prompt}</question>\n"), memory]
+        memory = (
+            Segment("memory", text, ref=(ref, "output"))
+            if ref is not None and ref < len(state.calls) and state.calls[ref].output_text == text
+            else Segment("memory", text)
+        )
+        return [
+            Segment("system", INSTRUCTION.format(budget=self.budget)),
+            Segment("question", f"<question>{state.task.prompt}</question>\n"),
+            memory,
+        ]
 
     def next_call(self, state: AgentState) -> CallSpec:
         last = state.calls[-1] if state.calls else None
         if last is not None and last.role == "act" and last.observation_text:
             i = len(state.calls) - 1  # eq. 6: same conversation, continued by the memory update
-            segs = self._prefix(state) + [Segment("output", last.output_text, ref=(i, "output")),
-                                          Segment("information", last.observation_text, ref=(i, "observation"))]
+            segs = self._prefix(state) + [
+                Segment("output", last.output_text, ref=(i, "output")),
+                Segment("information", last.observation_text, ref=(i, "observation")),
+            ]
             return CallSpec(segs, role="memory", max_new_tokens=2 * self.budget + 16, stop=("</memory>",))
         return CallSpec(self._prefix(state), role="act", max_new_tokens=128, stop=("</tool_call>", "</answer>"))
 

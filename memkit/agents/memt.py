@@ -29,6 +29,7 @@ Deviations (beside the tags-free JSON format, which is the released one):
 * Every search accepts ``top_k`` (1-20, default 5; the paper gives it to ``search_turns`` only);
   ``search_personas`` looks ``name`` up exactly, else searches personas for it.
 """
+
 from __future__ import annotations
 
 import random
@@ -50,23 +51,26 @@ from memkit.world.schema import Question, Task
 
 FORMATION_INSTRUCTION = (
     "You are a memory agent reading a conversation chunk by chunk. Extract what is worth remembering with tool "
-    "calls, one <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call> each:\n"
+    'calls, one <tool_call>{"name": ..., "arguments": {...}}</tool_call> each:\n'
     "- create_fact(fact, start_time, end_time, source): concrete, verifiable statements about WHAT happened; "
     "resolve relative times ('yesterday') into dates; source = the dialogue ids it comes from.\n"
     "- create_experience(experience, start_time, end_time, source): actionable lessons, tips, HOW-TO.\n"
     "- update_persona(name, profile, source): the full, updated profile of a person (hobbies, traits).\n"
-    "- update_summary(content): the updated summary of the sessions so far.\n")
+    "- update_summary(content): the updated summary of the sessions so far.\n"
+)
 EVOLUTION_INSTRUCTION = (
     "You maintain a memory store. Decide what to do with the new memory given the related memories, with one "
     "tool call:\n- add_item(document): a new memory.\n- update_item(id, document): enrich or change an existing "
     "memory; keep the time information of the earlier versions in the document.\n- delete_item(id): an existing "
     "memory is explicitly negated or wrong.\n- ignore_item(reason): the new memory is redundant in both meaning "
-    "and time.\n")
+    "and time.\n"
+)
 RETRIEVAL_INSTRUCTION = (
     "Answer the question from your memory. Search it with one tool call per step: search_facts(query), "
     "search_experiences(query), search_personas(name, query), search_turns(query, top_k), search_summary(query); "
     "call finish(answer) with a short answer when you are confident, or answer 'Not mentioned in the "
-    "conversation.' if the memory does not say.\n")
+    "conversation.' if the memory does not say.\n"
+)
 #: ``Trajectory.info`` keys the trace viewer reads: per construction call (str index), the store
 #: operations it ran ``[op, id, text]`` (raw archiving left out) and the live memories per type after it
 INFO_STORE_OPS, INFO_STORE_SIZES = "store_ops", "store_sizes"
@@ -74,6 +78,8 @@ INFO_STORE_OPS, INFO_STORE_SIZES = "store_ops", "store_sizes"
 #: "memory" (the id it made or touched, None for IGNORE and unevolved candidates), "sources",
 #: "tool_index" (which tool call of the call's output it is)}``: what hindsight credit scores (eq. 16-17)
 INFO_MEMORY_OPS = "memory_ops"
+
+
 def conversation_task(conv: Conversation) -> Task:
     """The construction phase's task: the conversation, no question yet."""
     return Task(id=conv.sample_id, questions=[], prompt="")
@@ -82,8 +88,13 @@ def conversation_task(conv: Conversation) -> Task:
 def question_task(conv: Conversation, i: int) -> Task:
     """Question ``i`` of ``conv`` as a one-question task (kind = the LoCoMo category name)."""
     qa = conv.qa[i]
-    q = Question(id=f"{conv.sample_id}-q{i}", text=qa.question, answers=[qa.answer], kind=qa.category_name,
-                 supporting_ids=list(qa.evidence))
+    q = Question(
+        id=f"{conv.sample_id}-q{i}",
+        text=qa.question,
+        answers=[qa.answer],
+        kind=qa.category_name,
+        supporting_ids=list(qa.evidence),
+    )
     return Task(id=q.id, questions=[q], prompt=qa.question)
 
 
@@ -102,9 +113,19 @@ class MemT(Method):
     # ---- states ---------------------------------------------------------------------
     def new_stream_state(self, conv: Conversation) -> AgentState:
         state = AgentState(task=conversation_task(conv), max_turns=self.max_steps)
-        state.memory.update(conversation=conv, store=MemoryStore(self.retriever), chunk=0, pending=[],
-                            phase="construct" if conv.sessions else "answer", retrieved={}, related={}, qa=None,
-                            ops={}, sizes={}, mem_ops=[])
+        state.memory.update(
+            conversation=conv,
+            store=MemoryStore(self.retriever),
+            chunk=0,
+            pending=[],
+            phase="construct" if conv.sessions else "answer",
+            retrieved={},
+            related={},
+            qa=None,
+            ops={},
+            sizes={},
+            mem_ops=[],
+        )
         return state
 
     def start_question(self, state: AgentState, i: int) -> None:
@@ -114,8 +135,10 @@ class MemT(Method):
         state.turn, state.max_turns = 0, self.max_steps
 
     def new_state(self, task: Task, max_turns: int = 12) -> AgentState:
-        raise TypeError("Mem-T episodes start from a conversation: use memkit.rollout.streams.stream_rollouts "
-                        "(or MemT().new_stream_state(conversation))")
+        raise TypeError(
+            "Mem-T episodes start from a conversation: use memkit.rollout.streams.stream_rollouts "
+            "(or MemT().new_stream_state(conversation))"
+        )
 
     def suggested_max_turns(self, task) -> int:
         return self.max_steps
@@ -138,17 +161,31 @@ class MemT(Method):
             m["related"][len(state.calls)] = [r.id for r in related]
             shown = "\n".join(r.render() for r in related) or "(none)"
             when = " - ".join(t for t in (cand["start_time"], cand["end_time"]) if t)
-            return CallSpec([Segment("system", EVOLUTION_INSTRUCTION),
-                             Segment("question", f"New {cand['type']} memory: {cand['text']}" + (f" ({when})" if when else "") + "\n"),
-                             Segment("memory", f"Related memories:\n{shown}\n")],
-                            role="evolve", max_new_tokens=160, stop=("</tool_call>",))
+            return CallSpec(
+                [
+                    Segment("system", EVOLUTION_INSTRUCTION),
+                    Segment(
+                        "question", f"New {cand['type']} memory: {cand['text']}" + (f" ({when})" if when else "") + "\n"
+                    ),
+                    Segment("memory", f"Related memories:\n{shown}\n"),
+                ],
+                role="evolve",
+                max_new_tokens=160,
+                stop=("</tool_call>",),
+            )
         if self.constructing(state):
             date, turns = self.chunk(state)
             lines = "".join(f"{t.dia_id} {t.speaker}: {t.text}\n" for t in turns)
-            return CallSpec([Segment("system", FORMATION_INSTRUCTION),
-                             Segment("memory", f"Summary so far: {store.working or '(empty)'}\n"),
-                             Segment("information", f"Session on {date}:\n{lines}")],
-                            role="form", max_new_tokens=512, stop=())
+            return CallSpec(
+                [
+                    Segment("system", FORMATION_INSTRUCTION),
+                    Segment("memory", f"Summary so far: {store.working or '(empty)'}\n"),
+                    Segment("information", f"Session on {date}:\n{lines}"),
+                ],
+                role="form",
+                max_new_tokens=512,
+                stop=(),
+            )
         segs = [Segment("system", RETRIEVAL_INSTRUCTION), Segment("question", f"Question: {state.task.prompt}\n")]
         for i, call in enumerate(state.calls):
             if call.role == "act":
@@ -159,8 +196,11 @@ class MemT(Method):
 
     # ---- parsing --------------------------------------------------------------------
     def parse(self, text: str, role: str = "act") -> Parsed:
-        allowed, at_most = {"form": (FORMATION_TOOLS, None), "evolve": (EVOLUTION_TOOLS, 1),
-                            "act": (RETRIEVAL_TOOLS, 1)}.get(role, ((), 0))
+        allowed, at_most = {
+            "form": (FORMATION_TOOLS, None),
+            "evolve": (EVOLUTION_TOOLS, 1),
+            "act": (RETRIEVAL_TOOLS, 1),
+        }.get(role, ((), 0))
         calls, error = parse_tool_calls(text, allowed, at_most)
         if role == "form" and error == "no <tool_call>":  # a_form may be empty (small talk): nothing to write
             return Parsed(ok=True, action="form", calls=[])
@@ -183,8 +223,11 @@ class MemT(Method):
         except StoreError as e:  # a bad id or argument: this call is invalid, the stream reads on
             parsed.ok, parsed.error, parsed.recoverable = False, str(e), True
             obs = None
-        ops = [[op, mid, store.items[mid].text if op in ("add", "update") else detail]
-               for op, mid, detail in store.log[before:] if not (op == "add" and detail == "raw")]
+        ops = [
+            [op, mid, store.items[mid].text if op in ("add", "update") else detail]
+            for op, mid, detail in store.log[before:]
+            if not (op == "add" and detail == "raw")
+        ]
         m["ops"][len(state.calls)] = ops
         m["sizes"][len(state.calls)] = {t: len(store.of_type(t)) for t in MEMORY_TYPES}
         if not m["pending"] and m["chunk"] >= len(m["conversation"].sessions):
@@ -206,23 +249,43 @@ class MemT(Method):
             named = named_sources(args, chunk_ids, name)
             if name in ("create_fact", "create_experience"):
                 key = "fact" if name == "create_fact" else "experience"
-                cands.append({"type": key, "text": text_arg(args, key), "sources": named,
-                              "start_time": text_arg(args, "start_time", False), "end_time": text_arg(args, "end_time", False),
-                              "turn_time": date, "op": name, "x_src": named or chunk_ids, "tool_index": index})
+                cands.append(
+                    {
+                        "type": key,
+                        "text": text_arg(args, key),
+                        "sources": named,
+                        "start_time": text_arg(args, "start_time", False),
+                        "end_time": text_arg(args, "end_time", False),
+                        "turn_time": date,
+                        "op": name,
+                        "x_src": named or chunk_ids,
+                        "tool_index": index,
+                    }
+                )
             elif name == "update_persona":
-                writes.append((name, index, named, store.set_persona, text_arg(args, "name"), text_arg(args, "profile")))
+                writes.append(
+                    (name, index, named, store.set_persona, text_arg(args, "name"), text_arg(args, "profile"))
+                )
             else:
                 writes.append((name, index, chunk_ids, store.set_summary, text_arg(args, "content")))
         call = len(state.calls)
         made = []
         for name, index, sources, fn, *a in writes:
             made.append(fn(*a, sources, date))
-            m["mem_ops"].append({"call": call, "op": name, "memory": made[-1], "sources": sources or chunk_ids,
-                                 "tool_index": index})
+            m["mem_ops"].append(
+                {"call": call, "op": name, "memory": made[-1], "sources": sources or chunk_ids, "tool_index": index}
+            )
         for cand in cands:  # the memory it becomes is filled in by the evolution call that decides on it
             cand["mem_op"] = len(m["mem_ops"])
-            m["mem_ops"].append({"call": call, "op": cand.pop("op"), "memory": None, "sources": cand.pop("x_src"),
-                                 "tool_index": cand.pop("tool_index")})
+            m["mem_ops"].append(
+                {
+                    "call": call,
+                    "op": cand.pop("op"),
+                    "memory": None,
+                    "sources": cand.pop("x_src"),
+                    "tool_index": cand.pop("tool_index"),
+                }
+            )
         m["pending"].extend(cands)
         return f"\n<information>{len(cands)} candidate memories; wrote {', '.join(made) or 'nothing else'}.</information>\n"
 
@@ -242,8 +305,14 @@ class MemT(Method):
             mid = store.add(cand["type"], doc, cand["sources"], cand["turn_time"], cand["start_time"], cand["end_time"])
             obs = f"Added {mid}."
         elif name == "update_item":
-            store.update(mid, text_arg(args, "document"), cand["sources"], cand["turn_time"],
-                         text_arg(args, "start_time", False) or None, text_arg(args, "end_time", False) or None)
+            store.update(
+                mid,
+                text_arg(args, "document"),
+                cand["sources"],
+                cand["turn_time"],
+                text_arg(args, "start_time", False) or None,
+                text_arg(args, "end_time", False) or None,
+            )
             obs = f"Updated {mid}."
         elif name == "delete_item":
             store.delete(mid)
@@ -287,15 +356,22 @@ class MemT(Method):
     def trajectory_info(self, state: AgentState) -> dict:
         m, store = state.memory, state.memory["store"]
         qa = m.get("qa")
-        info = {INFO_STORE_OPS: {str(k): v for k, v in m["ops"].items()}, INFO_MEMORY_OPS: list(m["mem_ops"]),
-                INFO_STORE_SIZES: {str(k): v for k, v in m["sizes"].items()},
-                "retrieved_ids": {str(k): v for k, v in m["retrieved"].items()},
-                "related_ids": {str(k): v for k, v in m["related"].items()},
-                "store": store.snapshot(), "store_log": [list(x) for x in store.log]}
+        info = {
+            INFO_STORE_OPS: {str(k): v for k, v in m["ops"].items()},
+            INFO_MEMORY_OPS: list(m["mem_ops"]),
+            INFO_STORE_SIZES: {str(k): v for k, v in m["sizes"].items()},
+            "retrieved_ids": {str(k): v for k, v in m["retrieved"].items()},
+            "related_ids": {str(k): v for k, v in m["related"].items()},
+            "store": store.snapshot(),
+            "store_log": [list(x) for x in store.log],
+        }
         if qa is not None:
-            info.update(category=qa.category_name, evidence=list(qa.evidence),
-                        evidence_in_memory=[e in store.evidence_ids() for e in qa.evidence],
-                        evidence_retrieved=_evidence_retrieved(store, m["retrieved"], qa.evidence))
+            info.update(
+                category=qa.category_name,
+                evidence=list(qa.evidence),
+                evidence_in_memory=[e in store.evidence_ids() for e in qa.evidence],
+                evidence_retrieved=_evidence_retrieved(store, m["retrieved"], qa.evidence),
+            )
         return info
 
     def oracle(self, state: AgentState, rng: random.Random, cfg: OracleConfig) -> str:
@@ -318,4 +394,3 @@ def _evidence_retrieved(store: MemoryStore, retrieved: dict, evidence: list[str]
     sources = store.sources_of()
     seen = {x for ids in retrieved.values() for i in ids for x in sources.get(i, ())}
     return [e in seen for e in evidence]
-

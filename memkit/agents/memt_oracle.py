@@ -21,6 +21,7 @@ slot: the case study's evolution error), ``stop_early`` (a bridge question answe
 On a real LoCoMo file (no annotations) it writes LoCoMo's ``observation`` facts and answers with
 the top fact found for the question.
 """
+
 from __future__ import annotations
 
 import random
@@ -66,14 +67,22 @@ def _form(method, state, rng, cfg) -> str:
             traits = personas.setdefault(f.speaker, [])
             if f.value not in traits:
                 traits.append(f.value)
-            calls.append(tool_call("update_persona", name=f.speaker, profile=f"enjoys {', '.join(traits)}.",
-                                   source=[f.dia_id]))
+            calls.append(
+                tool_call("update_persona", name=f.speaker, profile=f"enjoys {', '.join(traits)}.", source=[f.dia_id])
+            )
             continue
         if rng.random() < cfg.p_drop_fact:
             continue
         key = "fact" if f.store == "fact" else "experience"
-        calls.append(tool_call(f"create_{key}", **{key: f.text}, start_time=f.start_time, end_time=f.end_time,
-                               source=[f.dia_id] if f.dia_id in ids else []))
+        calls.append(
+            tool_call(
+                f"create_{key}",
+                **{key: f.text},
+                start_time=f.start_time,
+                end_time=f.end_time,
+                source=[f.dia_id] if f.dia_id in ids else [],
+            )
+        )
         queued.append(f)
     said = " ".join(f.text for f in facts) or "Small talk only."
     calls.append(tool_call("update_summary", content=f"Session {state.memory['chunk'] + 1} ({date}): {said}"))
@@ -175,8 +184,11 @@ def _retrieve(method, state, rng, cfg) -> str:
     hops = qa.hops
     if qa.category == 5 and "hop_seen" in o:  # fooled only if the store pins the other speaker's fact on the subject
         subject = hops[0].query.split()[0]
-        fooled = [ln for ln in _memory_lines(o["hop_seen"]) if subject in ln and qa.adversarial_answer
-                  and _shows(ln, qa.adversarial_answer)]
+        fooled = [
+            ln
+            for ln in _memory_lines(o["hop_seen"])
+            if subject in ln and qa.adversarial_answer and _shows(ln, qa.adversarial_answer)
+        ]
         return _finish(qa.adversarial_answer if fooled else NOT_MENTIONED, o["hop_seen"], cfg)
     if o["hop"] == len(hops):
         answer = hops[-1].answer

@@ -4,6 +4,7 @@ The released prompts (App. C) define each tool as a JSON function; an output hol
 ``<tool_call>`` tag (formation may hold several). Parsing never raises: it returns the calls and
 an error string naming what was wrong (unclosed tag, not JSON, unknown tool, too many calls).
 """
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,13 @@ from memkit.world.conversation import Conversation
 FORMATION_TOOLS = ("create_fact", "create_experience", "update_persona", "update_summary")
 EVOLUTION_TOOLS = ("add_item", "update_item", "delete_item", "ignore_item")
 #: retrieval tool -> the memory type it searches (eq. 6), plus ``finish``
-SEARCH_TOOLS = {"search_facts": "fact", "search_experiences": "experience", "search_personas": "persona",
-                "search_turns": "raw", "search_summary": "summary"}
+SEARCH_TOOLS = {
+    "search_facts": "fact",
+    "search_experiences": "experience",
+    "search_personas": "persona",
+    "search_turns": "raw",
+    "search_summary": "summary",
+}
 RETRIEVAL_TOOLS = (*SEARCH_TOOLS, "finish")
 ROLES = ("form", "evolve", "act")
 

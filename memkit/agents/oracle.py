@@ -42,6 +42,7 @@ winner they contradict (measured: docs/findings.md, 'Negative results').
 State lives in ``state.oracle`` (never shown to the model): ``known`` (hop key -> answer),
 ``attempts``, ``pending`` (hop the last search aimed at), ``gave_up``, ``seen``.
 """
+
 from __future__ import annotations
 
 import random
@@ -68,9 +69,9 @@ class Decision:
 FLAWS = {
     "none": "the perfect teacher",
     "forget_earlier": "once a later question is answered, an earlier question's answer leaves memory "
-                      "(its slot is answered 'unknown'); MemAct: the note of the next prune leaves it out",
+    "(its slot is answered 'unknown'); MemAct: the note of the next prune leaves it out",
     "overwrite_slot": "once a later question is answered, its answer is written into the earlier "
-                      "question's slot and the later slot is left empty",
+    "question's slot and the later slot is left empty",
     "stop_early": "a bridge question is answered with its first hop's answer (the bridge entity)",
 }
 
@@ -146,8 +147,12 @@ def next_hop(state: AgentState) -> tuple[int, int] | None:
 def hops_left(state: AgentState) -> int:
     """Hops still to find (questions given up on, or settled by a flaw, excluded)."""
     o = _o(state)
-    return sum(_key(qi, hi) not in o["known"] for qi, q in enumerate(state.task.questions)
-               if qi not in o["gave_up"] and qi not in o["believed"] for hi in range(len(q.decomposition)))
+    return sum(
+        _key(qi, hi) not in o["known"]
+        for qi, q in enumerate(state.task.questions)
+        if qi not in o["gave_up"] and qi not in o["believed"]
+        for hi in range(len(q.decomposition))
+    )
 
 
 def decide(state: AgentState, rng: random.Random, cfg: OracleConfig, turns_needed_to_answer: int = 1) -> Decision:
@@ -229,8 +234,11 @@ def facts_text(state: AgentState, cfg: OracleConfig | None = None) -> str:
                 parts.append(f"Q{qi + 1}: {o['believed'][qi]}.")
             continue
         final = question_answer(state, qi)
-        hops = [f"{s.query}: {o['known'][_key(qi, hi)]}" for hi, s in enumerate(q.decomposition)
-                if _key(qi, hi) in o["known"]]
+        hops = [
+            f"{s.query}: {o['known'][_key(qi, hi)]}"
+            for hi, s in enumerate(q.decomposition)
+            if _key(qi, hi) in o["known"]
+        ]
         if final is not None and o.get("derived") == qi:  # the values once, then the winner
             parts.append(f"Q{qi + 1}: " + "; ".join(hops) + f", so {final}.")
         elif final is not None:

@@ -8,6 +8,7 @@ use for their ReAct baselines). The context grows linearly with turns: this is t
 Reward: exact match, as Search-R1 (MEM1 App. B.4.2); with k questions, the number of
 correct slots (MEM1's multi-objective scoring), 0 on a format error (no format penalty).
 """
+
 from __future__ import annotations
 
 import random
@@ -57,8 +58,11 @@ class ReAct(Method):
     format_penalty = 0.0
 
     def next_call(self, state: AgentState) -> CallSpec:
-        return CallSpec(question_segments(INSTRUCTION, state) + history_segments(state),
-                        max_new_tokens=128, stop=("</search>", "</answer>"))
+        return CallSpec(
+            question_segments(INSTRUCTION, state) + history_segments(state),
+            max_new_tokens=128,
+            stop=("</search>", "</answer>"),
+        )
 
     def parse(self, text: str, role: str = "act") -> Parsed:
         return parse_action(text, ("search", "answer"), optional=("think",))
@@ -67,7 +71,11 @@ class ReAct(Method):
         return self.search_or_answer(state, parsed, env)
 
     def reward(self, state: AgentState) -> float:
-        return float(sum(slot_scores(state.answer, state.task.golds, exact_match))) if state.valid and state.answer is not None else self.format_penalty
+        return (
+            float(sum(slot_scores(state.answer, state.task.golds, exact_match)))
+            if state.valid and state.answer is not None
+            else self.format_penalty
+        )
 
     def oracle(self, state: AgentState, rng: random.Random, cfg: OracleConfig) -> str:
         script.observe(state, rng, cfg, forgetful=False)  # the full history never forgets

@@ -16,6 +16,7 @@ Rules of :func:`parse_action` (one place, so all formats judge format errors ali
 * the action's content must not be empty;
 * text after the action's closing tag is ignored (generation stops there anyway).
 """
+
 from __future__ import annotations
 
 import json
@@ -53,14 +54,15 @@ def count_open(text: str, tag: str) -> int:
 
 
 def tag_status(text: str, tag: str) -> str:
-    """"absent" | "unclosed" | "ok" for the first occurrence of ``tag``."""
+    """ "absent" | "unclosed" | "ok" for the first occurrence of ``tag``."""
     if _OPEN.format(tag) not in text:
         return "absent"
     return "ok" if span(text, tag) is not None else "unclosed"
 
 
-def parse_action(text, actions: tuple[str, ...], required: tuple[str, ...] = (),
-                 optional: tuple[str, ...] = ()) -> Parsed:
+def parse_action(
+    text, actions: tuple[str, ...], required: tuple[str, ...] = (), optional: tuple[str, ...] = ()
+) -> Parsed:
     """Parse ``[required tags...] <action>argument</action>``; see the module docstring."""
     if not isinstance(text, str) or not text.strip():
         return Parsed(ok=False, error="empty output")
@@ -81,7 +83,9 @@ def parse_action(text, actions: tuple[str, ...], required: tuple[str, ...] = (),
         status = tag_status(text[: act_span[0]], tag)
         if status == "absent":
             whole = tag_status(text, tag)
-            return Parsed(ok=False, error=f"missing <{tag}>" if whole == "absent" else f"<{tag}> must come before <{action}>")
+            return Parsed(
+                ok=False, error=f"missing <{tag}>" if whole == "absent" else f"<{tag}> must come before <{action}>"
+            )
         if status == "unclosed":
             return Parsed(ok=False, error=f"unclosed <{tag}>")
         fields[tag] = extract(text, tag) or ""

@@ -4,6 +4,7 @@ Every bad input (unknown method, model, missing file, a hub model on an offline 
 optional wheel) ends with one line naming the fix and exit status 2, never a traceback. An import
 error inside memkit itself is a bug, not bad input: it keeps its traceback.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -11,8 +12,17 @@ import importlib
 import sys
 
 #: subcommand -> the module under memkit.cli that holds its ``HELP``, ``add_arguments(sp)`` and ``run(args)``
-SUBCOMMANDS = {"world": "world", "rollout": "rollout", "eval": "evaluate", "pretrain": "pretrain", "sft": "sft",
-               "reproduce": "reproduce", "results": "results", "train": "train", "plan": "plan"}
+SUBCOMMANDS = {
+    "world": "world",
+    "rollout": "rollout",
+    "eval": "evaluate",
+    "pretrain": "pretrain",
+    "sft": "sft",
+    "reproduce": "reproduce",
+    "results": "results",
+    "train": "train",
+    "plan": "plan",
+}
 
 #: how to install the optional packages memkit imports only when a feature needs them
 INSTALL_HINTS = {

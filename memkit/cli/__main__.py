@@ -1,4 +1,5 @@
 """``python -m memkit.cli`` (``accelerate launch -m memkit.cli train ...``, ``torchrun -m memkit.cli ...``)."""
+
 import sys
 
 from memkit.cli import main

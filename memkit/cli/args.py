@@ -10,6 +10,7 @@ JSON object, ``X | None`` also accepts ``none``, a nested dataclass one flag per
 (``--oracle-p-drop-fact``), and ``field(metadata={"choices": ...})`` restricts the values.
 :func:`config_from_args` builds the dataclass back from the parsed namespace by field name.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,8 +56,9 @@ def methods(text: str, streams: bool = True) -> list[str]:
     allowed = METHODS + STREAM_METHODS if streams else METHODS
     for name in names:
         if name in STREAM_METHODS and not streams:
-            raise argparse.ArgumentTypeError(f"{name} reads conversation streams, not wiki tasks: "
-                                             f"use `memkit eval --method {name}`")
+            raise argparse.ArgumentTypeError(
+                f"{name} reads conversation streams, not wiki tasks: use `memkit eval --method {name}`"
+            )
         if name not in allowed:
             raise argparse.ArgumentTypeError(f"unknown method {name!r}; choose from {', '.join(allowed)}")
     return names
@@ -68,7 +70,7 @@ def json_object(text: str) -> dict:
     except json.JSONDecodeError:
         value = None
     if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object like '{{\"reward_metric\": \"em\"}}', got {text!r}")
+        raise argparse.ArgumentTypeError(f'expected a JSON object like \'{{"reward_metric": "em"}}\', got {text!r}')
     return value
 
 
@@ -89,8 +91,14 @@ def add_max_minutes(parser, default_seconds: float | None, zero: str | None = No
         return None if zero and seconds == 0 else seconds
 
     shown = "none" if default_seconds is None else f"{default_seconds / 60:g}"
-    parser.add_argument("--max-minutes", dest="max_seconds", type=budget, default=argparse.SUPPRESS, metavar="M",
-                        help=f"--max-seconds in minutes{f'; 0 = {zero}' if zero else ''} (default: {shown})")
+    parser.add_argument(
+        "--max-minutes",
+        dest="max_seconds",
+        type=budget,
+        default=argparse.SUPPRESS,
+        metavar="M",
+        help=f"--max-seconds in minutes{f'; 0 = {zero}' if zero else ''} (default: {shown})",
+    )
 
 
 # ---- flags from a config dataclass ------------------------------------------------------------------
@@ -100,8 +108,13 @@ def field_docs(cls) -> dict[str, str]:
     body = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)).body
     docs = {}
     for node, after in zip(body, body[1:]):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
-                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
             docs[node.target.id] = inspect.cleandoc(after.value.value)
     return docs
 
@@ -159,8 +172,17 @@ class Computed(str):
     flag's default is None and its help shows this text."""
 
 
-def add_config_flags(parser, cls, *, aliases: dict[str, list[str]] | None = None, required=(),
-                     defaults: dict | None = None, prefix: str = "", instance=None, flags: dict | None = None) -> None:
+def add_config_flags(
+    parser,
+    cls,
+    *,
+    aliases: dict[str, list[str]] | None = None,
+    required=(),
+    defaults: dict | None = None,
+    prefix: str = "",
+    instance=None,
+    flags: dict | None = None,
+) -> None:
     """Add one flag per field of dataclass ``cls`` (see the module doc).
 
     ``aliases``: extra option strings of a field's flag (``{"n_samples": ["--n"]}``);
@@ -178,8 +200,16 @@ def add_config_flags(parser, cls, *, aliases: dict[str, list[str]] | None = None
         default = defaults.get(name, getattr(instance, f.name) if instance is not None else _default(f))
         tp, optional = _unwrap_optional(hints[f.name])
         if dataclasses.is_dataclass(tp):
-            add_config_flags(parser, tp, aliases=aliases, required=required, defaults=defaults, prefix=name + ".",
-                             instance=default, flags=flags)
+            add_config_flags(
+                parser,
+                tp,
+                aliases=aliases,
+                required=required,
+                defaults=defaults,
+                prefix=name + ".",
+                instance=default,
+                flags=flags,
+            )
             continue
         options = ["--" + flags[name].replace("_", "-"), *aliases.get(name, [])]
         kw = dict(dest=name, help=_help(docs.get(f.name, "")))

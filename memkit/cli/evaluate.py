@@ -1,4 +1,5 @@
 """``memkit eval``: evaluate methods at several objective counts and print the table."""
+
 from __future__ import annotations
 
 import argparse
@@ -23,10 +24,16 @@ def add_arguments(sp) -> None:
     sp.add_argument("--out-dir", default=None, help="write JSONL traces here")
     add_context_options(sp)
     streams = sp.add_argument_group("conversation streams (--method memt)")
-    streams.add_argument("--streams", choices=sorted(SIZES), default="smoke",
-                         help="size of the synthetic conversations (full: ~20 sessions, ~300 turns, like LoCoMo)")
+    streams.add_argument(
+        "--streams",
+        choices=sorted(SIZES),
+        default="smoke",
+        help="size of the synthetic conversations (full: ~20 sessions, ~300 turns, like LoCoMo)",
+    )
     streams.add_argument("--n-conversations", type=positive, default=4, help="synthetic conversations to evaluate on")
-    streams.add_argument("--locomo", default=None, help="a LoCoMo JSON file (data/locomo10.json) instead of synthetic ones")
+    streams.add_argument(
+        "--locomo", default=None, help="a LoCoMo JSON file (data/locomo10.json) instead of synthetic ones"
+    )
     sp.add_argument("--n", action=NotAnEvalFlag, help=argparse.SUPPRESS)
 
 
@@ -35,8 +42,10 @@ class NotAnEvalFlag(argparse.Action):
     error names the two counts eval has, instead of argparse's "ambiguous option"."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        parser.error("--n is not an eval flag: --n-tasks N sets the tasks per objective count, "
-                     "--n-conversations N the Mem-T conversations (--method memt)")
+        parser.error(
+            "--n is not an eval flag: --n-tasks N sets the tasks per objective count, "
+            "--n-conversations N the Mem-T conversations (--method memt)"
+        )
 
 
 def run_streams(args, kit) -> None:
@@ -45,12 +54,21 @@ def run_streams(args, kit) -> None:
     from memkit.world.locomo import load_locomo
     from memkit.world.streams import make_conversations
 
-    convs = (load_locomo(args.locomo) if args.locomo else
-             make_conversations(kit.world, args.n_conversations, seed=1000 + args.seed, size=args.streams))
+    convs = (
+        load_locomo(args.locomo)
+        if args.locomo
+        else make_conversations(kit.world, args.n_conversations, seed=1000 + args.seed, size=args.streams)
+    )
     if not any(c.qa for c in convs):
         raise ValueError(f"{args.locomo or 'the synthetic streams'} hold no questions to answer")
-    summary, _, trajs = evaluate_streams(kit, convs, policy=args.policy, temperature=args.temperature, seed=args.seed,
-                                         method_kwargs={"retriever": args.retriever})
+    summary, _, trajs = evaluate_streams(
+        kit,
+        convs,
+        policy=args.policy,
+        temperature=args.temperature,
+        seed=args.seed,
+        method_kwargs={"retriever": args.retriever},
+    )
     where = args.locomo or f"{len(convs)} synthetic {args.streams} conversations"
     print(f"memt on {where}: {len(trajs)} questions, {summary[0]['wall_seconds']:.1f} s")
     print(format_stream_table(summary))
@@ -72,9 +90,17 @@ def run(args) -> int:
         if method == "memt":
             run_streams(args, kit)
             continue
-        results = evaluate(method, kit, objectives=args.objectives, n_tasks=args.n_tasks,
-                           policy=placed_policy(args, method, kit), temperature=args.temperature, prompt=args.prompt,
-                           k_docs=args.k_docs, min_new_tokens=args.min_new_tokens)
+        results = evaluate(
+            method,
+            kit,
+            objectives=args.objectives,
+            n_tasks=args.n_tasks,
+            policy=placed_policy(args, method, kit),
+            temperature=args.temperature,
+            prompt=args.prompt,
+            k_docs=args.k_docs,
+            min_new_tokens=args.min_new_tokens,
+        )
         for k, (summary, trajs) in results.items():
             rows.append({"method": method, "k": k, **summary})
             if args.out_dir:

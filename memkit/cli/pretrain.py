@@ -4,6 +4,7 @@ Every :class:`~memkit.train.pretrain.PretrainConfig` field is a flag (``--seq-le
 Run it again after an interruption to continue; a finished base is reused. Start SFT from the
 default base with ``memkit sft --method M --init base``.
 """
+
 from __future__ import annotations
 
 import sys
@@ -43,23 +44,40 @@ def run(args) -> int:
             print(note.replace("SFT", "pretraining"), file=sys.stderr, flush=True)
     kit = load_kit(cfg.world_seed)
     try:
-        run_ = ensure_base(kit, cfg, log=lambda r: print(
-            f"step {r['step']:6d}  loss {r['loss']:.4f}  lr {r['lr']:.2e}  {r['seconds']:.0f}s  "
-            f"{r['tokens'] / 1e6:.2f}M tokens  attention {r['attention']}", flush=True))
+        run_ = ensure_base(
+            kit,
+            cfg,
+            log=lambda r: print(
+                f"step {r['step']:6d}  loss {r['loss']:.4f}  lr {r['lr']:.2e}  {r['seconds']:.0f}s  "
+                f"{r['tokens'] / 1e6:.2f}M tokens  attention {r['attention']}",
+                flush=True,
+            ),
+        )
     except KeyboardInterrupt as e:  # the first Ctrl-C saved the step it finished (memkit.train.pretrain)
         saved = (partial_path(path) / "state.pt").is_file()
-        print(f"\n{e or 'interrupted'}; " + ("state saved in " + str(partial_path(path)) + ": run the same command "
-              "again to continue" if saved else "nothing saved yet"), file=sys.stderr)
+        print(
+            f"\n{e or 'interrupted'}; "
+            + (
+                "state saved in " + str(partial_path(path)) + ": run the same command again to continue"
+                if saved
+                else "nothing saved yet"
+            ),
+            file=sys.stderr,
+        )
         return 130
     m = run_.metrics
     copy = ", ".join(f"{k} {v:.2f}" for k, v in m["copy_accuracy"].items())
     ppl = "n/a (no held-out passages)" if m["heldout_ppl"] is None else f"{m['heldout_ppl']:.2f}"
-    print(f"base: {run_.path}\n"
-          f"trained {m['steps']} steps in {m['seconds']:.0f}s; final loss {m['final_loss']:.4f}; "
-          f"held-out perplexity {ppl} on {len(m['heldout_passages'])} world passages not trained on; "
-          f"copy accuracy {copy}")
+    print(
+        f"base: {run_.path}\n"
+        f"trained {m['steps']} steps in {m['seconds']:.0f}s; final loss {m['final_loss']:.4f}; "
+        f"held-out perplexity {ppl} on {len(m['heldout_passages'])} world passages not trained on; "
+        f"copy accuracy {copy}"
+    )
     init = "base" if path == base_checkpoint_path(PretrainConfig(world_seed=cfg.world_seed)) else str(run_.path)
-    print(f"start SFT from it with: memkit sft --method METHOD --init {init}"
-          + ("" if init == "base" else " (--init base means the base of the default flags)")
-          + f"\ntotal wall time {time.perf_counter() - t0:.0f}s")
+    print(
+        f"start SFT from it with: memkit sft --method METHOD --init {init}"
+        + ("" if init == "base" else " (--init base means the base of the default flags)")
+        + f"\ntotal wall time {time.perf_counter() - t0:.0f}s"
+    )
     return 0

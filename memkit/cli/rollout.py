@@ -1,4 +1,5 @@
 """``memkit rollout``: roll out a method with a policy and write JSONL traces."""
+
 from __future__ import annotations
 
 from memkit.cli.args import methods, positive
@@ -22,8 +23,15 @@ def add_arguments(sp) -> None:
 
 
 #: the policy specs :func:`memkit.lab.policies.resolve_policy` reads (the ``--policy`` help lists them)
-POLICY_SPECS = ("oracle", "tiny", "tiny-sft", "tiny-sft:<tag>", "smollm2-135m",
-                "<local checkpoint dir or memkit train run dir>", "<HF model id>")
+POLICY_SPECS = (
+    "oracle",
+    "tiny",
+    "tiny-sft",
+    "tiny-sft:<tag>",
+    "smollm2-135m",
+    "<local checkpoint dir or memkit train run dir>",
+    "<HF model id>",
+)
 
 
 def add_policy(sp) -> None:
@@ -35,19 +43,38 @@ def add_context_options(sp) -> None:
     out with; ``--device``, ``--dtype``: where its model runs."""
     from memkit.agents.base import PROMPTS
 
-    sp.add_argument("--prompt", choices=PROMPTS, default="auto",
-                    help="paper = the paper's instruction, compact = the tiny model's one-line prompt; "
-                         "auto = compact for tiny models, paper otherwise")
-    sp.add_argument("--k-docs", type=positive, default=None,
-                    help="passages per search (default: what the model was SFT'd with, e.g. 1 for tiny-sft; "
-                         "else 3)")
-    sp.add_argument("--min-new-tokens", type=int, default=None,
-                    help="every call may write at least this many tokens (default: the format's budget for tiny "
-                         "models, 512 for a pretrained chat model)")
-    sp.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                    help="where a model policy runs (auto = cuda when present)")
-    sp.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
-                    help="parameter dtype of a model policy (auto = bfloat16 on a GPU, float32 on the CPU)")
+    sp.add_argument(
+        "--prompt",
+        choices=PROMPTS,
+        default="auto",
+        help="paper = the paper's instruction, compact = the tiny model's one-line prompt; "
+        "auto = compact for tiny models, paper otherwise",
+    )
+    sp.add_argument(
+        "--k-docs",
+        type=positive,
+        default=None,
+        help="passages per search (default: what the model was SFT'd with, e.g. 1 for tiny-sft; else 3)",
+    )
+    sp.add_argument(
+        "--min-new-tokens",
+        type=int,
+        default=None,
+        help="every call may write at least this many tokens (default: the format's budget for tiny "
+        "models, 512 for a pretrained chat model)",
+    )
+    sp.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="where a model policy runs (auto = cuda when present)",
+    )
+    sp.add_argument(
+        "--dtype",
+        choices=("auto", "float32", "bfloat16"),
+        default="auto",
+        help="parameter dtype of a model policy (auto = bfloat16 on a GPU, float32 on the CPU)",
+    )
 
 
 def placed_policy(args, method: str, kit):
@@ -72,10 +99,24 @@ def run(args) -> int:
     from memkit.world import load_tasks_jsonl, make_tasks
 
     kit = load_kit(args.world_seed, retriever=args.retriever)
-    tasks = load_tasks_jsonl(args.tasks) if args.tasks else make_tasks(kit.world, n=args.n_tasks, k=args.objectives[0], seed=args.seed)
-    trajs = rollout(args.method, tasks, kit, policy=placed_policy(args, args.method, kit), n=args.n,
-                    temperature=args.temperature, seed=args.seed, progress=True, prompt=args.prompt, k_docs=args.k_docs,
-                    min_new_tokens=args.min_new_tokens)
+    tasks = (
+        load_tasks_jsonl(args.tasks)
+        if args.tasks
+        else make_tasks(kit.world, n=args.n_tasks, k=args.objectives[0], seed=args.seed)
+    )
+    trajs = rollout(
+        args.method,
+        tasks,
+        kit,
+        policy=placed_policy(args, args.method, kit),
+        n=args.n,
+        temperature=args.temperature,
+        seed=args.seed,
+        progress=True,
+        prompt=args.prompt,
+        k_docs=args.k_docs,
+        min_new_tokens=args.min_new_tokens,
+    )
     save_jsonl(trajs, args.out)
     ok = sum(t.valid for t in trajs)
     print(f"wrote {len(trajs)} trajectories ({ok} valid) to {args.out}")

@@ -3,6 +3,7 @@ a pretrained one (``--init smollm2-135m --lora``, a hub id) in its own tokens an
 
 Every :class:`~memkit.train.sft.SFTConfig` field is a flag (``--batch-size``, ``--oracle-p-drop-fact``, ...).
 """
+
 from __future__ import annotations
 
 import sys
@@ -21,9 +22,12 @@ def add_arguments(sp) -> None:
     add_max_minutes(sp, SFTConfig.max_seconds, zero="no budget: exactly --steps, reproducible")
     sp.add_argument("--eval-tasks", type=int, default=100, help="held-out tasks to evaluate after training (0 = skip)")
     sp.add_argument("--eval-objectives", type=ints, default=[2])
-    sp.add_argument("--tag", default=None,
-                    help="cache tag of the checkpoint (default: 'default' for the default --objectives / --n-tasks / "
-                         "--seed, else one naming them, e.g. k1-2-3-n4000-s0); load it as --policy tiny-sft:TAG")
+    sp.add_argument(
+        "--tag",
+        default=None,
+        help="cache tag of the checkpoint (default: 'default' for the default --objectives / --n-tasks / "
+        "--seed, else one naming them, e.g. k1-2-3-n4000-s0); load it as --policy tiny-sft:TAG",
+    )
 
 
 def check_tag(tag: str | None) -> str | None:
@@ -51,12 +55,21 @@ def run(args) -> int:
     if note:
         print(note, file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    path, history, n_ex = train_sft_model(cfg.method, kit, cfg, log=lambda r: print(
-        f"step {r['step']:5d}  loss {r['loss']:.4f}  lr {r['lr']:.2e}  {r['seconds']:.0f}s  attention {r['attention']}", flush=True),
-        path=sft_output_path(cfg, cfg.world_seed, tag))
+    path, history, n_ex = train_sft_model(
+        cfg.method,
+        kit,
+        cfg,
+        log=lambda r: print(
+            f"step {r['step']:5d}  loss {r['loss']:.4f}  lr {r['lr']:.2e}  {r['seconds']:.0f}s  attention {r['attention']}",
+            flush=True,
+        ),
+        path=sft_output_path(cfg, cfg.world_seed, tag),
+    )
     spec = str(path) if pretrained_init(cfg.init) else "tiny-sft" if tag == "default" else f"tiny-sft:{tag}"
-    print(f"trained on {n_ex} calls in {time.perf_counter() - t0:.0f}s; checkpoint: {path}\n"
-          f"use it as --policy {spec} (memkit eval / rollout) or --init {spec} (memkit train)")
+    print(
+        f"trained on {n_ex} calls in {time.perf_counter() - t0:.0f}s; checkpoint: {path}\n"
+        f"use it as --policy {spec} (memkit eval / rollout) or --init {spec} (memkit train)"
+    )
     note = budget_note(history, cfg, time.perf_counter() - t0, cfg.method)
     if note:
         print(note, file=sys.stderr, flush=True)
@@ -64,7 +77,9 @@ def run(args) -> int:
         results = evaluate(cfg.method, kit, objectives=args.eval_objectives, n_tasks=args.eval_tasks, policy=spec)
         for k, (summary, _) in results.items():
             kinds = ", ".join(f"{c[3:]} {v:.2f}" for c, v in summary.items() if c.startswith("em_"))
-            print(f"{spec} {cfg.method} k={k}: EM per question {summary['em']:.3f} ({kinds})  F1 {summary['f1']:.3f}  "
-                  f"invalid {summary['invalid_rate']:.2f}  peak tokens {summary['peak_tokens']:.0f}")
+            print(
+                f"{spec} {cfg.method} k={k}: EM per question {summary['em']:.3f} ({kinds})  F1 {summary['f1']:.3f}  "
+                f"invalid {summary['invalid_rate']:.2f}  peak tokens {summary['peak_tokens']:.0f}"
+            )
     print(f"total wall time {time.perf_counter() - t0:.0f}s")
     return 0

@@ -8,6 +8,7 @@
 Every :class:`~memkit.rl.config.TrainConfig` field is a flag (``--clip-high``, ``--gamma``, ...).
 Multi-GPU: ``accelerate launch -m memkit.cli train ...`` or ``torchrun --nproc_per_node N -m memkit.cli train ...``.
 """
+
 from __future__ import annotations
 
 from memkit.cli.args import Computed, add_config_flags, add_max_minutes, config_from_args
@@ -23,7 +24,9 @@ def add_arguments(sp) -> None:
     from memkit.rl.config import TrainConfig
 
     sp.description = __doc__.splitlines()[0]
-    add_config_flags(sp, TrainConfig, required={"method"}, aliases=ALIASES, defaults={"out_dir": Computed("runs/<method>-<algo>")})
+    add_config_flags(
+        sp, TrainConfig, required={"method"}, aliases=ALIASES, defaults={"out_dir": Computed("runs/<method>-<algo>")}
+    )
     add_max_minutes(sp, TrainConfig.max_seconds)
     sp.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
 
@@ -44,16 +47,21 @@ def run(args) -> int:
     from memkit.lab.runs import train
 
     def log(r):
-        print(f"step {r['step']:4d}  reward {r['reward_mean']:.3f}  EM {r['em']:.3f}  kl {r['kl']:.4f}  "
-              f"entropy {r['entropy']:.3f}  clip {r['clip_frac']:.3f}  peak {r['peak_tokens']:.0f}  "
-              f"{r['seconds']:.1f}s", flush=True)
+        print(
+            f"step {r['step']:4d}  reward {r['reward_mean']:.3f}  EM {r['em']:.3f}  kl {r['kl']:.4f}  "
+            f"entropy {r['entropy']:.3f}  clip {r['clip_frac']:.3f}  peak {r['peak_tokens']:.0f}  "
+            f"{r['seconds']:.1f}s",
+            flush=True,
+        )
 
     result = train(cfg, progress=False, log=log, resume=args.resume)
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():  # torchrun / accelerate launch: tear the process
         dist.destroy_process_group()  # group down now; gloo's threads can abort a rank at interpreter exit
-    last = [e for e in result.eval_history if e["step"] == result.eval_history[-1]["step"]] if result.eval_history else []
+    last = (
+        [e for e in result.eval_history if e["step"] == result.eval_history[-1]["step"]] if result.eval_history else []
+    )
     for e in last:  # wiki tasks: a row per objective count; Mem-T: one row over every held-out question
         where = f" k={e['k']}" if "k" in e else f" ({e['questions']} questions)" if "questions" in e else ""
         em = f"EM {e['em']:.3f}  " if "em" in e else ""

@@ -1,4 +1,5 @@
 """``memkit world``: write the synthetic corpus and tasks as JSONL."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,9 +14,13 @@ def add_arguments(sp) -> None:
 
     add_common(sp)
     sp.add_argument("--out", default="world", help="output directory")
-    sp.add_argument("--split", choices=("all", *SPLITS, TRAIN), default="all",
-                    help="questions the tasks draw (memkit.world.question_split): sft = behaviour cloning's, "
-                         "rl = RL's, train = both, test = the held-out ones no training task asks")
+    sp.add_argument(
+        "--split",
+        choices=("all", *SPLITS, TRAIN),
+        default="all",
+        help="questions the tasks draw (memkit.world.question_split): sft = behaviour cloning's, "
+        "rl = RL's, train = both, test = the held-out ones no training task asks",
+    )
 
 
 def add_common(sp, objectives: str = "2") -> None:
@@ -32,8 +37,15 @@ def run(args) -> int:
     world = make_world(seed=args.seed)
     out = Path(args.out)
     save_corpus_jsonl(world, out / "corpus.jsonl")
-    tasks = [t for k in args.objectives for t in make_tasks(world, n=args.n_tasks, k=k, seed=args.seed + k,
-                                                                  split=None if args.split == "all" else args.split)]
+    tasks = [
+        t
+        for k in args.objectives
+        for t in make_tasks(
+            world, n=args.n_tasks, k=k, seed=args.seed + k, split=None if args.split == "all" else args.split
+        )
+    ]
     save_tasks_jsonl(tasks, out / "tasks.jsonl")
-    print(f"wrote {len(world.passages)} passages to {out / 'corpus.jsonl'} and {len(tasks)} tasks to {out / 'tasks.jsonl'}")
+    print(
+        f"wrote {len(world.passages)} passages to {out / 'corpus.jsonl'} and {len(tasks)} tasks to {out / 'tasks.jsonl'}"
+    )
     return 0

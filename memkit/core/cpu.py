@@ -18,6 +18,7 @@ The tiny model is so small that how the process runs matters as much as what it 
 Not needed: the old trick of making MKL treat an AMD CPU as Intel. With torch 2.13's MKL the
 tiny model's matmuls run at the same speed either way (measured: docs/findings.md, 'CPU runtime').
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -53,8 +54,10 @@ def keep_freed_memory() -> bool:
         libc.gnu_get_libc_version  # noqa: B018 -- glibc only: the mallopt parameters below are glibc's
     except (OSError, AttributeError):
         return _kept
-    _kept = (libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX) == 1
-             and libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD) == 1)  # mallopt returns 1 on success
+    _kept = (
+        libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX) == 1
+        and libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD) == 1
+    )  # mallopt returns 1 on success
     return _kept
 
 
@@ -106,6 +109,7 @@ def cpu_busy_share(interval: float = 0.5) -> float | None:
 
     Called while this process sleeps, so it measures *other* jobs. None where ``/proc/stat`` is missing.
     """
+
     def sample():
         with open("/proc/stat") as f:
             fields = [int(x) for x in f.readline().split()[1:]]
@@ -131,5 +135,7 @@ def busy_cpu_note(busy: float | None = None) -> str | None:
     busy = cpu_busy_share() if busy is None else busy
     if busy is None or busy < 0.25:
         return None
-    return (f"note: other jobs keep the CPU {100 * busy:.0f}% busy; a time-budgeted SFT trains fewer steps beside "
-            "them and ends less accurate. Run it alone, or pass --max-minutes 0 to train all --steps whatever the time.")
+    return (
+        f"note: other jobs keep the CPU {100 * busy:.0f}% busy; a time-budgeted SFT trains fewer steps beside "
+        "them and ends less accurate. Run it alone, or pass --max-minutes 0 to train all --steps whatever the time."
+    )

@@ -7,6 +7,7 @@ puts its field metadata's ``prefix`` before each inner field's name (default: th
 keep their own names, ``TrainConfig.runtime``), and an inner field's metadata ``flat`` replaces the
 whole flat name (``critic.gamma`` is ``gamma``; ``lora.enabled`` is ``lora``).
 """
+
 from __future__ import annotations
 
 from dataclasses import MISSING, fields, is_dataclass

@@ -5,6 +5,7 @@ Nothing is lost when a process is killed mid-write: text goes to a temp file in 
 directory, is fsync'ed, then ``os.replace``-d over the target (atomic on POSIX), so a reader
 sees either the old file or the new one, never half of it.
 """
+
 from __future__ import annotations
 
 import json

@@ -12,6 +12,7 @@ needs every core, goes before all and waits for every lane to be free):
 so a long chain (the pretrained base, then Mem-T's clones, then notebook 06) starts before short
 independent work. A failed task fails the tasks that need it, with the reason; the others go on.
 """
+
 from __future__ import annotations
 
 import os
@@ -126,8 +127,13 @@ def _timed(fn, args, widen: list[int] | None = None):
             _pin(pinned)
 
 
-def run_tasks(tasks: Sequence[Task], jobs: int, on_done: Callable[[Outcome], None] | None = None,
-              cores: Sequence[int] | None = None, on_start: Callable[[Task, int], None] | None = None) -> dict[str, Outcome]:
+def run_tasks(
+    tasks: Sequence[Task],
+    jobs: int,
+    on_done: Callable[[Outcome], None] | None = None,
+    cores: Sequence[int] | None = None,
+    on_start: Callable[[Task, int], None] | None = None,
+) -> dict[str, Outcome]:
     """Run ``tasks`` on ``jobs`` lanes (see the module docstring); ``on_start(task, lane)`` and
     ``on_done(outcome)`` are called in this process, in that order of events. Returns every task's
     :class:`Outcome`."""
@@ -173,12 +179,21 @@ def run_tasks(tasks: Sequence[Task], jobs: int, on_done: Callable[[Outcome], Non
                     finish(Outcome(t.name, True, seconds, lane, value, cores=lanes_cores[lane]))
                 except Exception as e:  # the task raised, or its lane died: report it, go on
                     msg = str(e).strip().splitlines()
-                    finish(Outcome(t.name, False, 0.0, lane, error=f"{type(e).__name__}: {msg[0] if msg else ''}",
-                                   cores=lanes_cores[lane]))
+                    finish(
+                        Outcome(
+                            t.name,
+                            False,
+                            0.0,
+                            lane,
+                            error=f"{type(e).__name__}: {msg[0] if msg else ''}",
+                            cores=lanes_cores[lane],
+                        )
+                    )
                     if type(e).__name__ == "BrokenProcessPool":
                         lanes[lane].shutdown(wait=False)
-                        lanes[lane] = ProcessPoolExecutor(1, mp_context=ctx, initializer=_pin,
-                                                          initargs=(lanes_cores[lane],))
+                        lanes[lane] = ProcessPoolExecutor(
+                            1, mp_context=ctx, initializer=_pin, initargs=(lanes_cores[lane],)
+                        )
     except BaseException:  # Ctrl-C or a failing callback: stop the lanes' work now, not after it ends
         for ex in lanes:
             for proc in list(getattr(ex, "_processes", {}).values()):

@@ -10,6 +10,7 @@ a tree whose root-to-leaf paths are chains. A :class:`TrainingUnit` (a trajector
 of its calls: a MEM1 row, a MemSearcher call, a DCPO segment, a tree path) is what ``pack()``
 turns into training rows.
 """
+
 from __future__ import annotations
 
 import json
@@ -200,8 +201,10 @@ class TrainingUnit:
     def __post_init__(self):
         idx = list(self.calls)
         if idx != sorted(set(idx)) or (idx and not 0 <= idx[0] <= idx[-1] < len(self.traj.calls)):
-            raise ValueError(f"TrainingUnit.calls {self.calls} must be distinct ascending indices into "
-                             f"the trajectory's {len(self.traj.calls)} calls")
+            raise ValueError(
+                f"TrainingUnit.calls {self.calls} must be distinct ascending indices into "
+                f"the trajectory's {len(self.traj.calls)} calls"
+            )
 
     def __len__(self) -> int:
         return len(self.calls)

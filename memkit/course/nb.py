@@ -11,6 +11,7 @@ sidecar so the test suite and ``memkit reproduce`` can check them without parsin
 Every write rewrites the whole sidecar atomically, so an interrupted notebook never leaves
 a half-written file behind.
 """
+
 from __future__ import annotations
 
 import ast
@@ -29,8 +30,16 @@ FIGURES_ENV = "MEMKIT_FIGURES"
 PAPERMILL_ENV = "MEMKIT_PAPERMILL"  # set to "1" by memkit's papermill harness
 
 __all__ = [
-    "record", "record_all", "load_records", "record_path", "figure_path", "figures_dir",
-    "in_papermill", "progress", "smoke_scale", "to_jsonable",
+    "record",
+    "record_all",
+    "load_records",
+    "record_path",
+    "figure_path",
+    "figures_dir",
+    "in_papermill",
+    "progress",
+    "smoke_scale",
+    "to_jsonable",
 ]
 
 
@@ -55,8 +64,9 @@ def to_jsonable(value: Any, _where: str = "value") -> Any:
         out = {}
         for k, v in value.items():
             if not isinstance(k, str):
-                raise TypeError(f"{_where}: dict keys must be strings, got {type(k).__name__} "
-                                f"key {k!r}; convert keys with str()")
+                raise TypeError(
+                    f"{_where}: dict keys must be strings, got {type(k).__name__} key {k!r}; convert keys with str()"
+                )
             out[k] = to_jsonable(v, f"{_where}[{k!r}]")
         return out
     if isinstance(value, (list, tuple)):
@@ -72,7 +82,8 @@ def to_jsonable(value: Any, _where: str = "value") -> Any:
             return to_jsonable(value.tolist(), _where)
     raise TypeError(
         f"{_where}: cannot record a {type(value).__module__}.{type(value).__name__}; "
-        "record a number, string, list or dict (e.g. float(x), str(x), x.tolist())")
+        "record a number, string, list or dict (e.g. float(x), str(x), x.tolist())"
+    )
 
 
 def load_records(path: str | Path | None = None, missing_ok: bool = False) -> dict[str, Any]:
@@ -83,16 +94,17 @@ def load_records(path: str | Path | None = None, missing_ok: bool = False) -> di
             return {}
         raise FileNotFoundError(
             f"no records at {path}: the notebook must call memkit.course.nb.record(name, value) "
-            f"(and {RECORD_ENV} must point to this file when it runs)")
+            f"(and {RECORD_ENV} must point to this file when it runs)"
+        )
     text = path.read_text(encoding="utf-8")
     try:
         data = json.loads(text) if text.strip() else {}
     except json.JSONDecodeError as e:
-        raise ValueError(f"records file {path} is not valid JSON ({e}); delete it and re-run "
-                         "the notebook") from None
+        raise ValueError(f"records file {path} is not valid JSON ({e}); delete it and re-run the notebook") from None
     if not isinstance(data, dict):
-        raise ValueError(f"records file {path} holds a {type(data).__name__}, not a JSON object; "
-                         "delete it and re-run the notebook")
+        raise ValueError(
+            f"records file {path} holds a {type(data).__name__}, not a JSON object; delete it and re-run the notebook"
+        )
     return data
 
 
@@ -141,8 +153,7 @@ def figures_dir() -> Path:
 def figure_path(name: str) -> Path:
     """Path for a figure file in :func:`figures_dir` (created). ``.png`` is added if no suffix."""
     if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name:
-        raise ValueError(f"figure_path(name): give a plain file name such as 'mem1_mask.png', "
-                         f"got {name!r}")
+        raise ValueError(f"figure_path(name): give a plain file name such as 'mem1_mask.png', got {name!r}")
     p = figures_dir() / name
     return p if p.suffix else p.with_suffix(".png")
 
@@ -175,10 +186,10 @@ def smoke_scale(smoke: bool, small: T, full: T) -> T:
         if isinstance(smoke, int) and smoke in (0, 1):
             smoke = bool(smoke)
         else:
-            raise TypeError(f"SMOKE must be True or False, got {smoke!r} "
-                            f"({type(smoke).__name__}); with papermill use -p SMOKE True")
+            raise TypeError(
+                f"SMOKE must be True or False, got {smoke!r} ({type(smoke).__name__}); with papermill use -p SMOKE True"
+            )
     return small if smoke else full
-
 
 
 def budget_left(t_start: float, total_s: float, reserve_s: float = 0.0, floor_s: float = 60.0) -> float:
@@ -209,8 +220,11 @@ def _read(nb_or_path):
 def parameters_cells(nb_or_path) -> list[int]:
     """Indices of the code cells tagged ``parameters``."""
     nb = _read(nb_or_path)
-    return [i for i, c in enumerate(nb.cells)
-            if c.cell_type == "code" and PARAMETERS_TAG in c.get("metadata", {}).get("tags", [])]
+    return [
+        i
+        for i, c in enumerate(nb.cells)
+        if c.cell_type == "code" and PARAMETERS_TAG in c.get("metadata", {}).get("tags", [])
+    ]
 
 
 def declared_parameters(nb_or_path) -> dict[str, str]:
@@ -222,9 +236,11 @@ def declared_parameters(nb_or_path) -> dict[str, str]:
     where = nb_or_path if isinstance(nb_or_path, (str, Path)) else "notebook"
     idx = parameters_cells(nb)
     if len(idx) != 1:
-        raise ValueError(f"{where}: expected exactly one code cell tagged 'parameters', found "
-                         f"{len(idx)}; tag the cell that sets SMOKE, MODEL, SEED, OUT_DIR "
-                         "(View > Cell Toolbar > Tags in Jupyter)")
+        raise ValueError(
+            f"{where}: expected exactly one code cell tagged 'parameters', found "
+            f"{len(idx)}; tag the cell that sets SMOKE, MODEL, SEED, OUT_DIR "
+            "(View > Cell Toolbar > Tags in Jupyter)"
+        )
     src = nb.cells[idx[0]].source
     try:
         tree = ast.parse(src)
@@ -232,8 +248,9 @@ def declared_parameters(nb_or_path) -> dict[str, str]:
         raise ValueError(f"{where}: the parameters cell is not valid Python ({e})") from None
     out: dict[str, str] = {}
     for node in tree.body:
-        targets = (node.targets if isinstance(node, ast.Assign)
-                   else [node.target] if isinstance(node, ast.AnnAssign) else [])
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
         for t in targets:
             if isinstance(t, ast.Name):
                 out[t.id] = ast.get_source_segment(src, node.value) if node.value else ""
@@ -270,8 +287,9 @@ def resolve_kernel(kernel: str | None = None) -> str:
         try:
             ksm.get_kernel_spec(kernel)
         except NoSuchKernel:
-            raise ValueError(f"no Jupyter kernel named {kernel!r}; list them with "
-                             "`jupyter kernelspec list` or omit --kernel") from None
+            raise ValueError(
+                f"no Jupyter kernel named {kernel!r}; list them with `jupyter kernelspec list` or omit --kernel"
+            ) from None
         return kernel
     for name in ("python3", "memkit"):
         try:

@@ -10,6 +10,7 @@ cell overridden (only the parameters it declares: ``SMOKE``, ``MODEL``, ``SEED``
 ``runs/<timestamp>/``; ``REPORT.md`` there lists status, seconds and recorded numbers.
 A failing notebook is reported and the others still run.
 """
+
 from __future__ import annotations
 
 import json
@@ -59,9 +60,16 @@ def _fd2_to(path: Path):
         os.close(saved)
 
 
-def execute_notebook(path: str | Path, out_dir: str | Path, params: dict[str, Any] | None = None,
-                     *, strict: bool = True, kernel: str | None = None,
-                     cwd: str | Path | None = None, timeout: float | None = None) -> NotebookRun:
+def execute_notebook(
+    path: str | Path,
+    out_dir: str | Path,
+    params: dict[str, Any] | None = None,
+    *,
+    strict: bool = True,
+    kernel: str | None = None,
+    cwd: str | Path | None = None,
+    timeout: float | None = None,
+) -> NotebookRun:
     """Run one notebook with papermill into ``out_dir/<stem>.ipynb`` (+ ``<stem>.record.json``).
 
     The kernel's stderr and papermill's log go to ``out_dir/<stem>.log``.
@@ -78,8 +86,10 @@ def execute_notebook(path: str | Path, out_dir: str | Path, params: dict[str, An
     declared = declared_parameters(path)
     extra = sorted(set(params) - set(declared))
     if extra and strict:
-        raise ValueError(f"{path.name} does not declare parameter(s) {extra} in its parameters "
-                         f"cell (it declares {sorted(declared)}); add them there or do not pass them")
+        raise ValueError(
+            f"{path.name} does not declare parameter(s) {extra} in its parameters "
+            f"cell (it declares {sorted(declared)}); add them there or do not pass them"
+        )
     params = {k: v for k, v in params.items() if k in declared}
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -95,10 +105,17 @@ def execute_notebook(path: str | Path, out_dir: str | Path, params: dict[str, An
     t0 = time.perf_counter()
     try:
         with _fd2_to(out_dir / f"{path.stem}.log"):
-            pm.execute_notebook(str(path), str(executed), parameters=params,
-                                kernel_name=kernel_name, cwd=str(cwd or path.parent),
-                                progress_bar=False, log_output=False, start_timeout=180,
-                                execution_timeout=timeout)
+            pm.execute_notebook(
+                str(path),
+                str(executed),
+                parameters=params,
+                kernel_name=kernel_name,
+                cwd=str(cwd or path.parent),
+                progress_bar=False,
+                log_output=False,
+                start_timeout=180,
+                execution_timeout=timeout,
+            )
     except pm.PapermillExecutionError as e:
         msg = (e.evalue or "").strip().splitlines()
         error = f"{e.ename}: {msg[0] if msg else ''} (in cell [{e.exec_count}])"
@@ -175,44 +192,78 @@ def _read_summary(run_dir: Path) -> dict[str, Any]:
         return {}
 
 
-def _write_summary(run_dir: Path, runs: list[NotebookRun], meta: dict[str, Any], clones: list[NotebookRun] = ()) -> None:
+def _write_summary(
+    run_dir: Path, runs: list[NotebookRun], meta: dict[str, Any], clones: list[NotebookRun] = ()
+) -> None:
     """REPORT.md and summary.json as they stand (after every notebook: a killed run can resume)."""
     runs = sorted(runs, key=lambda r: r.name)
     atomic_write_text(run_dir / "REPORT.md", render_report(runs, meta, list(clones)))
 
     def row(r):
-        return {"name": r.name, "ok": r.ok, "seconds": round(r.seconds, 3), "error": r.error, "trained": r.trained,
-                "records": r.records}
+        return {
+            "name": r.name,
+            "ok": r.ok,
+            "seconds": round(r.seconds, 3),
+            "error": r.error,
+            "trained": r.trained,
+            "records": r.records,
+        }
 
     summary = {"meta": meta, "notebooks": [row(r) for r in runs], "clones": [row(c) for c in clones]}
     atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
 
 
-def _finished_in(run_dir: Path, summary: dict[str, Any], smoke: bool, model: str, seed: int,
-                 seeds: int | None = None) -> dict[str, NotebookRun]:
+def _finished_in(
+    run_dir: Path, summary: dict[str, Any], smoke: bool, model: str, seed: int, seeds: int | None = None
+) -> dict[str, NotebookRun]:
     """Notebooks that ran ok in ``run_dir`` (its ``summary``) with the same parameters (what ``resume`` skips)."""
     if not summary:
         return {}
     meta = summary.get("meta", {})
     ran_seeds = meta.get("seeds", "notebook default")  # runs before --seeds existed: the notebooks' default
-    if (meta.get("smoke"), meta.get("model"), meta.get("seed"), ran_seeds) != (smoke, model, seed, seeds or "notebook default"):
-        raise ValueError(f"{run_dir} ran smoke={meta.get('smoke')}, model={meta.get('model')}, "
-                         f"seed={meta.get('seed')}, seeds={ran_seeds}; resume it with the same "
-                         "--smoke/--model/--seed/--seeds or start a new run without --resume")
-    return {n["name"]: NotebookRun(n["name"], True, n["seconds"], run_dir / f"{n['name']}.ipynb",
-                                   run_dir / f"{n['name']}.record.json", n.get("records", {}),
-                                   trained=n.get("trained", []))
-            for n in summary.get("notebooks", []) if n.get("ok")}
+    if (meta.get("smoke"), meta.get("model"), meta.get("seed"), ran_seeds) != (
+        smoke,
+        model,
+        seed,
+        seeds or "notebook default",
+    ):
+        raise ValueError(
+            f"{run_dir} ran smoke={meta.get('smoke')}, model={meta.get('model')}, "
+            f"seed={meta.get('seed')}, seeds={ran_seeds}; resume it with the same "
+            "--smoke/--model/--seed/--seeds or start a new run without --resume"
+        )
+    return {
+        n["name"]: NotebookRun(
+            n["name"],
+            True,
+            n["seconds"],
+            run_dir / f"{n['name']}.ipynb",
+            run_dir / f"{n['name']}.record.json",
+            n.get("records", {}),
+            trained=n.get("trained", []),
+        )
+        for n in summary.get("notebooks", [])
+        if n.get("ok")
+    }
 
 
-def _notebook_task(path: Path, run_dir: Path, params: dict[str, Any], kernel: str, timeout: float | None) -> NotebookRun:
+def _notebook_task(
+    path: Path, run_dir: Path, params: dict[str, Any], kernel: str, timeout: float | None
+) -> NotebookRun:
     """Run one notebook (never raises) and name the cache checkpoints that appeared meanwhile."""
     cached = cache_checkpoints()
     try:
         r = execute_notebook(path, run_dir, params, strict=False, kernel=kernel, timeout=timeout)
     except Exception as e:  # unreadable notebook, bad parameters cell
-        r = NotebookRun(path.stem, False, 0.0, run_dir / f"{path.stem}.ipynb",
-                        run_dir / f"{path.stem}.record.json", {}, f"{type(e).__name__}: {e}")
+        r = NotebookRun(
+            path.stem,
+            False,
+            0.0,
+            run_dir / f"{path.stem}.ipynb",
+            run_dir / f"{path.stem}.record.json",
+            {},
+            f"{type(e).__name__}: {e}",
+        )
     r.trained = sorted(cache_checkpoints() - cached)
     return r
 
@@ -240,18 +291,46 @@ def _lab_tasks(paths: list[Path], run_dir: Path, params, kernel: str, timeout):
         if c not in needed:
             needed.add(c)
             todo += LAB_CLONES[c].needs
-    tasks = [Task("clone " + c, _clone_task, (c,), tuple("clone " + d for d in LAB_CLONES[c].needs), LAB_CLONES[c].minutes,
-                  wide=LAB_CLONES[c].wide) for c in LAB_CLONES if c in needed]
-    return tasks + [Task(p.stem, _notebook_task, (p, run_dir, params(p), kernel, timeout),
-                         tuple("clone " + c for c in uses[p.stem]), LAB_NOTEBOOK_MINUTES.get(p.stem[:2], 5.0))
-                    for p in paths]
+    tasks = [
+        Task(
+            "clone " + c,
+            _clone_task,
+            (c,),
+            tuple("clone " + d for d in LAB_CLONES[c].needs),
+            LAB_CLONES[c].minutes,
+            wide=LAB_CLONES[c].wide,
+        )
+        for c in LAB_CLONES
+        if c in needed
+    ]
+    return tasks + [
+        Task(
+            p.stem,
+            _notebook_task,
+            (p, run_dir, params(p), kernel, timeout),
+            tuple("clone " + c for c in uses[p.stem]),
+            LAB_NOTEBOOK_MINUTES.get(p.stem[:2], 5.0),
+        )
+        for p in paths
+    ]
 
 
-def reproduce(smoke: bool = True, model: str = "tiny", notebooks: Sequence[str] | None = None,
-              out_root: str | Path = "runs", kernel: str | None = None, *, seed: int = 0,
-              notebooks_dir: str | Path | None = None, timeout: float | None = None,
-              resume: str | Path | None = None, results: str | Path | None = None, stream=None,
-              jobs: int = 1, seeds: int | None = None) -> Path:
+def reproduce(
+    smoke: bool = True,
+    model: str = "tiny",
+    notebooks: Sequence[str] | None = None,
+    out_root: str | Path = "runs",
+    kernel: str | None = None,
+    *,
+    seed: int = 0,
+    notebooks_dir: str | Path | None = None,
+    timeout: float | None = None,
+    resume: str | Path | None = None,
+    results: str | Path | None = None,
+    stream=None,
+    jobs: int = 1,
+    seeds: int | None = None,
+) -> Path:
     """Run the notebooks into ``out_root/<timestamp>/`` and write ``REPORT.md`` there.
 
     ``smoke``: SMOKE=True (small sizes, minutes) or the lab mode (SMOKE=False: learned numbers,
@@ -270,9 +349,11 @@ def reproduce(smoke: bool = True, model: str = "tiny", notebooks: Sequence[str] 
     """
     stream = stream or sys.stdout
     if jobs > 1 and (smoke or model != "tiny"):
-        raise ValueError("--jobs runs the lab mode's clones and the tiny model's notebooks side by side; SMOKE "
-                         "notebooks and other models share caches the notebooks fill themselves, one at a time: "
-                         "drop --jobs (or --smoke / --model)")
+        raise ValueError(
+            "--jobs runs the lab mode's clones and the tiny model's notebooks side by side; SMOKE "
+            "notebooks and other models share caches the notebooks fill themselves, one at a time: "
+            "drop --jobs (or --smoke / --model)"
+        )
     if seeds is not None and seeds < 1:
         raise ValueError(f"--seeds {seeds}: give at least 1 seed per arm (3 for the seed spread)")
     nb_dir = Path(notebooks_dir) if notebooks_dir else default_notebooks_dir()
@@ -287,21 +368,38 @@ def reproduce(smoke: bool = True, model: str = "tiny", notebooks: Sequence[str] 
     else:
         run_dir, done, earlier = _new_run_dir(Path(out_root)), {}, {}
     now = time.strftime("%Y-%m-%d %H:%M:%S")
-    meta = {"smoke": smoke, "model": model, "seed": seed, "kernel": kernel_name,
-            "python": sys.executable, "started": now,
-            "notebooks_dir": str(nb_dir), "jobs": jobs, "seeds": seeds or "notebook default"}
+    meta = {
+        "smoke": smoke,
+        "model": model,
+        "seed": seed,
+        "kernel": kernel_name,
+        "python": sys.executable,
+        "started": now,
+        "notebooks_dir": str(nb_dir),
+        "jobs": jobs,
+        "seeds": seeds or "notebook default",
+    }
     wall_before = 0.0
     if resume is not None:  # one run in parts: its first start, each resume, and the wall time of every part
         first = earlier.get("meta", {})
         meta.update(started=first.get("started", now), resumed=[*first.get("resumed", []), now])
         wall_before = first.get("wall_seconds", 0.0)
     mode = "smoke" if smoke else "lab"
-    print(f"memkit reproduce: {len(paths)} notebook(s), {mode} mode, model={model}, "
-          f"seed={seed}, jobs={jobs} -> {run_dir}", file=stream, flush=True)
+    print(
+        f"memkit reproduce: {len(paths)} notebook(s), {mode} mode, model={model}, "
+        f"seed={seed}, jobs={jobs} -> {run_dir}",
+        file=stream,
+        flush=True,
+    )
 
     def params(p: Path) -> dict[str, Any]:
-        return {"SMOKE": smoke, "MODEL": model, "SEED": seed, "OUT_DIR": str((run_dir / p.stem).resolve()),
-                **({"N_SEEDS": seeds} if seeds else {})}
+        return {
+            "SMOKE": smoke,
+            "MODEL": model,
+            "SEED": seed,
+            "OUT_DIR": str((run_dir / p.stem).resolve()),
+            **({"N_SEEDS": seeds} if seeds else {}),
+        }
 
     runs = [done[p.stem] for p in paths if p.stem in done]
     todo = [p for p in paths if p.stem not in done]
@@ -309,13 +407,18 @@ def reproduce(smoke: bool = True, model: str = "tiny", notebooks: Sequence[str] 
     names = [r.name for r in runs] + ([t.name for t in tasks] if tasks else [p.stem for p in todo])
     index, width = {name: i for i, name in enumerate(names, 1)}, max(map(len, names))
     for r in runs:
-        print(f"[{index[r.name]}/{len(names)}] {r.name:<{width}}  ok (kept from the resumed run)", file=stream, flush=True)
+        print(
+            f"[{index[r.name]}/{len(names)}] {r.name:<{width}}  ok (kept from the resumed run)", file=stream, flush=True
+        )
     clones: list[NotebookRun] = []
     t_all = time.perf_counter()
 
     def started(name: str, where: str = "") -> None:
-        print(f"[{index[name]}/{len(names)}] {name:<{width}}  running ({time.strftime('%H:%M:%S')}{where})",
-              file=stream, flush=True)
+        print(
+            f"[{index[name]}/{len(names)}] {name:<{width}}  running ({time.strftime('%H:%M:%S')}{where})",
+            file=stream,
+            flush=True,
+        )
 
     def report(r: NotebookRun) -> None:
         (clones if r.name.startswith("clone ") else runs).append(r)
@@ -331,8 +434,19 @@ def reproduce(smoke: bool = True, model: str = "tiny", notebooks: Sequence[str] 
             if o.name.startswith("clone "):
                 r = NotebookRun(o.name, o.ok, o.seconds, Path(), Path(), error=o.error, trained=o.value or [])
             else:
-                r = o.value if o.ok else NotebookRun(o.name, False, o.seconds, run_dir / f"{o.name}.ipynb",
-                                                     run_dir / f"{o.name}.record.json", {}, o.error)
+                r = (
+                    o.value
+                    if o.ok
+                    else NotebookRun(
+                        o.name,
+                        False,
+                        o.seconds,
+                        run_dir / f"{o.name}.ipynb",
+                        run_dir / f"{o.name}.record.json",
+                        {},
+                        o.error,
+                    )
+                )
                 clone_dirs = {t for c in clones for t in c.trained}
                 r.trained = [t for t in r.trained if t not in clone_dirs]
             report(r)
@@ -356,8 +470,11 @@ def reproduce(smoke: bool = True, model: str = "tiny", notebooks: Sequence[str] 
     for path in [run_dir / "RESULTS.md"] + ([Path(results)] if results else []):
         write_results([run_dir], path)
     n_bad = sum(not r.ok for r in runs)
-    print(f"{len(runs) - n_bad}/{len(runs)} ok in {meta['wall_seconds']:.0f} s; report: {run_dir / 'REPORT.md'}",
-          file=stream, flush=True)
+    print(
+        f"{len(runs) - n_bad}/{len(runs)} ok in {meta['wall_seconds']:.0f} s; report: {run_dir / 'REPORT.md'}",
+        file=stream,
+        flush=True,
+    )
     return run_dir
 
 

@@ -10,6 +10,7 @@ when the direction and the mechanism hold (a gain outside the seed spread, a cur
 never the paper's absolute numbers. A SMOKE run is too small to judge a claim about learning
 (``Claim.learned``); claims about scripted policies and exact computations are judged on it too.
 """
+
 from __future__ import annotations
 
 import json
@@ -67,8 +68,15 @@ def seed_spread(stds: list[float], n_seeds: int, pair: tuple[str, str]) -> tuple
     return THREE_SEED_SPREAD[pair], "one seed; the 3-seed spread docs/findings.md measured"
 
 
-def _gain(records, new: str, old: str, new_std: str | None = None, old_std: str | None = None,
-          what: str = "EM", min_gain: float = 0.0) -> Verdict:
+def _gain(
+    records,
+    new: str,
+    old: str,
+    new_std: str | None = None,
+    old_std: str | None = None,
+    what: str = "EM",
+    min_gain: float = 0.0,
+) -> Verdict:
     """``new`` above ``old``: outside the seed spread when stds were recorded (:func:`seed_spread`)."""
     vals = _get(records, new, old)
     if vals is None:
@@ -87,7 +95,8 @@ def _mem1_flat_peak(r) -> Verdict:
         return NOT_RUN, "-"
     ok = v[0] < 4 and v[1] > 8
     return (REPRODUCED if ok else NOT_REPRODUCED), (
-        f"peak tokens 16 vs 1 objectives: memory formats x{v[0]:.2f} (worst), ReAct x{v[1]:.1f} (scripted policies)")
+        f"peak tokens 16 vs 1 objectives: memory formats x{v[0]:.2f} (worst), ReAct x{v[1]:.1f} (scripted policies)"
+    )
 
 
 def _mem1_lead_grows(r) -> Verdict:
@@ -103,7 +112,8 @@ def _exact_packing(r) -> Verdict:
     if v is None:
         return NOT_RUN, "-"
     return (REPRODUCED if v[0] < 1e-4 else NOT_REPRODUCED), (
-        f"max log-prob gap to per-call: exact packing {v[0]:.1e}, the paper's position ids {v[1]:.1e}")
+        f"max log-prob gap to per-call: exact packing {v[0]:.1e}, the paper's position ids {v[1]:.1e}"
+    )
 
 
 def _flat_context(r) -> Verdict:
@@ -111,7 +121,8 @@ def _flat_context(r) -> Verdict:
     if v is None:
         return NOT_RUN, "-"
     return (REPRODUCED if v[0] < 2 < v[1] else NOT_REPRODUCED), (
-        f"context tokens last turn / first turn: MemSearcher x{v[0]:.2f}, ReAct x{v[1]:.1f}")
+        f"context tokens last turn / first turn: MemSearcher x{v[0]:.2f}, ReAct x{v[1]:.1f}"
+    )
 
 
 def _tokens_vs_react(r) -> Verdict:
@@ -119,7 +130,8 @@ def _tokens_vs_react(r) -> Verdict:
     if v is None:
         return NOT_RUN, "-"
     return (REPRODUCED if v[0] < 0.5 else NOT_REPRODUCED), (
-        f"total tokens at 16 objectives, memory formats / ReAct: {v[0]:.2f} (worst format, scripted policies)")
+        f"total tokens at 16 objectives, memory formats / ReAct: {v[0]:.2f} (worst format, scripted policies)"
+    )
 
 
 def _positive(key: str, what: str) -> Callable[[dict], Verdict]:
@@ -128,12 +140,14 @@ def _positive(key: str, what: str) -> Callable[[dict], Verdict]:
         if v is None:
             return NOT_RUN, "-"
         return (REPRODUCED if float(v[0]) > 0 else NOT_REPRODUCED), f"{what}: {float(v[0]):+.3f} (one seed)"
+
     return judge
 
 
 def _rises(first: str, last: str, what: str) -> Callable[[dict], Verdict]:
     def judge(r) -> Verdict:
         return _gain(r, last, first, what=what)
+
     return judge
 
 
@@ -143,15 +157,18 @@ def _mempo_p_curves(r) -> Verdict:
     if v is None:
         return NOT_RUN, "-"
     ok = v[1] > v[0] and v[3] < v[2]
-    return (REPRODUCED if ok else NOT_REPRODUCED), (f"P[ans | mem] first -> last steps: MemPO {v[0]:.3f} -> {v[1]:.3f}, "
-                                                    f"GRPO {v[2]:.3f} -> {v[3]:.3f}")
+    return (REPRODUCED if ok else NOT_REPRODUCED), (
+        f"P[ans | mem] first -> last steps: MemPO {v[0]:.3f} -> {v[1]:.3f}, GRPO {v[2]:.3f} -> {v[3]:.3f}"
+    )
 
 
 def _memt_tokens(r) -> Verdict:
     v = _get(r, "memt_tokens_ratio_full")
     if v is None:
         return NOT_RUN, "-"
-    return (REPRODUCED if v[0] < 1 else NOT_REPRODUCED), f"answering tokens per question, Mem-T / full context: {v[0]:.2f} (tokens only: no F1-vs-tokens figure)"
+    return (
+        REPRODUCED if v[0] < 1 else NOT_REPRODUCED
+    ), f"answering tokens per question, Mem-T / full context: {v[0]:.2f} (tokens only: no F1-vs-tokens figure)"
 
 
 def _inter_over_intra(r) -> Verdict:
@@ -160,12 +177,16 @@ def _inter_over_intra(r) -> Verdict:
         return NOT_RUN, "-"
     drop_intra, drop_inter = v[0] - v[1], v[0] - v[2]
     stds = _get(r, "f1_w/o A_intra_std", "f1_w/o A_inter_std") or [0.0, 0.0]
-    spread, spread_is = seed_spread([float(s) for s in stds], int(r.get("n_seeds", 3)), ("f1_w/o A_intra", "f1_w/o A_inter"))
+    spread, spread_is = seed_spread(
+        [float(s) for s in stds], int(r.get("n_seeds", 3)), ("f1_w/o A_intra", "f1_w/o A_inter")
+    )
     text = f"F1 drop without A_intra {drop_intra:+.3f}, without A_inter {drop_inter:+.3f} ({spread_is} {spread:.3f})"
     ok = drop_inter - drop_intra > spread and drop_inter > 0
     return (REPRODUCED if ok else NOT_REPRODUCED), text
 
 
+# A table, one claim a row, kept as it reads (not one argument a line):
+# fmt: off
 CLAIMS: tuple[Claim, ...] = (
     Claim("MEM1", "Fig. 2", "peak context tokens stay almost constant from 1 to 16 objectives (3.7x less memory than Qwen2.5-14B at 16); full-context baselines grow linearly",
           "01_rollouts_and_memory_cost", _mem1_flat_peak, learned=False),
@@ -210,6 +231,7 @@ CLAIMS: tuple[Claim, ...] = (
           "06_memt_tree_backprop", lambda r: _gain(r, "cons_f1_hindsight SFT", "cons_f1_w/o hindsight",
                                                    "cons_f1_hindsight SFT_std", "cons_f1_w/o hindsight_std", what="F1")),
 )
+# fmt: on
 
 
 def judge_all(records_by_notebook: dict[str, dict[str, Any]]) -> list[dict[str, str]]:
@@ -225,8 +247,16 @@ def judge_all(records_by_notebook: dict[str, dict[str, Any]]) -> list[dict[str, 
             status, measured = NOT_RUN, "SMOKE run only: too small to learn"
         else:
             status, measured = c.judge(records)
-        rows.append({"paper": c.paper, "source": c.source, "says": c.says, "notebook": c.notebook,
-                     "status": status, "measured": measured})
+        rows.append(
+            {
+                "paper": c.paper,
+                "source": c.source,
+                "says": c.says,
+                "notebook": c.notebook,
+                "status": status,
+                "measured": measured,
+            }
+        )
     return rows
 
 
@@ -251,29 +281,50 @@ def render_results(records_by_notebook: dict[str, dict], metas: list[dict]) -> s
     """``docs/results.md``: the claims table, then the runs it was judged on."""
     rows = judge_all(records_by_notebook)
     smoke = any(v.get("_smoke") for v in records_by_notebook.values())
-    lines = ["# Results: the papers' claims beside memkit's measurements", "",
-             "Generated by `memkit reproduce` (`make reproduce` writes this file; `memkit results RUN_DIR ...` "
-             "regenerates it from earlier runs). Do not edit by hand. \"Shape reproduced\" = the direction and "
-             "mechanism hold on the tiny model and the synthetic world, not the paper's absolute numbers; the "
-             "3-seed studies and their history are in `docs/findings.md`.", ""]
+    lines = [
+        "# Results: the papers' claims beside memkit's measurements",
+        "",
+        "Generated by `memkit reproduce` (`make reproduce` writes this file; `memkit results RUN_DIR ...` "
+        'regenerates it from earlier runs). Do not edit by hand. "Shape reproduced" = the direction and '
+        "mechanism hold on the tiny model and the synthetic world, not the paper's absolute numbers; the "
+        "3-seed studies and their history are in `docs/findings.md`.",
+        "",
+    ]
     if smoke:
-        lines += ["Some notebooks come from a **SMOKE run** here: their learning claims say \"not run\" (run "
-                  "`make reproduce`); what they measure on scripted policies is judged.", ""]
+        lines += [
+            'Some notebooks come from a **SMOKE run** here: their learning claims say "not run" (run '
+            "`make reproduce`); what they measure on scripted policies is judged.",
+            "",
+        ]
     counts = {s: sum(r["status"] == s for r in rows) for s in (REPRODUCED, NOT_REPRODUCED, NOT_APPLICABLE, NOT_RUN)}
-    lines += [", ".join(f"{n} {s}" for s, n in counts.items()), "",
-              "| paper | source | the paper reports | memkit measured | status | notebook |", "|---|---|---|---|---|---|"]
+    lines += [
+        ", ".join(f"{n} {s}" for s, n in counts.items()),
+        "",
+        "| paper | source | the paper reports | memkit measured | status | notebook |",
+        "|---|---|---|---|---|---|",
+    ]
     cell = lambda text: str(text).replace("|", "\\|")  # noqa: E731  (a "|" would end the table cell)
-    lines += [f"| {r['paper']} | {r['source']} | {cell(r['says'])} | {cell(r['measured'])} | **{r['status']}** "
-              f"| `{r['notebook']}` |" for r in rows]
-    lines += ["", "## Runs", "", "| run | mode | model | seed | seeds per arm | lanes | started | wall minutes | notebooks |",
-              "|---|---|---|---|---|---|---|---:|---|"]
+    lines += [
+        f"| {r['paper']} | {r['source']} | {cell(r['says'])} | {cell(r['measured'])} | **{r['status']}** "
+        f"| `{r['notebook']}` |"
+        for r in rows
+    ]
+    lines += [
+        "",
+        "## Runs",
+        "",
+        "| run | mode | model | seed | seeds per arm | lanes | started | wall minutes | notebooks |",
+        "|---|---|---|---|---|---|---|---:|---|",
+    ]
     for m in metas:
         nbs = sorted(k for k, v in records_by_notebook.items() if v.get("_run") == m["run"])
         wall = f"{m['wall_seconds'] / 60:.1f}" if "wall_seconds" in m else "-"
         if m.get("resumed"):  # a run in parts: the minutes are every part's that recorded them
             wall += f" (in {len(m['resumed']) + 1} parts, resumed {', '.join(m['resumed'])})"
-        lines.append(f"| `{m['run']}` | {'smoke' if m.get('smoke') else 'lab'} | {m.get('model')} | {m.get('seed')} "
-                     f"| {m.get('seeds', '-')} | {m.get('jobs', 1)} | {m.get('started', '-')} | {wall} | {', '.join(nbs) or '-'} |")
+        lines.append(
+            f"| `{m['run']}` | {'smoke' if m.get('smoke') else 'lab'} | {m.get('model')} | {m.get('seed')} "
+            f"| {m.get('seeds', '-')} | {m.get('jobs', 1)} | {m.get('started', '-')} | {wall} | {', '.join(nbs) or '-'} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -308,18 +359,28 @@ def render_report(runs: list, meta: dict[str, Any], clones: list = ()) -> str:
     n_ok = sum(r.ok for r in runs)
     lines = ["# memkit reproduce", ""]
     lines += [f"- {k}: `{v}`" for k, v in meta.items()]
-    lines += [f"- result: **{n_ok}/{len(runs)} notebooks ok**", "",
-              "| notebook | status | minutes | trained into the cache |", "|---|---|---:|---|"]
+    lines += [
+        f"- result: **{n_ok}/{len(runs)} notebooks ok**",
+        "",
+        "| notebook | status | minutes | trained into the cache |",
+        "|---|---|---:|---|",
+    ]
     every = list(clones) + runs
     for r in every:
-        lines.append(f"| {r.name} | {r.status} | {r.seconds / 60:.1f} | "
-                     f"{'<br>'.join(f'`{t}`' for t in r.trained) or '-'} |")
-    lines.append(f"| **total** (sum; wall time above) | {n_ok}/{len(runs)} ok | **{sum(r.seconds for r in every) / 60:.1f}** | "
-                 f"{sum(len(r.trained) for r in every)} checkpoints |")
+        lines.append(
+            f"| {r.name} | {r.status} | {r.seconds / 60:.1f} | {'<br>'.join(f'`{t}`' for t in r.trained) or '-'} |"
+        )
+    lines.append(
+        f"| **total** (sum; wall time above) | {n_ok}/{len(runs)} ok | **{sum(r.seconds for r in every) / 60:.1f}** | "
+        f"{sum(len(r.trained) for r in every)} checkpoints |"
+    )
     for r in runs:
-        lines += ["", f"## {r.name}: {r.status} ({r.seconds:.1f} s)", "",
-                  f"executed notebook: `{r.executed_path.name}`, records: `{r.record_path.name}`, "
-                  f"kernel log: `{r.name}.log`"]
+        lines += [
+            "",
+            f"## {r.name}: {r.status} ({r.seconds:.1f} s)",
+            "",
+            f"executed notebook: `{r.executed_path.name}`, records: `{r.record_path.name}`, kernel log: `{r.name}.log`",
+        ]
         if r.error:
             lines += ["", f"**error**: `{_fmt(r.error)}`"]
         if r.records:

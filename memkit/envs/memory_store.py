@@ -17,6 +17,7 @@ memory it did not name or duplicates one.
 Retrieval (eq. 6) goes through memkit's retrieval backends (BM25 by default) over the live
 memories of one type, ties broken by age; the index is rebuilt only when that type changed.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
@@ -66,11 +67,21 @@ class MemoryStore:
     _index: dict = field(default_factory=dict, repr=False, compare=False)  # type -> (version, retriever, ids)
 
     def __deepcopy__(self, memo):  # forks copy the memories (immutable), not the search index
-        return MemoryStore(self.retriever, dict(self.items), self.working, dict(self.personas), list(self.log),
-                           dict(self.counters), dict(self._versions), {})
+        return MemoryStore(
+            self.retriever,
+            dict(self.items),
+            self.working,
+            dict(self.personas),
+            list(self.log),
+            dict(self.counters),
+            dict(self._versions),
+            {},
+        )
 
     # ---- eq. 4-5: the four evolution operations, and formation's direct writes ---------------
-    def add(self, type: str, text: str, sources=(), turn_time: str = "", start_time: str = "", end_time: str = "") -> str:
+    def add(
+        self, type: str, text: str, sources=(), turn_time: str = "", start_time: str = "", end_time: str = ""
+    ) -> str:
         """ADD: a new memory with a fresh id; returns the id."""
         self._check_type(type)
         self.counters[type] += 1
@@ -80,13 +91,28 @@ class MemoryStore:
         self.log.append(("add", mid, type))
         return mid
 
-    def update(self, mid: str, text: str, sources=(), turn_time: str | None = None, start_time: str | None = None,
-               end_time: str | None = None) -> Memory:
+    def update(
+        self,
+        mid: str,
+        text: str,
+        sources=(),
+        turn_time: str | None = None,
+        start_time: str | None = None,
+        end_time: str | None = None,
+    ) -> Memory:
         """UPDATE: replace ``mid``'s text (and the times given), merge ``sources``; the id stays."""
         old = self.get(mid)
-        new = replace(old, text=str(text), sources=_uniq((*old.sources, *sources)), version=old.version + 1,
-                      **{k: v for k, v in (("turn_time", turn_time), ("start_time", start_time),
-                                           ("end_time", end_time)) if v is not None})
+        new = replace(
+            old,
+            text=str(text),
+            sources=_uniq((*old.sources, *sources)),
+            version=old.version + 1,
+            **{
+                k: v
+                for k, v in (("turn_time", turn_time), ("start_time", start_time), ("end_time", end_time))
+                if v is not None
+            },
+        )
         self.items[mid] = new
         self._touch(old.type)
         self.log.append(("update", mid, old.text))

@@ -6,6 +6,7 @@ format of :func:`memkit.retrieval.format_observation`. A malformed (empty) query
 agent mistake, not an environment failure: it gets an observation that says so, and the
 rollout goes on.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -39,8 +40,10 @@ class SearchEnv:
 
     def __init__(self, retriever: Retriever, k: int = 3):
         if not (hasattr(retriever, "search") and hasattr(retriever, "search_batch")):
-            raise TypeError(f"SearchEnv needs a Retriever (search/search_batch), got {type(retriever).__name__}; "
-                            "build one with make_retriever('bm25', passages)")
+            raise TypeError(
+                f"SearchEnv needs a Retriever (search/search_batch), got {type(retriever).__name__}; "
+                "build one with make_retriever('bm25', passages)"
+            )
         self.retriever = retriever
         self.k = check_k(k)
         self.n_searches = 0

@@ -3,6 +3,7 @@
 ``memkit rollout``, ``memkit eval`` and the notebooks' tables all call these, so a number printed
 by the CLI and a number recorded by a notebook come from the same code.
 """
+
 from __future__ import annotations
 
 import time
@@ -17,11 +18,26 @@ from memkit.rollout.engine import RolloutConfig, output_floor, run_rollouts
 from memkit.world.task_sets import DEFAULT_KINDS, held_out_tasks
 
 
-def rollout(method_name: str, tasks, kit, policy: str = "oracle", n: int = 1, max_turns: int | None = None,
-            temperature: float = 0.0, seed: int = 0, oracle_cfg: OracleConfig | None = None,
-            max_context_tokens: int | None = None, progress: bool = False, method_kwargs: dict | None = None,
-            prompt: str = "auto", k_docs: int | None = None, sample_seeds=None, backend=None, as_model=None,
-            min_new_tokens: int | None = None):
+def rollout(
+    method_name: str,
+    tasks,
+    kit,
+    policy: str = "oracle",
+    n: int = 1,
+    max_turns: int | None = None,
+    temperature: float = 0.0,
+    seed: int = 0,
+    oracle_cfg: OracleConfig | None = None,
+    max_context_tokens: int | None = None,
+    progress: bool = False,
+    method_kwargs: dict | None = None,
+    prompt: str = "auto",
+    k_docs: int | None = None,
+    sample_seeds=None,
+    backend=None,
+    as_model=None,
+    min_new_tokens: int | None = None,
+):
     """Roll out ``n`` trajectories per task with a policy spec; returns trajectories.
 
     ``backend``: a rollout-backend factory (:mod:`memkit.models.backend`) for a model policy; None
@@ -42,20 +58,36 @@ def rollout(method_name: str, tasks, kit, policy: str = "oracle", n: int = 1, ma
     trained with (:func:`memkit.models.trained_k_docs`, e.g. 1 for the SFT'd tiny model), else the kit's.
     """
     method = get_method(method_name, **(method_kwargs or {}))
-    engine_policy, tok, wrap, loaded = resolve_policy(policy, method, kit, temperature, seed, oracle_cfg, backend,
-                                                      as_model)
+    engine_policy, tok, wrap, loaded = resolve_policy(
+        policy, method, kit, temperature, seed, oracle_cfg, backend, as_model
+    )
     env = kit.env_for(k_docs if k_docs is not None else trained_k_docs(getattr(loaded, "model", None)))
     wrap = prompt_wrap(method.name, tok, wrap, prompt, oracle=isinstance(policy, str) and policy == "oracle")
     if max_context_tokens is None:  # the model's window; the oracle has none
         model = getattr(loaded, "model", None)
         max_context_tokens = model.config.max_position_embeddings - 256 if model is not None else 10**9
-    cfg = RolloutConfig(n=n, max_turns=max_turns, max_context_tokens=max_context_tokens, seed=seed,
-                        sample_seeds=sample_seeds, min_new_tokens=output_floor(tok, min_new_tokens))
+    cfg = RolloutConfig(
+        n=n,
+        max_turns=max_turns,
+        max_context_tokens=max_context_tokens,
+        seed=seed,
+        sample_seeds=sample_seeds,
+        min_new_tokens=output_floor(tok, min_new_tokens),
+    )
     return run_rollouts(method, tasks, env, engine_policy, tok, cfg, wrap=wrap, progress=progress)
 
 
-def evaluate(method_name: str, kit, objectives=(1, 2, 4, 8), n_tasks: int = 50, policy: str = "oracle",
-             seed: int = 1000, kinds=DEFAULT_KINDS, backend=None, **rollout_kw):
+def evaluate(
+    method_name: str,
+    kit,
+    objectives=(1, 2, 4, 8),
+    n_tasks: int = 50,
+    policy: str = "oracle",
+    seed: int = 1000,
+    kinds=DEFAULT_KINDS,
+    backend=None,
+    **rollout_kw,
+):
     """Run :func:`memkit.world.held_out_tasks` at each objective count; returns
     ``{k: (summary_dict, trajectories)}``.
 
@@ -73,8 +105,17 @@ def evaluate(method_name: str, kit, objectives=(1, 2, 4, 8), n_tasks: int = 50, 
     return results
 
 
-def measure_headroom(method: str, kit, policy, k: int = 2, n_tasks: int = 50, n_samples: int = 8,
-                     temperature: float = 1.0, seed: int = 1000, **rollout_kw) -> dict:
+def measure_headroom(
+    method: str,
+    kit,
+    policy,
+    k: int = 2,
+    n_tasks: int = 50,
+    n_samples: int = 8,
+    temperature: float = 1.0,
+    seed: int = 1000,
+    **rollout_kw,
+) -> dict:
     """Roll out ``n_tasks`` held-out ``k``-question tasks (the tasks :func:`evaluate` uses) once
     greedily and ``n_samples`` times at ``temperature``; return
     :func:`memkit.rl.headroom.exploration_headroom`. ``policy``: a spec as in :func:`rollout`
@@ -86,6 +127,7 @@ def measure_headroom(method: str, kit, policy, k: int = 2, n_tasks: int = 50, n_
     policy = load_spec(policy, method, kit, seed)  # once: greedy and samples score the same model
     tasks = held_out_tasks(kit.world, n_tasks, k, seed)
     greedy = rollout(method, tasks, kit, policy=policy, n=1, temperature=0.0, seed=seed, **rollout_kw)
-    samples = rollout(method, tasks, kit, policy=policy, n=n_samples, temperature=temperature, seed=seed + 1,
-                      **rollout_kw)
+    samples = rollout(
+        method, tasks, kit, policy=policy, n=n_samples, temperature=temperature, seed=seed + 1, **rollout_kw
+    )
     return exploration_headroom(greedy, samples)

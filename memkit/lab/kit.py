@@ -3,6 +3,7 @@
 Everything a rollout needs besides the policy. ``memkit eval``, ``memkit sft``, ``memkit train``
 and the notebooks all start from :func:`load_kit`, so their numbers come from the same world.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -60,7 +61,9 @@ def oracle_transcripts(world, env, n_tasks: int = 20, seed: int = 1) -> list[str
     tasks = [t for k in (1, 2) for t in make_tasks(world, n=n_tasks, k=k, seed=seed + k)]
     for name in METHODS:
         method = get_method(name)
-        trajs = run_rollouts(method, tasks, env, OraclePolicy(method, tok, seed=seed), tok, RolloutConfig(max_context_tokens=10**9))
+        trajs = run_rollouts(
+            method, tasks, env, OraclePolicy(method, tok, seed=seed), tok, RolloutConfig(max_context_tokens=10**9)
+        )
         texts += [c.output_text for t in trajs for c in t.calls if c.output_text]
     return texts
 

@@ -7,6 +7,7 @@ evaluation and the training runs resolve specs here, so they all load the same m
 pretrained tiny base (``memkit pretrain``) is cached here too, and SFT's starting model
 (``SFTConfig.init``) is resolved by :func:`sft_init`.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -105,9 +106,16 @@ def sft_cache_key(cfg: SFTConfig) -> str:
     for name, default in (("init", "scratch"), ("method_kwargs", {}), ("lora", asdict(SFTConfig().lora))):
         if key[name] == default:
             del key[name]
-    if not pretrained_init(cfg.init):  # the tiny's defaults of the fields that became model-dependent, as keyed before they were
-        key.update({k: v for k, v in asdict(resolve_sft(cfg, pretrained=False)).items()
-                    if k in ("lr", "max_len", "warmup", "context_weight") and key[k] is None})
+    if not pretrained_init(
+        cfg.init
+    ):  # the tiny's defaults of the fields that became model-dependent, as keyed before they were
+        key.update(
+            {
+                k: v
+                for k, v in asdict(resolve_sft(cfg, pretrained=False)).items()
+                if k in ("lr", "max_len", "warmup", "context_weight") and key[k] is None
+            }
+        )
         if cfg.gradient_checkpointing is None:
             del key["gradient_checkpointing"]
     return config_hash(key)
@@ -143,8 +151,10 @@ def sft_init(cfg: SFTConfig, kit, progress: bool = True) -> LoadedModel:
     elif cfg.init == "tiny-sft" or cfg.init.startswith("tiny-sft:"):
         spec = str(sft_spec_path(cfg.init, cfg.method, kit.world_seed))
     elif cfg.init in ("tiny", "oracle"):
-        raise ValueError(f"SFTConfig.init={cfg.init!r}: use 'scratch' for a fresh tiny model, 'base' for the "
-                         "pretrained base, or a checkpoint to continue")
+        raise ValueError(
+            f"SFTConfig.init={cfg.init!r}: use 'scratch' for a fresh tiny model, 'base' for the "
+            "pretrained base, or a checkpoint to continue"
+        )
     else:
         spec = cfg.init
     loaded = load_policy(spec, lora=lora_spec(cfg.lora, cfg.seed))
@@ -162,6 +172,7 @@ def sft_spec_path(spec: str, method: str, world_seed: int = 0) -> Path:
         how = f"`memkit sft --method {method}`" + ("" if tag == "default" else f" with the flags that give tag {tag!r}")
         raise FileNotFoundError(f"no SFT'd tiny model for method {method!r} at {path}; train it first with {how}")
     return path
+
 
 def load_spec(spec, method_name: str, kit, seed: int = 0, backend=None):
     """A policy spec as a loaded :class:`memkit.models.LoadedModel`, to load a model once for many
@@ -181,8 +192,16 @@ def load_spec(spec, method_name: str, kit, seed: int = 0, backend=None):
     return loaded
 
 
-def resolve_policy(spec: str, method, kit, temperature: float = 0.0, seed: int = 0,
-                   oracle_cfg: OracleConfig | None = None, backend=None, as_model: LoadedModel | None = None):
+def resolve_policy(
+    spec: str,
+    method,
+    kit,
+    temperature: float = 0.0,
+    seed: int = 0,
+    oracle_cfg: OracleConfig | None = None,
+    backend=None,
+    as_model: LoadedModel | None = None,
+):
     """Return ``(engine_policy, tokenizer, wrap, loaded)``; ``loaded`` is the models.LoadedModel or None.
 
     ``spec`` is a policy spec string or an already loaded :class:`memkit.models.LoadedModel` (reused
@@ -205,7 +224,9 @@ def _model_policy(loaded, temperature: float, seed: int):
 
 def fresh_tiny(kit, seed: int = 0) -> LoadedModel:
     """A randomly initialised tiny Llama on the kit's world tokenizer."""
-    return LoadedModel(model=build_tiny(kit.tokenizer, seed=seed), tokenizer=kit.tokenizer, spec="tiny", wrap=identity_wrap)
+    return LoadedModel(
+        model=build_tiny(kit.tokenizer, seed=seed), tokenizer=kit.tokenizer, spec="tiny", wrap=identity_wrap
+    )
 
 
 def prompt_wrap(method_name: str, tokenizer, wrap=None, prompt: str = "auto", oracle: bool = False):

@@ -11,6 +11,7 @@ Every format clones 1- and 2-question tasks for 3,000 steps (the measured recipe
 model and 01 and 03 one MemSearcher model. MemAct's sliding-window baseline (notebook 05) continues
 the MemAct clone without its prune tool.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -57,9 +58,15 @@ def lab_window_sft_config() -> SFTConfig:
     under a 3-record window and no prune tool (the same questions and teacher, fewer steps)."""
     from memkit.lab.policies import sft_cache_key
 
-    return SFTConfig(method="memact", method_kwargs=dict(LAB_WINDOW), max_seconds=None, oracle=LAB_ORACLE,
-                     objectives=LAB_SFT["objectives"], steps=LAB_WINDOW_STEPS,
-                     init="tiny-sft:cfg" + sft_cache_key(lab_sft_config("memact")))
+    return SFTConfig(
+        method="memact",
+        method_kwargs=dict(LAB_WINDOW),
+        max_seconds=None,
+        oracle=LAB_ORACLE,
+        objectives=LAB_SFT["objectives"],
+        steps=LAB_WINDOW_STEPS,
+        init="tiny-sft:cfg" + sft_cache_key(lab_sft_config("memact")),
+    )
 
 
 def ensure_lab_window_sft(kit, progress: bool = True) -> Path:
@@ -80,21 +87,31 @@ class LabClone:
 
 
 #: every cached model of the lab mode; "kit" is the world's tokenizer, which everything else needs
-LAB_CLONES = {c.name: c for c in (
-    LabClone("kit", (), 0.2),
-    *(LabClone(m, ("kit",), t) for m, t in zip(LAB_FORMATS, (18, 12, 16, 38))),
-    LabClone("memact-window", ("memact",), 15),
-    LabClone("base", ("kit",), 8, wide=True),
-    LabClone("memt-retrieval", ("base",), 15),
-    LabClone("memt-construction", ("base",), 20),
-)}
+LAB_CLONES = {
+    c.name: c
+    for c in (
+        LabClone("kit", (), 0.2),
+        *(LabClone(m, ("kit",), t) for m, t in zip(LAB_FORMATS, (18, 12, 16, 38))),
+        LabClone("memact-window", ("memact",), 15),
+        LabClone("base", ("kit",), 8, wide=True),
+        LabClone("memt-retrieval", ("base",), 15),
+        LabClone("memt-construction", ("base",), 20),
+    )
+}
 
 #: one-core minutes of each notebook's lab run with its clones cached (one seed; the scheduling order)
 LAB_NOTEBOOK_MINUTES = {"00": 1, "01": 6, "02": 7, "03": 7, "04": 6, "05": 7, "06": 7}
 
 #: the lab clones each notebook loads (by notebook number)
-NOTEBOOK_CLONES = {"00": ("mem1",), "01": LAB_FORMATS, "02": ("mem1",), "03": ("memsearcher",),
-                   "04": ("mempo",), "05": ("memact", "memact-window"), "06": ("memt-retrieval", "memt-construction")}
+NOTEBOOK_CLONES = {
+    "00": ("mem1",),
+    "01": LAB_FORMATS,
+    "02": ("mem1",),
+    "03": ("memsearcher",),
+    "04": ("mempo",),
+    "05": ("memact", "memact-window"),
+    "06": ("memt-retrieval", "memt-construction"),
+}
 
 
 def ensure_lab_clone(name: str, progress: bool = False) -> str | None:

@@ -4,6 +4,7 @@ Each function assembles what its algorithm takes as arguments (tasks, the initia
 prompt wrap) and runs it: the algorithms themselves (:mod:`memkit.train.sft`, :mod:`memkit.rl`) know
 nothing of kits, policy specs or caches.
 """
+
 from __future__ import annotations
 
 import time
@@ -27,8 +28,9 @@ from memkit.world.task_sets import training_tasks
 
 
 # ---- SFT -------------------------------------------------------------------------------------------
-def train_sft_model(method_name: str, kit: Kit, cfg: SFTConfig | None = None, progress: bool = True, log=None,
-                    path: Path | None = None):
+def train_sft_model(
+    method_name: str, kit: Kit, cfg: SFTConfig | None = None, progress: bool = True, log=None, path: Path | None = None
+):
     """Clone the method's (imperfect) oracle into the model ``cfg.init`` names (a fresh tiny one, the
     pretrained tiny base, a checkpoint to continue, or a pretrained model such as "smollm2-135m":
     :func:`~memkit.lab.policies.sft_init`; with ``cfg.lora`` as adapters); save and return it. A
@@ -44,9 +46,18 @@ def train_sft_model(method_name: str, kit: Kit, cfg: SFTConfig | None = None, pr
     tasks = training_tasks(kit.world, cfg.objectives, cfg.n_tasks, cfg.seed)
     pretrained = policy.chat  # a model with its own tokenizer and chat template: the paper's prompt in it
     cfg = resolve_sft(cfg, pretrained)
-    trajs = rollout(method_name, tasks, kit, policy="oracle", oracle_cfg=cfg.oracle, seed=cfg.seed,
-                    prompt="paper" if pretrained else "compact", method_kwargs=cfg.method_kwargs, k_docs=cfg.k_docs,
-                    as_model=policy)
+    trajs = rollout(
+        method_name,
+        tasks,
+        kit,
+        policy="oracle",
+        oracle_cfg=cfg.oracle,
+        seed=cfg.seed,
+        prompt="paper" if pretrained else "compact",
+        method_kwargs=cfg.method_kwargs,
+        k_docs=cfg.k_docs,
+        as_model=policy,
+    )
     examples, dropped = collect_examples([t for t in trajs if t.valid], cfg.max_len)
     setattr(policy.model.config, K_DOCS_ATTR, cfg.k_docs)  # its rollouts will search the same way
     opt_cfg = cfg  # max_seconds budgets the whole call: the optimisation gets what the data left
@@ -55,8 +66,13 @@ def train_sft_model(method_name: str, kit: Kit, cfg: SFTConfig | None = None, pr
     with all_cores() as threads:
         history = train_sft(policy.model, policy.tokenizer, examples, opt_cfg, log=log, progress=progress)
     path = path or sft_checkpoint_path(method_name, kit.world_seed)
-    meta = {"sft": asdict(cfg), "n_examples": len(examples), "n_dropped_too_long": dropped, "history": history,
-            "torch_threads": threads}
+    meta = {
+        "sft": asdict(cfg),
+        "n_examples": len(examples),
+        "n_dropped_too_long": dropped,
+        "history": history,
+        "torch_threads": threads,
+    }
     save_checkpoint(policy.model, policy.tokenizer, path, meta)
     return path, history, len(examples)
 
@@ -64,8 +80,7 @@ def train_sft_model(method_name: str, kit: Kit, cfg: SFTConfig | None = None, pr
 def ensure_sft(method_name: str, kit: Kit, cfg: SFTConfig | None = None, progress: bool = True) -> Path:
     """The SFT'd tiny model for ``cfg``: the default one from ``memkit sft`` when ``cfg`` is None
     (trained now if missing), else one cached under a hash of ``cfg`` (e.g. a short smoke run)."""
-    path = sft_checkpoint_path(method_name, kit.world_seed,
-                               "default" if cfg is None else "cfg" + sft_cache_key(cfg))
+    path = sft_checkpoint_path(method_name, kit.world_seed, "default" if cfg is None else "cfg" + sft_cache_key(cfg))
     if not path.exists():
         train_sft_model(method_name, kit, cfg or SFTConfig(method=method_name), progress=progress, path=path)
     return path
@@ -80,8 +95,9 @@ class TrainResult:
     path: Path | None  # last checkpoint directory (policy/ inside loads with load_policy)
 
 
-def train(cfg: TrainConfig, kit: Kit | None = None, progress=True, log=None, resume: bool = False,
-          backend=None) -> TrainResult:
+def train(
+    cfg: TrainConfig, kit: Kit | None = None, progress=True, log=None, resume: bool = False, backend=None
+) -> TrainResult:
     """Run ``cfg.steps`` RL steps or ``cfg.max_seconds`` (continuing ``cfg.out_dir`` when ``resume``).
 
     ``progress``: a tqdm bar (main process); ``log``: called with every step row; ``backend``: the

@@ -11,6 +11,7 @@ over gold parts, the best F1 of any predicted part; category 3 scores against th
 available", else 0. BLEU-1 is NLTK's ``sentence_bleu`` with weights (1, 0, 0, 0) and smoothing
 method 1 on the same normalised words (unstemmed), as the Mem0 / A-Mem evaluation scripts do.
 """
+
 from __future__ import annotations
 
 import re

@@ -27,6 +27,7 @@ dependency; we apply the same convention to MemPO's TT/PT so all columns are com
   equals peak tokens except where a turn makes two calls (MemSearcher's memory update).
 * dependency: see :func:`dependency`.
 """
+
 from __future__ import annotations
 
 import math
@@ -134,8 +135,10 @@ def score_multi(pred: str | None, golds: Sequence[Sequence[str]], metric: str = 
     if metric not in _METRICS:
         raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(_METRICS)}")
     if isinstance(golds, str) or not golds or any(isinstance(g, str) or not g for g in golds):
-        raise ValueError("golds must be a non-empty list of alias lists, one per question, "
-                         "e.g. [['Paris'], ['1999', 'nineteen ninety-nine']] (Task.golds)")
+        raise ValueError(
+            "golds must be a non-empty list of alias lists, one per question, "
+            "e.g. [['Paris'], ['1999', 'nineteen ninety-nine']] (Task.golds)"
+        )
     k = len(golds)
     per = slot_scores(pred, golds, _METRICS[metric]) or [0.0] * k
     return {"per_question": per, "sum": float(sum(per)), "mean": float(sum(per)) / k}
@@ -175,8 +178,7 @@ def step_peak_tokens(traj: Trajectory, exclude: Sequence[str] = EXCLUDE) -> int:
     return int(np.bincount(turn, weights=n_p + n_o).max())
 
 
-def dependency(trajs: Trajectory | Sequence[Trajectory], exclude: Sequence[str] = EXCLUDE,
-               formula: str = "paper"):
+def dependency(trajs: Trajectory | Sequence[Trajectory], exclude: Sequence[str] = EXCLUDE, formula: str = "paper"):
     """MEM1 dependency length (App. B.4.1, after Zhang et al. 2025), vectorised over all calls.
 
     "The total number of historical tokens on which each generated token effectively
@@ -223,7 +225,7 @@ def dependency_loop(traj: Trajectory, exclude: Sequence[str] = EXCLUDE, formula:
 
 def _span_text(call: Call, tag: str, k: int) -> str:
     spans = call.output_char_spans.get(tag, [])
-    return call.output_text[spans[k][0]:spans[k][1]] if k < len(spans) else ""
+    return call.output_text[spans[k][0] : spans[k][1]] if k < len(spans) else ""
 
 
 def _is_prune_call(call: Call, k: int) -> bool:
@@ -268,8 +270,9 @@ def memory_actions(traj: Trajectory) -> int:
     return n
 
 
-def context_tokens_per_turn(trajs: Sequence[Trajectory], role: str | None = "act",
-                            exclude: Sequence[str] = ()) -> tuple[np.ndarray, np.ndarray]:
+def context_tokens_per_turn(
+    trajs: Sequence[Trajectory], role: str | None = "act", exclude: Sequence[str] = ()
+) -> tuple[np.ndarray, np.ndarray]:
     """MemSearcher Fig. 3: mean number of tokens in the LLM context at each turn.
 
     Turn t (1-based) of a trajectory is its t-th call with ``role`` (``None``: every call), so
@@ -295,8 +298,9 @@ def context_tokens_per_turn(trajs: Sequence[Trajectory], role: str | None = "act
     return mean, count
 
 
-def context_tokens_per_turn_loop(trajs: Sequence[Trajectory], role: str | None = "act",
-                                 exclude: Sequence[str] = ()) -> tuple[list[float], list[int]]:
+def context_tokens_per_turn_loop(
+    trajs: Sequence[Trajectory], role: str | None = "act", exclude: Sequence[str] = ()
+) -> tuple[list[float], list[int]]:
     """Loop reference for :func:`context_tokens_per_turn` (lists of per-turn sums and counts)."""
     sums: list[float] = []
     counts: list[int] = []
@@ -315,8 +319,25 @@ def context_tokens_per_turn_loop(trajs: Sequence[Trajectory], role: str | None =
 
 
 # ------------------------------------------------------------------------------ summary
-COLUMNS = ("method", "k", "n", "em", "em_1hop", "em_bridge", "em_comparison", "f1", "peak_tokens", "pt", "tt",
-           "dependency", "tool_calls", "memory_actions", "seconds", "wall_seconds", "invalid_rate")
+COLUMNS = (
+    "method",
+    "k",
+    "n",
+    "em",
+    "em_1hop",
+    "em_bridge",
+    "em_comparison",
+    "f1",
+    "peak_tokens",
+    "pt",
+    "tt",
+    "dependency",
+    "tool_calls",
+    "memory_actions",
+    "seconds",
+    "wall_seconds",
+    "invalid_rate",
+)
 
 
 def summarize(trajs: Sequence[Trajectory], exclude: Sequence[str] = EXCLUDE) -> dict:
@@ -367,8 +388,9 @@ def em_by_kind(trajs: Sequence[Trajectory], tasks) -> dict[str, float]:
     for traj in trajs:
         task = by_id.get(traj.task_id)
         if task is None:
-            raise ValueError(f"trajectory {traj.task_id!r} answers none of the tasks given; "
-                             "pass the tasks it rolled out")
+            raise ValueError(
+                f"trajectory {traj.task_id!r} answers none of the tasks given; pass the tasks it rolled out"
+            )
         for q, em in zip(task.questions, score_multi(traj.answer, traj.golds, "em")["per_question"]):
             scores.setdefault(q.kind, []).append(em)
     return {f"em_{kind}": float(np.mean(v)) for kind, v in sorted(scores.items())}

@@ -12,33 +12,58 @@ Public API::
     RolloutBackend: generate(...) and sync_weights(model), the seam every engine plugs into (memkit.models.backend)
     sequence_logprobs(model, context_ids, output_ids, temperature=1.0) -> Tensor (len(output_ids),)
 """
+
 from memkit.models.adapters import export_merged
 from memkit.models.backend import BackendFactory, RolloutBackend, check_backend, hf_backend
 from memkit.models.generation import Generation, HFBackend, sample_next, sequence_logprobs
 from memkit.models.loading import (
-                                   K_DOCS_ATTR,
-                                   LORA_TARGETS,
-                                   LoadedModel,
-                                   LoraSpec,
-                                   apply_lora,
-                                   chat_wrap,
-                                   checkpointed_training,
-                                   decoder_and_head,
-                                   identity_wrap,
-                                   load_policy,
-                                   set_gradient_checkpointing,
-                                   trained_k_docs,
-                                   wrap_for,
+    K_DOCS_ATTR,
+    LORA_TARGETS,
+    LoadedModel,
+    LoraSpec,
+    apply_lora,
+    chat_wrap,
+    checkpointed_training,
+    decoder_and_head,
+    identity_wrap,
+    load_policy,
+    set_gradient_checkpointing,
+    trained_k_docs,
+    wrap_for,
 )
 from memkit.models.smollm import find_gguf, load_smollm2
 from memkit.models.tiny import build_tiny, tiny_config
 from memkit.models.tokenizer import SPECIAL_TOKENS, TAGS, tag_ids, train_tokenizer
 
 __all__ = [
-    "Generation", "HFBackend", "sample_next", "sequence_logprobs",
-    "BackendFactory", "RolloutBackend", "check_backend", "hf_backend",
-    "K_DOCS_ATTR", "LORA_TARGETS", "LoraSpec", "LoadedModel", "apply_lora", "chat_wrap", "checkpointed_training", "decoder_and_head", "identity_wrap", "load_policy",
-    "trained_k_docs", "wrap_for", "set_gradient_checkpointing", "export_merged",
-    "find_gguf", "load_smollm2", "build_tiny", "tiny_config",
-    "SPECIAL_TOKENS", "TAGS", "tag_ids", "train_tokenizer",
+    "Generation",
+    "HFBackend",
+    "sample_next",
+    "sequence_logprobs",
+    "BackendFactory",
+    "RolloutBackend",
+    "check_backend",
+    "hf_backend",
+    "K_DOCS_ATTR",
+    "LORA_TARGETS",
+    "LoraSpec",
+    "LoadedModel",
+    "apply_lora",
+    "chat_wrap",
+    "checkpointed_training",
+    "decoder_and_head",
+    "identity_wrap",
+    "load_policy",
+    "trained_k_docs",
+    "wrap_for",
+    "set_gradient_checkpointing",
+    "export_merged",
+    "find_gguf",
+    "load_smollm2",
+    "build_tiny",
+    "tiny_config",
+    "SPECIAL_TOKENS",
+    "TAGS",
+    "tag_ids",
+    "train_tokenizer",
 ]

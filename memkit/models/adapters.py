@@ -13,6 +13,7 @@ adapter directory), puts the adapter on it and merges it (``W <- W + (alpha/r) B
 eval --policy``, ``memkit rollout`` and ``memkit train --init`` see a plain model. A merged copy for
 other tools (vLLM, ``transformers`` alone) is :func:`export_merged`.
 """
+
 from __future__ import annotations
 
 import json
@@ -60,9 +61,11 @@ def base_spec(path: Path) -> str:
         return json.loads((path / BASE_FILE).read_text())["base"]
     base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
     if not base:
-        raise ValueError(f"{path} holds a LoRA adapter that names no base model (no {BASE_FILE}, no "
-                         "base_model_name_or_path in adapter_config.json); write one: "
-                         f'echo \'{{"base": "<spec or directory>"}}\' > {path / BASE_FILE}')
+        raise ValueError(
+            f"{path} holds a LoRA adapter that names no base model (no {BASE_FILE}, no "
+            "base_model_name_or_path in adapter_config.json); write one: "
+            f'echo \'{{"base": "<spec or directory>"}}\' > {path / BASE_FILE}'
+        )
     return base
 
 
@@ -77,8 +80,10 @@ def load_adapter_dir(path: Path, load_base):
     try:
         base = load_base(spec)
     except (FileNotFoundError, OSError) as e:
-        raise FileNotFoundError(f"{path} is a LoRA adapter on {spec!r}, which does not load ({e}); "
-                                f"restore that base or name another in {path / BASE_FILE}") from None
+        raise FileNotFoundError(
+            f"{path} is a LoRA adapter on {spec!r}, which does not load ({e}); "
+            f"restore that base or name another in {path / BASE_FILE}"
+        ) from None
     model = PeftModel.from_pretrained(base.model, str(path)).merge_and_unload()
     tok = AutoTokenizer.from_pretrained(str(path)) if (path / "tokenizer_config.json").is_file() else base.tokenizer
     return model, tok
@@ -94,5 +99,14 @@ def export_merged(policy, out: Path) -> Path:
     return Path(out)
 
 
-__all__ = ["BASE_FILE", "BASE_ATTR", "is_adapter_dir", "remember_base", "write_base", "save_policy", "base_spec",
-           "load_adapter_dir", "export_merged"]
+__all__ = [
+    "BASE_FILE",
+    "BASE_ATTR",
+    "is_adapter_dir",
+    "remember_base",
+    "write_base",
+    "save_policy",
+    "base_spec",
+    "load_adapter_dir",
+    "export_merged",
+]

@@ -14,6 +14,7 @@ A *backend factory* ``(model, tokenizer) -> backend`` is what the trainer (``Tra
 its own copy of the weights (vLLM, a server) loads the new ``state_dict`` there: the Trainer calls
 ``sync_weights`` after every update and after a resume, so such an engine is one class.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Protocol, Sequence, runtime_checkable
@@ -25,8 +26,15 @@ from memkit.models.generation import Generation, HFBackend
 class RolloutBackend(Protocol):
     """What :class:`memkit.rollout.engine.ModelPolicy` and the Trainer call on an engine."""
 
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, stop: Sequence[str] = (),
-                 temperature: float = 1.0, top_p: float = 1.0, generator=None) -> list[Generation]: ...
+    def generate(
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: int,
+        stop: Sequence[str] = (),
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        generator=None,
+    ) -> list[Generation]: ...
 
     def sync_weights(self, model) -> None: ...
 
@@ -44,8 +52,10 @@ def check_backend(backend) -> RolloutBackend:
     """``backend`` if it has the protocol's methods, else one ``TypeError`` naming what is missing."""
     missing = [m for m in ("generate", "sync_weights") if not callable(getattr(backend, m, None))]
     if missing:
-        raise TypeError(f"{type(backend).__name__} is not a rollout backend: it lacks {', '.join(missing)} "
-                        "(memkit.models.backend.RolloutBackend); a factory must return one")
+        raise TypeError(
+            f"{type(backend).__name__} is not a rollout backend: it lacks {', '.join(missing)} "
+            "(memkit.models.backend.RolloutBackend); a factory must return one"
+        )
     return backend
 
 

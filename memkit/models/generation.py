@@ -32,6 +32,7 @@ float noise). It is *not* the top-p renormalised probability: top-p is treated a
 detail, as in verl/OpenRLHF; recording the truncated distribution would make old and new
 log-probs come from different distributions.
 """
+
 from __future__ import annotations
 
 import time
@@ -62,15 +63,22 @@ class Generation:
 
 def _eos_ids(model, tokenizer) -> set[int]:
     ids: set[int] = set()
-    for src in (getattr(tokenizer, "eos_token_id", None), getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
+    for src in (
+        getattr(tokenizer, "eos_token_id", None),
+        getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+    ):
         if src is None:
             continue
         ids.update([src] if isinstance(src, int) else list(src))
     return ids
 
 
-def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
-                generator: torch.Generator | Sequence[torch.Generator] | None) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_next(
+    logits: torch.Tensor,
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator | Sequence[torch.Generator] | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row.
 
     Args:
@@ -98,8 +106,9 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
     return tok, logp.gather(-1, tok[:, None])[:, 0]
 
 
-def uniform_draws(rows: int, generator: torch.Generator | Sequence[torch.Generator] | None,
-                  device: torch.device) -> torch.Tensor:
+def uniform_draws(
+    rows: int, generator: torch.Generator | Sequence[torch.Generator] | None, device: torch.device
+) -> torch.Tensor:
     """(rows, 1) float64 draws from U[0, 1): ``rows`` from one stream, or one from each of ``rows`` streams.
 
     In a list, a ``None`` entry (a finished row still in the batch) draws nothing and gets 0.5.
@@ -109,11 +118,16 @@ def uniform_draws(rows: int, generator: torch.Generator | Sequence[torch.Generat
         return torch.rand((rows, 1), generator=generator, device=gen_device, dtype=torch.float64).to(device)
     if len(generator) != rows:
         raise ValueError(f"got {len(generator)} generators for {rows} rows; pass one per row, or a single generator")
-    u = [0.5 if g is None else torch.rand((), generator=g, device=g.device, dtype=torch.float64).item() for g in generator]
+    u = [
+        0.5 if g is None else torch.rand((), generator=g, device=g.device, dtype=torch.float64).item()
+        for g in generator
+    ]
     return torch.tensor(u, dtype=torch.float64, device=device)[:, None]
 
 
-def inverse_cdf_sample(probs: torch.Tensor, generator: torch.Generator | Sequence[torch.Generator] | None) -> torch.Tensor:
+def inverse_cdf_sample(
+    probs: torch.Tensor, generator: torch.Generator | Sequence[torch.Generator] | None
+) -> torch.Tensor:
     """One draw per row of ``probs`` (B, V), non-negative and not necessarily normalised.
 
     Inverse-transform sampling: with ``c = cumsum(p)`` and ``u ~ U[0, c_V)``, token ``i`` is the
@@ -189,8 +203,10 @@ class HFBackend:
             raise ValueError(f"top_p={top_p} must be in (0, 1]; 1.0 disables nucleus sampling")
         longest = max(len(p) for p in prompts)
         if self.max_positions and longest + max_new_tokens > self.max_positions:
-            raise ValueError(f"prompt of {longest} tokens + max_new_tokens={max_new_tokens} exceeds the model's "
-                             f"max_position_embeddings={self.max_positions}; shorten the context or max_new_tokens")
+            raise ValueError(
+                f"prompt of {longest} tokens + max_new_tokens={max_new_tokens} exceeds the model's "
+                f"max_position_embeddings={self.max_positions}; shorten the context or max_new_tokens"
+            )
 
     def _may_stop(self, token_id: int) -> bool:
         """Can this token complete a stop string? Only if its own text holds a stop's last char."""
@@ -215,9 +231,15 @@ class HFBackend:
         return any(s in text for s in stop)
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, stop: Sequence[str] = (),
-                 temperature: float = 1.0, top_p: float = 1.0,
-                 generator: torch.Generator | Sequence[torch.Generator] | None = None) -> list[Generation]:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: int,
+        stop: Sequence[str] = (),
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        generator: torch.Generator | Sequence[torch.Generator] | None = None,
+    ) -> list[Generation]:
         """Sample continuations of ``prompts`` (B lists of ids) in one batch; see module doc.
 
         ``generator``: one stream for the batch, or a list of B streams, one per prompt: then a
@@ -231,8 +253,10 @@ class HFBackend:
         if generator is not None and not isinstance(generator, torch.Generator):
             generator = list(generator)
             if len(generator) != len(prompts):
-                raise ValueError(f"got {len(generator)} generators for {len(prompts)} prompts; "
-                                 "pass one per prompt, or a single torch.Generator")
+                raise ValueError(
+                    f"got {len(generator)} generators for {len(prompts)} prompts; "
+                    "pass one per prompt, or a single torch.Generator"
+                )
         stop = tuple(s for s in stop if s)
         if stop != self._stops:
             self._stops, self._stop_hit = stop, {}
@@ -251,14 +275,20 @@ class HFBackend:
         if self._growable is None:
             self._growable = growable(self.model)
         if self._growable:  # deduplicated, length-bucketed prefill into a preallocated cache (kv.py)
-            logits, cache, mask, next_pos, n_run = prefill(self.model, prompts, self.pad_id, max_new_tokens,
-                                                           min_shared=self.min_shared_prefix)
+            logits, cache, mask, next_pos, n_run = prefill(
+                self.model, prompts, self.pad_id, max_new_tokens, min_shared=self.min_shared_prefix
+            )
             st.prefill_tokens += n_run
         else:  # e.g. sliding-window caches: one plain prefill, DynamicCache
             input_ids, mask, positions = (t.to(dev) for t in left_pad(prompts, self.pad_id))
             cache = DynamicCache(config=self.model.config)
-            logits = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                                use_cache=True, **cache_kwarg(self.model, cache)).logits[:, -1, :]
+            logits = self.model(
+                input_ids=input_ids,
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                **cache_kwarg(self.model, cache),
+            ).logits[:, -1, :]
             next_pos = positions[:, -1] + 1  # (B,)
             st.prefill_tokens += sum(len(p) for p in prompts)
         cache_kw = cache_kwarg(self.model, cache)  # one cache object for the whole call (compaction edits it in place)
@@ -302,19 +332,23 @@ class HFBackend:
                 if per_row:
                     generator = [generator[j] for j in live]
             mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
-            logits = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
-                                use_cache=True, **cache_kw).logits[:, -1, :]
+            logits = self.model(
+                input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None], use_cache=True, **cache_kw
+            ).logits[:, -1, :]
             next_pos = next_pos + 1
             st.decode_steps += 1
             st.decode_rows += len(rows)
         st.decode_seconds += time.perf_counter() - t1
-        return [Generation(out_ids[i], out_lp[i], self.tokenizer.decode(out_ids[i], skip_special_tokens=True), finish[i])
-                for i in range(B)]
+        return [
+            Generation(out_ids[i], out_lp[i], self.tokenizer.decode(out_ids[i], skip_special_tokens=True), finish[i])
+            for i in range(B)
+        ]
 
 
 @torch.no_grad()
-def sequence_logprobs(model, context_ids: Sequence[int], output_ids: Sequence[int],
-                      temperature: float = 1.0) -> torch.Tensor:
+def sequence_logprobs(
+    model, context_ids: Sequence[int], output_ids: Sequence[int], temperature: float = 1.0
+) -> torch.Tensor:
     """Log-probs of ``output_ids`` given ``context_ids`` from one fresh (uncached) forward.
 
     Returns a float32 tensor of shape (len(output_ids),): entry k is
@@ -329,6 +363,6 @@ def sequence_logprobs(model, context_ids: Sequence[int], output_ids: Sequence[in
     T = temperature if temperature > 0 else 1.0
     dev = next(model.parameters()).device
     ids = torch.tensor([list(context_ids) + list(output_ids)], dtype=torch.long, device=dev)
-    logits = model(input_ids=ids).logits[0, len(context_ids) - 1:-1].float()  # (n_out, V)
+    logits = model(input_ids=ids).logits[0, len(context_ids) - 1 : -1].float()  # (n_out, V)
     logp = F.log_softmax(logits / T, dim=-1)
-    return logp.gather(-1, ids[0, len(context_ids):, None])[:, 0].cpu()
+    return logp.gather(-1, ids[0, len(context_ids) :, None])[:, 0].cpu()

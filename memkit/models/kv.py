@@ -25,6 +25,7 @@ Numbers stay those of a plain forward: every row keeps its own positions (``cums
 a chunk in the buffer, and between a shared prefix and a row's own part, change nothing (tested
 against unbatched generation).
 """
+
 from __future__ import annotations
 
 import torch
@@ -126,7 +127,7 @@ def prefix_groups(prompts: list[list[int]], min_len: int = 16) -> list[tuple[int
                 continue
             if end - start >= 2:
                 run = order[start:end]
-                P = min(min(adj[start:end - 1]), min(len(prompts[i]) for i in run) - 1)
+                P = min(min(adj[start : end - 1]), min(len(prompts[i]) for i in run) - 1)
                 if P >= min_len:
                     groups.append((P, run))
             start = end
@@ -171,8 +172,8 @@ def left_pad(prompts: list[list[int]], pad_id: int, width: int | None = None):
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
     for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[i, width - len(p):] = 1
+        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p) :] = 1
     return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
 
 
@@ -201,14 +202,21 @@ def _past_from_prefixes(model, kv, P_rows: list[int], head_rows: list[int | None
         v = v0.new_zeros((b, v0.shape[0], width, v0.shape[2]))
         for r, (P, h) in enumerate(zip(P_rows, head_rows)):
             if P:
-                k[r, :, width - P:], v[r, :, width - P:] = kv[h][li]
-                mask[r, width - P:] = 1
+                k[r, :, width - P :], v[r, :, width - P :] = kv[h][li]
+                mask[r, width - P :] = 1
         cache.update(k, v, li)
     return cache, mask
 
 
-def prefill(model, prompts: list[list[int]], pad_id: int, room: int, max_rows: int = 8,
-            max_tokens: int = 4096, min_shared: int | None = 16):
+def prefill(
+    model,
+    prompts: list[list[int]],
+    pad_id: int,
+    room: int,
+    max_rows: int = 8,
+    max_tokens: int = 4096,
+    min_shared: int | None = 16,
+):
     """Prefill ``prompts`` and return ``(logits, cache, mask, next_pos, n_run)`` ready for decoding.
 
     Args:
@@ -243,7 +251,7 @@ def prefill(model, prompts: list[list[int]], pad_id: int, room: int, max_rows: i
     mask = torch.zeros((n, L), dtype=torch.long, device=dev)
     logits, keys, values = None, [], []
     for chunk in chunks:
-        ids, cmask, pos = (t.to(dev) for t in left_pad([uniq[i][P_of[i]:] for i in chunk], pad_id))
+        ids, cmask, pos = (t.to(dev) for t in left_pad([uniq[i][P_of[i] :] for i in chunk], pad_id))
         n_run += int(cmask.sum())
         P_rows = [P_of[i] for i in chunk]
         if max(P_rows):
@@ -261,10 +269,10 @@ def prefill(model, prompts: list[list[int]], pad_id: int, room: int, max_rows: i
                 keys.append(k.new_zeros((n, k.shape[1], L, k.shape[3])))
                 values.append(v.new_zeros((n, v.shape[1], L, v.shape[3])))
         logits[idx] = last
-        mask[idx, L - width:] = cmask
+        mask[idx, L - width :] = cmask
         for layer, k_all, v_all in zip(cache.layers, keys, values):
-            k_all[idx, :, L - width:] = layer.keys
-            v_all[idx, :, L - width:] = layer.values
+            k_all[idx, :, L - width :] = layer.keys
+            v_all[idx, :, L - width :] = layer.values
     sel = torch.tensor(rows, device=dev)
     if len(uniq) < len(prompts):
         logits, mask = logits[sel], mask[sel]

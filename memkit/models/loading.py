@@ -17,6 +17,7 @@ without a chat template (tiny); for chat models the segments are put inside one 
 followed by the assistant generation prompt, as ``Segment(kind="chat")`` pieces, so token
 accounting can tell template tokens from the method's own.
 """
+
 from __future__ import annotations
 
 import os
@@ -39,8 +40,10 @@ _SENTINEL = "\u2063MEMKIT_SEGMENTS\u2063"
 
 #: LoRA target sets by name (``LoRAConfig.targets``): the attention projections, or every linear
 #: layer of a Llama/Qwen block (the MLP too: what format SFT of a pretrained model needs most)
-LORA_TARGETS = {"attention": ("q_proj", "k_proj", "v_proj", "o_proj"),
-                "all-linear": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")}
+LORA_TARGETS = {
+    "attention": ("q_proj", "k_proj", "v_proj", "o_proj"),
+    "all-linear": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+}
 
 
 @dataclass(frozen=True)
@@ -192,11 +195,14 @@ def chat_wrap(tokenizer) -> Callable[[list[Segment]], list[Segment]]:
     Prefix and suffix are found by rendering the template around a sentinel user message,
     so any template (ChatML, Llama-3, Qwen) works without memkit knowing its syntax.
     """
-    rendered = tokenizer.apply_chat_template([{"role": "user", "content": _SENTINEL}], tokenize=False,
-                                             add_generation_prompt=True)
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": _SENTINEL}], tokenize=False, add_generation_prompt=True
+    )
     if rendered.count(_SENTINEL) != 1:
-        raise ValueError("the tokenizer's chat template does not render a user message verbatim; "
-                         "pass a tokenizer without chat_template to use raw contexts")
+        raise ValueError(
+            "the tokenizer's chat template does not render a user message verbatim; "
+            "pass a tokenizer without chat_template to use raw contexts"
+        )
     prefix, suffix = rendered.split(_SENTINEL)
 
     def wrap(segments: list[Segment]) -> list[Segment]:
@@ -268,14 +274,17 @@ def _load_dir(path: Path, dtype):
     if is_adapter_dir(path):  # a LoRA run's checkpoint: its base + the adapter, merged
         return load_adapter_dir(path, lambda base: load_policy(base, dtype=dtype))
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path} is a directory but not a model checkpoint (no config.json, no RL "
-                                "checkpoints/latest); save one with model.save_pretrained(dir) and "
-                                "tokenizer.save_pretrained(dir), or pass a `memkit train --out` run dir")
+        raise FileNotFoundError(
+            f"{path} is a directory but not a model checkpoint (no config.json, no RL "
+            "checkpoints/latest); save one with model.save_pretrained(dir) and "
+            "tokenizer.save_pretrained(dir), or pass a `memkit train --out` run dir"
+        )
     try:
         tok = AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError) as e:
-        raise FileNotFoundError(f"{path} has a model but no loadable tokenizer ({e}); "
-                                "also call tokenizer.save_pretrained(dir)") from None
+        raise FileNotFoundError(
+            f"{path} has a model but no loadable tokenizer ({e}); also call tokenizer.save_pretrained(dir)"
+        ) from None
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     return model, tok
 
@@ -290,13 +299,21 @@ def _load_hub(spec: str, dtype):
         raise OSError(
             f"could not load {spec!r} from the Hugging Face hub ({type(e).__name__}: {str(e).splitlines()[0][:200]}). "
             f"The hub is unreachable on offline machines; use an offline spec: {', '.join(OFFLINE_SPECS)}. "
-            f"If {spec!r} was meant as a local directory, it does not exist: {Path(spec).resolve()}") from None
+            f"If {spec!r} was meant as a local directory, it does not exist: {Path(spec).resolve()}"
+        ) from None
     return model, tok
 
 
-def load_policy(spec: str, lora: LoraSpec | None = None, cache_dir: str | Path | None = None,
-                device: str | torch.device | None = None, dtype: torch.dtype | str | None = None, *,
-                texts: Iterable[str] | None = None, seed: int = 0) -> LoadedModel:
+def load_policy(
+    spec: str,
+    lora: LoraSpec | None = None,
+    cache_dir: str | Path | None = None,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | str | None = None,
+    *,
+    texts: Iterable[str] | None = None,
+    seed: int = 0,
+) -> LoadedModel:
     """Load a policy by spec (see module doc).
 
     Args:
@@ -309,7 +326,9 @@ def load_policy(spec: str, lora: LoraSpec | None = None, cache_dir: str | Path |
         seed: "tiny" only: initialisation seed.
     """
     if not isinstance(spec, (str, os.PathLike)) or not str(spec).strip():
-        raise ValueError(f"load_policy(spec={spec!r}): spec must be one of {', '.join(OFFLINE_SPECS)} or a hub id 'org/name'")
+        raise ValueError(
+            f"load_policy(spec={spec!r}): spec must be one of {', '.join(OFFLINE_SPECS)} or a hub id 'org/name'"
+        )
     spec = str(spec)
     cache = Path(cache_dir).expanduser() if cache_dir is not None else memkit.core.io.cache_dir()
     dt = _resolve_dtype(dtype)
@@ -329,16 +348,21 @@ def load_policy(spec: str, lora: LoraSpec | None = None, cache_dir: str | Path |
     elif path.is_dir():
         model, tok = _load_dir(path, dt)
     elif path.exists():
-        raise ValueError(f"{spec} is a file; load_policy wants a checkpoint directory (with config.json) or a spec: "
-                         f"{', '.join(OFFLINE_SPECS)}")
+        raise ValueError(
+            f"{spec} is a file; load_policy wants a checkpoint directory (with config.json) or a spec: "
+            f"{', '.join(OFFLINE_SPECS)}"
+        )
     elif spec.startswith(("/", ".", "~")) or os.sep in spec and not _HF_ID.match(spec):
-        raise FileNotFoundError(f"model directory {path.resolve()} does not exist; check the path, or use one of "
-                                f"{', '.join(OFFLINE_SPECS)}")
+        raise FileNotFoundError(
+            f"model directory {path.resolve()} does not exist; check the path, or use one of {', '.join(OFFLINE_SPECS)}"
+        )
     elif _HF_ID.match(spec):
         model, tok = _load_hub(spec, dt)
     else:
-        raise ValueError(f"unknown model spec {spec!r}; use one of {', '.join(OFFLINE_SPECS)}, "
-                         f"or a hub id 'org/name' on a machine with hub access")
+        raise ValueError(
+            f"unknown model spec {spec!r}; use one of {', '.join(OFFLINE_SPECS)}, "
+            f"or a hub id 'org/name' on a machine with hub access"
+        )
 
     if tok.pad_token_id is None:  # batched generation needs a pad id; eos is the usual stand-in
         tok.pad_token = tok.eos_token
@@ -361,10 +385,17 @@ def apply_lora(model, lora: LoraSpec):
     names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
     missing = [t for t in lora.target_modules if t not in names]
     if missing:
-        raise ValueError(f"LoRA target modules {missing} are not in this model; it has e.g. "
-                         f"{sorted(n for n in names if n.endswith('proj'))[:8]}")
-    cfg = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                     target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
+        raise ValueError(
+            f"LoRA target modules {missing} are not in this model; it has e.g. "
+            f"{sorted(n for n in names if n.endswith('proj'))[:8]}"
+        )
+    cfg = LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        task_type="CAUSAL_LM",
+    )
     with torch.random.fork_rng(devices=[]):  # lora_A is drawn from the global RNG: seed it, leave the caller's alone
         torch.manual_seed(lora.seed)
         return get_peft_model(model, cfg)

@@ -25,13 +25,14 @@ f = 4 (fp32), N GPUs. Conventions:
   are never live together, the total counts the larger.
 * GB = 2^30 bytes. Not counted: the CUDA context and allocator fragmentation (``reserve``).
 """
+
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-GB, F32 = 2 ** 30, 4  # bytes of a GB (2^30) and of an fp32 number
+GB, F32 = 2**30, 4  # bytes of a GB (2^30) and of an fp32 number
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 SUPPORTED = ("llama", "mistral", "qwen2")
 #: the linear layers of a decoder layer, LoRA's possible targets
@@ -63,8 +64,15 @@ class Arch:
     def shape(self, module: str) -> tuple[int, int]:
         """(in, out) features of a linear layer: q / k / v / o, gate / up / down."""
         h, i, q, g = self.hidden, self.intermediate, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return {"q_proj": (h, q), "k_proj": (h, g), "v_proj": (h, g), "o_proj": (q, h), "gate_proj": (h, i),
-                "up_proj": (h, i), "down_proj": (i, h)}[module]
+        return {
+            "q_proj": (h, q),
+            "k_proj": (h, g),
+            "v_proj": (h, g),
+            "o_proj": (q, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }[module]
 
 
 #: configs that need no download (the models' config.json numbers)
@@ -78,13 +86,25 @@ PRESETS = {
 def arch_from_config(cfg) -> Arch:
     """The :class:`Arch` of a transformers config (Llama, Mistral, Qwen2)."""
     if cfg.model_type not in SUPPORTED:
-        raise ValueError(f"memkit plan counts {', '.join(SUPPORTED)} decoders; model_type {cfg.model_type!r} is "
-                         f"not one; use a preset ({', '.join(PRESETS)}) of similar size")
+        raise ValueError(
+            f"memkit plan counts {', '.join(SUPPORTED)} decoders; model_type {cfg.model_type!r} is "
+            f"not one; use a preset ({', '.join(PRESETS)}) of similar size"
+        )
     bias = bool(getattr(cfg, "attention_bias", False))
-    return Arch(cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.num_attention_heads,
-                cfg.num_key_value_heads or cfg.num_attention_heads, cfg.vocab_size, bool(cfg.tie_word_embeddings),
-                getattr(cfg, "head_dim", None) or 0, qkv_bias=bias or cfg.model_type == "qwen2", o_bias=bias,
-                mlp_bias=bool(getattr(cfg, "mlp_bias", False)), model_type=cfg.model_type)
+    return Arch(
+        cfg.hidden_size,
+        cfg.intermediate_size,
+        cfg.num_hidden_layers,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads or cfg.num_attention_heads,
+        cfg.vocab_size,
+        bool(cfg.tie_word_embeddings),
+        getattr(cfg, "head_dim", None) or 0,
+        qkv_bias=bias or cfg.model_type == "qwen2",
+        o_bias=bias,
+        mlp_bias=bool(getattr(cfg, "mlp_bias", False)),
+        model_type=cfg.model_type,
+    )
 
 
 def resolve_arch(spec: str) -> Arch:
@@ -107,8 +127,9 @@ def resolve_arch(spec: str) -> Arch:
     try:
         return arch_from_config(AutoConfig.from_pretrained(str(run_policy_dir(path) if path.is_dir() else spec)))
     except OSError as e:
-        raise ValueError(f"could not read the config of {spec!r} ({str(e).splitlines()[0][:160]}); "
-                         f"offline, use {choices}") from None
+        raise ValueError(
+            f"could not read the config of {spec!r} ({str(e).splitlines()[0][:160]}); offline, use {choices}"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -136,8 +157,10 @@ class Setup:
             object.__setattr__(self, "lora_r", self.lora_r or LoraSpec.r)
             object.__setattr__(self, "lora_targets", tuple(self.lora_targets or LoraSpec.target_modules))
         if self.lora and (self.lora_r < 1 or set(self.lora_targets) - set(MODULES)):
-            raise ValueError(f"--lora-r {self.lora_r}, targets {self.lora_targets}: need r >= 1 and targets among "
-                             f"{', '.join(MODULES)}")
+            raise ValueError(
+                f"--lora-r {self.lora_r}, targets {self.lora_targets}: need r >= 1 and targets among "
+                f"{', '.join(MODULES)}"
+            )
         object.__setattr__(self, "b", DTYPE_BYTES[self.dtype])
 
     @property
@@ -224,8 +247,9 @@ def logits_transient_bytes(a: Arch, s: Setup) -> int:
     return a.vocab * (s.b + 2 * F32)
 
 
-def activation_bytes(a: Arch, s: Setup, tokens: int, checkpointing: bool, transient: bool = True,
-                     head_tokens: int | None = None) -> float:
+def activation_bytes(
+    a: Arch, s: Setup, tokens: int, checkpointing: bool, transient: bool = True, head_tokens: int | None = None
+) -> float:
     """Peak activation memory of a micro-batch of T tokens (layer = :func:`layer_activation_bytes`,
     head = :func:`head_activation_bytes`, tr = :func:`logits_transient_bytes` if ``transient``):
 
@@ -249,17 +273,23 @@ def kv_cache_bytes(a: Arch, s: Setup, batch: int, length: int) -> int:
     return 2 * a.layers * a.kv_heads * a.head_dim * s.b * batch * length
 
 
-def terms(a: Arch, s: Setup, micro_batch: int, seq_len: int, kv: float, checkpointing: bool,
-          head_tokens: int | None = None) -> dict:
+def terms(
+    a: Arch, s: Setup, micro_batch: int, seq_len: int, kv: float, checkpointing: bool, head_tokens: int | None = None
+) -> dict:
     """Every term in bytes, and ``total`` = weights + gradients + optimizer + reference + max(activations, kv).
     ``head_tokens``: the micro-batch's tokens the LM head runs on (default all)."""
     tokens, layer = micro_batch * seq_len, layer_activation_bytes(a, s)
     head_tokens = tokens if head_tokens is None else head_tokens
-    out = {"weights": weight_bytes(a, s), "gradients": gradient_bytes(a, s), "optimizer": optimizer_bytes(a, s),
-           "reference": reference_bytes(a, s),
-           "activations": tokens * (a.layers * s.b * a.hidden + layer if checkpointing else a.layers * layer),
-           "logits": head_tokens * (head_activation_bytes(a, s) + logits_transient_bytes(a, s)),
-           "activation_peak": activation_bytes(a, s, tokens, checkpointing, head_tokens=head_tokens), "kv_cache": kv}
+    out = {
+        "weights": weight_bytes(a, s),
+        "gradients": gradient_bytes(a, s),
+        "optimizer": optimizer_bytes(a, s),
+        "reference": reference_bytes(a, s),
+        "activations": tokens * (a.layers * s.b * a.hidden + layer if checkpointing else a.layers * layer),
+        "logits": head_tokens * (head_activation_bytes(a, s) + logits_transient_bytes(a, s)),
+        "activation_peak": activation_bytes(a, s, tokens, checkpointing, head_tokens=head_tokens),
+        "kv_cache": kv,
+    }
     out["total"] = sum(out[k] for k in ("weights", "gradients", "optimizer", "reference"))
     out["total"] += max(out["activation_peak"], kv)
     return out
@@ -274,29 +304,58 @@ def max_micro_batch(a: Arch, s: Setup, seq_len: int, kv: float, checkpointing: b
     return 0 if one["total"] > budget else math.floor((budget - static) / one["activation_peak"])
 
 
-def plan(a: Arch, s: Setup, *, micro_batch: int = 1, seq_len: int = 4096, rollout_batch: int = 16,
-         rollout_len: int | None = None, gpu_mem: float = 80.0, reserve: float = 1.0, name: str = "") -> dict:
+def plan(
+    a: Arch,
+    s: Setup,
+    *,
+    micro_batch: int = 1,
+    seq_len: int = 4096,
+    rollout_batch: int = 16,
+    rollout_len: int | None = None,
+    gpu_mem: float = 80.0,
+    reserve: float = 1.0,
+    name: str = "",
+) -> dict:
     """The plan as a dict: inputs, bytes per term with and without checkpointing, whether ``micro_batch``
     fits ``gpu_mem - reserve`` GB, the largest micro-batch that does, and (when none) the largest term
     the total counts at micro-batch 1 (``dominant``)."""
     rollout_len = seq_len if rollout_len is None else rollout_len
-    for flag, value in (("--micro-batch", micro_batch), ("--seq-len", seq_len), ("--rollout-batch", rollout_batch),
-                        ("--rollout-len", rollout_len)):
+    for flag, value in (
+        ("--micro-batch", micro_batch),
+        ("--seq-len", seq_len),
+        ("--rollout-batch", rollout_batch),
+        ("--rollout-len", rollout_len),
+    ):
         if value < 1:
             raise ValueError(f"{flag} {value}: must be >= 1")
     if not gpu_mem > 0 or not 0 <= reserve < gpu_mem:
-        raise ValueError(f"--gpu-mem {gpu_mem}, --reserve {reserve}: need gpu-mem > 0 GB (an H100 has 80) and "
-                         "0 <= reserve < gpu-mem")
+        raise ValueError(
+            f"--gpu-mem {gpu_mem}, --reserve {reserve}: need gpu-mem > 0 GB (an H100 has 80) and 0 <= reserve < gpu-mem"
+        )
     kv, budget = kv_cache_bytes(a, s, rollout_batch, rollout_len), (gpu_mem - reserve) * GB
-    out = {"model": name, "arch": asdict(a), "setup": {k: v for k, v in asdict(s).items() if k != "b"},
-           "params": param_count(a), "trainable": trainable_count(a, s), "micro_batch": micro_batch,
-           "seq_len": seq_len, "rollout_batch": rollout_batch, "rollout_len": rollout_len, "gpu_mem_gb": gpu_mem,
-           "reserve_gb": reserve, "modes": {}}
+    out = {
+        "model": name,
+        "arch": asdict(a),
+        "setup": {k: v for k, v in asdict(s).items() if k != "b"},
+        "params": param_count(a),
+        "trainable": trainable_count(a, s),
+        "micro_batch": micro_batch,
+        "seq_len": seq_len,
+        "rollout_batch": rollout_batch,
+        "rollout_len": rollout_len,
+        "gpu_mem_gb": gpu_mem,
+        "reserve_gb": reserve,
+        "modes": {},
+    }
     for mode, ckpt in (("no_checkpointing", False), ("checkpointing", True)):
         t = terms(a, s, micro_batch, seq_len, kv, ckpt)
         best = max_micro_batch(a, s, seq_len, kv, ckpt, budget)
-        m = {"bytes": t, "gb": {k: round(v / GB, 3) for k, v in t.items()}, "fits": t["total"] <= budget,
-             "max_micro_batch": best}
+        m = {
+            "bytes": t,
+            "gb": {k: round(v / GB, 3) for k, v in t.items()},
+            "fits": t["total"] <= budget,
+            "max_micro_batch": best,
+        }
         if best == 0:
             one = terms(a, s, 1, seq_len, kv, ckpt)
             counted = ["weights", "gradients", "optimizer", "reference"]

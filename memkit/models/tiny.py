@@ -19,14 +19,21 @@ boolean / additive 4D masks that MEM1's packed trajectories need, and is what tr
 picks by default; ``"eager"`` gives the same numbers (tested to 1e-5). Which is faster depends on
 the CPU, so CPU SFT times both (``SFTConfig.cpu_attention``).
 """
+
 from __future__ import annotations
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 
-def tiny_config(vocab_size: int, *, pad_token_id: int = 0, bos_token_id: int = 1,
-                eos_token_id: int = 2, attn_implementation: str = "sdpa") -> LlamaConfig:
+def tiny_config(
+    vocab_size: int,
+    *,
+    pad_token_id: int = 0,
+    bos_token_id: int = 1,
+    eos_token_id: int = 2,
+    attn_implementation: str = "sdpa",
+) -> LlamaConfig:
     """The tiny model's config (defaults match :func:`train_tokenizer`'s special ids)."""
     if vocab_size < 8:
         raise ValueError(f"vocab_size={vocab_size} is not a real vocabulary; pass len(tokenizer)")
@@ -62,8 +69,13 @@ def build_tiny(tokenizer, seed: int = 0, attn_implementation: str = "sdpa") -> L
     for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
         if getattr(tokenizer, name, None) is None:
             raise ValueError(f"tokenizer has no {name[:-3]}; build it with memkit.models.train_tokenizer")
-    cfg = tiny_config(len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                      eos_token_id=tokenizer.eos_token_id, attn_implementation=attn_implementation)
+    cfg = tiny_config(
+        len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        attn_implementation=attn_implementation,
+    )
     state = torch.random.get_rng_state()
     try:
         torch.manual_seed(seed)

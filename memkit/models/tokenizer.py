@@ -39,6 +39,7 @@ docs/findings.md).
 Byte-level means any string (other alphabets, emoji, typos) encodes without ``<unk>``.
 No BOS/EOS is added automatically: the rollout engine decides what a context starts with.
 """
+
 from __future__ import annotations
 
 import re
@@ -48,8 +49,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 from transformers import PreTrainedTokenizerFast
 
 #: Every tag used by any method (MEM1, MemSearcher, MemPO, MemAct, Mem-T). Order fixes their ids.
-TAG_NAMES = ("think", "search", "answer", "information", "mem", "memory", "question",
-             "tool_call", "note", "records")
+TAG_NAMES = ("think", "search", "answer", "information", "mem", "memory", "question", "tool_call", "note", "records")
 TAGS: tuple[str, ...] = tuple(t for name in TAG_NAMES for t in (f"<{name}>", f"</{name}>"))
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 SPECIAL_TOKENS = (PAD, BOS, EOS)  # ids 0, 1, 2
@@ -85,16 +85,20 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB) -> Pr
         raise ValueError("train_tokenizer got no text; pass world_texts(make_world(seed)) or your own corpus")
     n_fixed = 256 + len(SPECIAL_TOKENS) + len(TAGS)
     if vocab_size <= n_fixed:
-        raise ValueError(f"vocab_size={vocab_size} is too small: bytes+specials+tags already take {n_fixed}; use >= 512")
+        raise ValueError(
+            f"vocab_size={vocab_size} is too small: bytes+specials+tags already take {n_fixed}; use >= 512"
+        )
 
     tok = Tokenizer(models.BPE())
     # The normalizer runs on each piece of text between tags (tags are added tokens, matched
     # first): a piece starting with a word gets a leading space, so the word keeps one spelling.
     tok.normalizer = normalizers.Sequence([normalizers.Prepend(" "), normalizers.Replace(Regex(r"^ (?=\W)"), "")])
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(_WORD), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_WORD), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     after_tag = "|".join(re.escape(t) for t in TAGS)
     tok.decoder = decoders.Sequence([decoders.ByteLevel(), decoders.Replace(Regex(f"^ |(?<={after_tag}) "), "")])
     trainer = trainers.BpeTrainer(
@@ -109,8 +113,12 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB) -> Pr
     tok.add_tokens([AddedToken(t, normalized=False, special=False, single_word=False) for t in TAGS])
 
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS,
-        padding_side="left", clean_up_tokenization_spaces=False,
+        tokenizer_object=tok,
+        pad_token=PAD,
+        bos_token=BOS,
+        eos_token=EOS,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
     )
     return fast
 
@@ -121,6 +129,8 @@ def tag_ids(tokenizer) -> dict[str, int]:
     for t in TAGS:
         ids = tokenizer.encode(t, add_special_tokens=False)
         if len(ids) != 1:
-            raise ValueError(f"tag {t!r} is {len(ids)} tokens in this tokenizer; train it with memkit.models.train_tokenizer")
+            raise ValueError(
+                f"tag {t!r} is {len(ids)} tokens in this tokenizer; train it with memkit.models.train_tokenizer"
+            )
         out[t] = ids[0]
     return out

@@ -1,5 +1,6 @@
 """Passage retrieval: a ``Retriever`` protocol with BM25 (bm25s) and dense (MiniLM + faiss)
 backends, and the Search-R1 observation format every method reads."""
+
 from memkit.retrieval.base import Hit, Retriever, format_observation
 from memkit.retrieval.bm25 import BM25Retriever
 

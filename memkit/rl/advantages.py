@@ -3,6 +3,7 @@ multi-context broadcast of trajectory advantages to calls (MemSearcher eq. 6-8).
 
 Each vectorised kernel has a loop reference (``*_loop``) compared in the tests across seeds.
 """
+
 from __future__ import annotations
 
 import math
@@ -20,8 +21,9 @@ def _group_codes(group_ids, device) -> torch.Tensor:
     return torch.tensor([codes.setdefault(g, len(codes)) for g in group_ids], dtype=torch.long, device=device)
 
 
-def grpo_advantages(rewards: torch.Tensor, group_ids: Sequence[Hashable] | torch.Tensor, eps: float = 1e-6,
-                    norm_std: bool = True) -> torch.Tensor:
+def grpo_advantages(
+    rewards: torch.Tensor, group_ids: Sequence[Hashable] | torch.Tensor, eps: float = 1e-6, norm_std: bool = True
+) -> torch.Tensor:
     """GRPO outcome advantages (Shao et al. 2024; verl ``compute_grpo_outcome_advantage``).
 
     rewards ``[N]`` (one scalar per trajectory), group_ids ``[N]`` (same id = same prompt/task).
@@ -68,8 +70,9 @@ def grpo_advantages_loop(rewards, group_ids, eps=1e-6, norm_std=True) -> list[fl
     return out
 
 
-def gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
-        lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def gae(
+    token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, lam: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised Advantage Estimation over token sequences with holes (Schulman et al. 2016).
 
     token_rewards, values, mask: ``[B, T]``; returns ``(advantages, returns)``, both ``[B, T]``,
@@ -133,17 +136,22 @@ def masked_moments(values: torch.Tensor, mask: torch.Tensor) -> tuple[float, flo
     """``(sum, sum of squares, count)`` of the masked-in entries: what processes and micro-batches
     add up before :func:`masked_whiten` (``moments_to_mean_var`` turns the totals into mean, var)."""
     m = mask.to(values.dtype)
-    return float((values * m).sum()), float((values ** 2 * m).sum()), float(m.sum())
+    return float((values * m).sum()), float((values**2 * m).sum()), float(m.sum())
 
 
 def moments_to_mean_var(s1: float, s2: float, n: float) -> tuple[float, float]:
     """Mean and unbiased (n - 1) variance from :func:`masked_moments` totals."""
     mean = s1 / max(n, 1.0)
-    return mean, max(s2 - n * mean ** 2, 0.0) / max(n - 1.0, 1.0)
+    return mean, max(s2 - n * mean**2, 0.0) / max(n - 1.0, 1.0)
 
 
-def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8,
-                  mean_var: tuple[float, float] | None = None):
+def masked_whiten(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    shift_mean: bool = True,
+    eps: float = 1e-8,
+    mean_var: tuple[float, float] | None = None,
+):
     """(x - mean) / sqrt(var + eps) over the masked-in entries (unbiased var); 0 elsewhere.
 
     ``mean_var`` gives statistics taken over more than this tensor (every micro-batch and process

@@ -12,6 +12,7 @@ the same allowed keys, so the same numbers up to float rounding (tests/rl/test_f
 ``flex_attention`` backend; it needs ``torch.compile`` and has no CPU backward in torch 2.13.
 Which path runs where: :func:`memkit.rl.packed_forward.packed_attention`.
 """
+
 from __future__ import annotations
 
 import math
@@ -81,8 +82,14 @@ def block_plan(mask: torch.Tensor, block: int = BLOCK, key_groups: int = KEY_GRO
     return BlockPlan(parts, (B, L))
 
 
-def block_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: BlockPlan,
-                    scale: float | None = None, dropout: float = 0.0) -> torch.Tensor:
+def block_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    plan: BlockPlan,
+    scale: float | None = None,
+    dropout: float = 0.0,
+) -> torch.Tensor:
     """softmax(q k^T * scale + mask) v over the plan's gathered keys only.
 
     shape: query ``[B, H, L, D]``, key/value ``[B, Hkv, L, D]`` (``H`` a multiple of ``Hkv``:
@@ -95,9 +102,14 @@ def block_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     qf, kf, vf = flat(query), flat(key), flat(value)
     rows, outs = [], []
     for qrows, qvalid, krows, sub in plan.parts:
-        o = F.scaled_dot_product_attention(qf[qrows].transpose(1, 2), kf[krows].transpose(1, 2),
-                                           vf[krows].transpose(1, 2), attn_mask=sub[:, None],
-                                           dropout_p=dropout, scale=scale)  # [n, H, BLOCK, Dv]
+        o = F.scaled_dot_product_attention(
+            qf[qrows].transpose(1, 2),
+            kf[krows].transpose(1, 2),
+            vf[krows].transpose(1, 2),
+            attn_mask=sub[:, None],
+            dropout_p=dropout,
+            scale=scale,
+        )  # [n, H, BLOCK, Dv]
         rows.append(qrows[qvalid])
         outs.append(o.transpose(1, 2)[qvalid])
     out = query.new_zeros(B * L, H, value.shape[-1]).index_put((torch.cat(rows),), torch.cat(outs))
@@ -122,12 +134,17 @@ def cached_plan(mask: torch.Tensor) -> BlockPlan:
 def _hf_blocks(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
     """transformers attention function of the ``blocks`` path; anything but a square bool 4D
     mask (generation with a cache, a padding mask) goes to sdpa unchanged."""
-    if (attention_mask is None or attention_mask.dim() != 4 or attention_mask.dtype != torch.bool
-            or query.shape[2] != key.shape[2]):
+    if (
+        attention_mask is None
+        or attention_mask.dim() != 4
+        or attention_mask.dtype != torch.bool
+        or query.shape[2] != key.shape[2]
+    ):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     return block_attention(query, key, value, cached_plan(attention_mask), scaling, dropout), None
 
 
@@ -170,5 +187,15 @@ def flex_block_mask(mask: torch.Tensor, block: int = FLEX_BLOCK):
     return BlockMask.from_kv_blocks(*kv(partial), *kv(full), BLOCK_SIZE=block, mask_mod=mask_mod, seq_lengths=(L, L))
 
 
-__all__ = ["ATTENTION_PATHS", "BLOCK", "KEY_GROUPS", "BlockPlan", "block_plan", "block_attention", "cached_plan",
-           "register_blocks", "flex_available", "flex_block_mask"]
+__all__ = [
+    "ATTENTION_PATHS",
+    "BLOCK",
+    "KEY_GROUPS",
+    "BlockPlan",
+    "block_plan",
+    "block_attention",
+    "cached_plan",
+    "register_blocks",
+    "flex_available",
+    "flex_block_mask",
+]

@@ -16,6 +16,7 @@ message). A log line torn by a crash is dropped on resume, with every row after 
 (the logs are rewritten from the checkpoint's history).
 Only the main process writes shared files; every process writes its own RNG state.
 """
+
 from __future__ import annotations
 
 import csv
@@ -46,10 +47,10 @@ class RunFiles:
         self.dir.mkdir(parents=True, exist_ok=True)
         line = json.dumps(row) + "\n"
         with open(self.dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-            f.write(line[:len(line) // 2])
+            f.write(line[: len(line) // 2])
             f.flush()
             kill_point("log-append")  # the kill-and-resume test tears this line
-            f.write(line[len(line) // 2:])
+            f.write(line[len(line) // 2 :])
         atomic_write_text(self.dir / "metrics.csv", to_csv(history))
 
     def log_eval(self, rows: list[dict]) -> None:
@@ -72,15 +73,25 @@ class RunFiles:
         """The checkpoint to resume from (:func:`memkit.core.io.latest_checkpoint`); says which
         incomplete ones it skipped."""
         path = latest_checkpoint(self.ckpt_dir)
-        skipped = sorted(p.name for p in self.ckpt_dir.glob("*step-*") if p.is_dir() and p != path
-                         and not (p / "memkit.json").is_file()) if self.ckpt_dir.is_dir() else []
+        skipped = (
+            sorted(
+                p.name
+                for p in self.ckpt_dir.glob("*step-*")
+                if p.is_dir() and p != path and not (p / "memkit.json").is_file()
+            )
+            if self.ckpt_dir.is_dir()
+            else []
+        )
         pointer = self.ckpt_dir / "latest"
         named = pointer.read_text().strip() if pointer.is_file() else None
         if named and (path is None or named != path.name) and named not in skipped:
             skipped.append(f"{named} (named by latest, not on disk)")
         if skipped and self.main:
-            print(f"memkit: skipped incomplete checkpoint(s) {', '.join(skipped)}; resuming from "
-                  f"{path.name if path else 'nothing'}", file=sys.stderr)
+            print(
+                f"memkit: skipped incomplete checkpoint(s) {', '.join(skipped)}; resuming from "
+                f"{path.name if path else 'nothing'}",
+                file=sys.stderr,
+            )
         return path
 
     def save(self, step: int, meta: dict, model, tokenizer, keep: int) -> Path:
@@ -102,7 +113,7 @@ class RunFiles:
             replace_dir(tmp, final)  # an older save of this step is moved aside, then deleted
             atomic_write_text(self.ckpt_dir / "latest", name)
             old = sorted(p for p in self.ckpt_dir.glob("step-*") if p.is_dir() and p != final)
-            for p in old[:max(0, len(old) - (keep - 1))]:
+            for p in old[: max(0, len(old) - (keep - 1))]:
                 shutil.rmtree(p, ignore_errors=True)
         self.acc.wait_for_everyone()
         return final
@@ -111,8 +122,10 @@ class RunFiles:
         """``(checkpoint dir, its memkit.json)``; ``path`` defaults to the latest checkpoint."""
         path = Path(path) if path is not None else self.latest()
         if path is None or not (path / "memkit.json").is_file():
-            raise FileNotFoundError(f"no checkpoint to resume in {self.ckpt_dir}; start without --resume "
-                                    "(or point out_dir at the run to continue)")
+            raise FileNotFoundError(
+                f"no checkpoint to resume in {self.ckpt_dir}; start without --resume "
+                "(or point out_dir at the run to continue)"
+            )
         return path, json.loads((path / "memkit.json").read_text())
 
     def load(self, path: Path) -> None:

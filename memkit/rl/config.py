@@ -11,6 +11,7 @@ noted where they differ (MEM1 App. B.1: PPO, lr 1e-6 actor / 1e-5 critic; its re
 kl 0.001 low_var_kl; MemSearcher: GRPO, group size 5, lr 1e-6). ``validate()`` turns a bad value into
 one ``ValueError`` that names the fix.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
@@ -76,8 +77,13 @@ class TrainConfig:
     """Questions per training task (MEM1 trains on 2-objective tasks)."""
     n_train_tasks: int = 1000
     """Size of the training task pool (``memkit.world.training_tasks`` of :attr:`question_split`)."""
-    question_split: str = field(default="rl", metadata={
-        "choices": TRAINING_SPLITS, "hint": "rl: questions SFT never saw; sft; train: both. test is evaluation's"})
+    question_split: str = field(
+        default="rl",
+        metadata={
+            "choices": TRAINING_SPLITS,
+            "hint": "rl: questions SFT never saw; sft; train: both. test is evaluation's",
+        },
+    )
     """Which questions the training tasks ask (``memkit.world.question_split``): ``"rl"`` (default),
     the tenth of the questions that behaviour cloning never saw, so RL rewards answers the policy
     had to search for rather than recall; ``"sft"`` the ones SFT cloned; ``"train"`` both. Never
@@ -196,29 +202,45 @@ class TrainConfig:
         flags = {path: flat for path, flat, _ in flat_names(type(self))}
 
         def named(name, value):  # a grouped knob also names its flag: TrainConfig.eval.seed=5 (flag --eval-seed)
-            return f"TrainConfig.{name}={value!r}" + (f" (flag --{flags[name].replace('_', '-')})" if "." in name else "")
+            return f"TrainConfig.{name}={value!r}" + (
+                f" (flag --{flags[name].replace('_', '-')})" if "." in name else ""
+            )
 
         def bad(name, why):
             raise ValueError(f"{named(name, at(name))}: {why}")
 
         for name, f, value in _choice_fields(self):  # every field that declares choices (the CLI's flags offer them)
             if value not in f.metadata["choices"]:
-                raise ValueError(f"{named(name, value)}: choose one of {', '.join(map(str, f.metadata['choices']))}"
-                                 + (f" ({f.metadata['hint']})" if "hint" in f.metadata else ""))
+                raise ValueError(
+                    f"{named(name, value)}: choose one of {', '.join(map(str, f.metadata['choices']))}"
+                    + (f" ({f.metadata['hint']})" if "hint" in f.metadata else "")
+                )
         try:
             get_method(self.method, **self.method_kwargs)
         except (TypeError, ValueError) as e:  # an unknown keyword or a bad value, named by the method
             bad("method_kwargs", f"{e} (see memkit.agents.{self.method})")
-        for name in ("steps", "tasks_per_step", "n_samples", "ppo_epochs", "mini_batches", "runtime.micro_batch_size",
-                     "runtime.row_groups", "n_train_tasks", "save.keep"):
+        for name in (
+            "steps",
+            "tasks_per_step",
+            "n_samples",
+            "ppo_epochs",
+            "mini_batches",
+            "runtime.micro_batch_size",
+            "runtime.row_groups",
+            "n_train_tasks",
+            "save.keep",
+        ):
             if int(at(name)) < 1:
                 bad(name, "must be >= 1")
         if self.mot.pivots < 1:
             bad("mot.pivots", "must be >= 1 (N_v pivot nodes per tree and round)")
         ev = self.eval
         if ev.seed not in EVAL_SEEDS or ev.seed + max(ev.objectives, default=0) not in EVAL_SEEDS:
-            bad("eval.seed", f"evaluation seeds live in [{EVAL_SEEDS.start}, {EVAL_SEEDS.stop}) (training tasks use "
-                             "the others, memkit.world.training_seed); e.g. 1000 (test) or 3000 (validation)")
+            bad(
+                "eval.seed",
+                f"evaluation seeds live in [{EVAL_SEEDS.start}, {EVAL_SEEDS.stop}) (training tasks use "
+                "the others, memkit.world.training_seed); e.g. 1000 (test) or 3000 (validation)",
+            )
         for name in ("eval.every", "save.every", "eval.tasks", "warmup_steps"):
             if int(at(name)) < 0:
                 bad(name, "must be >= 0 (0 turns it off)")
@@ -256,12 +278,18 @@ class TrainConfig:
             bad("credit", f"choose auto or one of {sorted(CREDIT_RULES)}")
         rule = CREDIT_RULES[self.resolved_credit()]
         if rule.needs_values != (ALGO_CREDIT[self.algo] == "gae"):
-            bad("credit", f"rule {rule.name!r} {'needs' if rule.needs_values else 'trains without'} a critic, "
-                          f"which algo={self.algo!r} {'does not train' if rule.needs_values else 'trains'}: pick a "
-                          "critic-free rule with grpo, gae with ppo, or credit='auto'")
+            bad(
+                "credit",
+                f"rule {rule.name!r} {'needs' if rule.needs_values else 'trains without'} a critic, "
+                f"which algo={self.algo!r} {'does not train' if rule.needs_values else 'trains'}: pick a "
+                "critic-free rule with grpo, gae with ppo, or credit='auto'",
+            )
         if rule.needs_groups and self.n_samples < 2:
-            bad("n_samples", f"credit rule {rule.name!r} normalises within a group of samples per task: set "
-                             "n_samples >= 2 (e.g. 4), or use algo='ppo' (gae)")
+            bad(
+                "n_samples",
+                f"credit rule {rule.name!r} normalises within a group of samples per task: set "
+                "n_samples >= 2 (e.g. 4), or use algo='ppo' (gae)",
+            )
         return self
 
     def to_dict(self) -> dict:
@@ -291,10 +319,13 @@ class TrainConfig:
             if "." in path and flat in d:
                 nested[path] = d.pop(flat)
         unknown = sorted(set(d) - {f.name for f in fields(cls)} - set(_GROUPS))
-        unknown += sorted(p for p in nested if p.split(".", 1)[1] not in {f.name for f in fields(_GROUPS[p.split(".")[0]])})
+        unknown += sorted(
+            p for p in nested if p.split(".", 1)[1] not in {f.name for f in fields(_GROUPS[p.split(".")[0]])}
+        )
         if unknown:
-            raise ValueError(f"unknown TrainConfig fields {unknown}; valid fields: "
-                             f"{sorted(p for p, _, _ in flat_names(cls))}")
+            raise ValueError(
+                f"unknown TrainConfig fields {unknown}; valid fields: {sorted(p for p, _, _ in flat_names(cls))}"
+            )
         for name, group in _GROUPS.items():
             inner = {p.split(".", 1)[1]: v for p, v in nested.items() if p.split(".")[0] == name}
             if "objectives" in inner and inner["objectives"] is not None:
@@ -309,8 +340,11 @@ class TrainConfig:
 
 
 #: TrainConfig's nested groups: field name -> dataclass (the rules' configs and memkit.rl.groups')
-_GROUPS = {f.name: type(f.default_factory()) for f in fields(TrainConfig) if callable(f.default_factory)
-           and is_dataclass(f.default_factory())}
+_GROUPS = {
+    f.name: type(f.default_factory())
+    for f in fields(TrainConfig)
+    if callable(f.default_factory) and is_dataclass(f.default_factory())
+}
 
 
 def _choice_fields(cfg):

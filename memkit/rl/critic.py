@@ -4,6 +4,7 @@ mini-batch split into micro-batches and processes. GAE itself is a credit rule
 
 Shapes follow ``memkit.rl.packing``: per-token tensors are ``[B, L]`` and token aligned.
 """
+
 from __future__ import annotations
 
 import copy
@@ -29,8 +30,10 @@ class ValueModel(nn.Module):
         base = policy_model.get_base_model() if hasattr(policy_model, "get_base_model") else policy_model
         prefix = getattr(base, "base_model_prefix", "model")
         if not hasattr(base, prefix):
-            raise ValueError(f"cannot find the transformer backbone ({type(base).__name__}.{prefix}) to build a "
-                             "critic from; use algo='grpo' or a transformers causal LM")
+            raise ValueError(
+                f"cannot find the transformer backbone ({type(base).__name__}.{prefix}) to build a "
+                "critic from; use algo='grpo' or a transformers causal LM"
+            )
         self.backbone = copy.deepcopy(getattr(base, prefix))
         self.config = base.config  # model_attention_mask reads config._attn_implementation
         self.head = nn.Linear(base.config.hidden_size, 1)
@@ -38,8 +41,9 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.head.bias)
 
     def forward(self, input_ids, attention_mask=None, position_ids=None) -> torch.Tensor:
-        h = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          use_cache=False).last_hidden_state
+        h = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
         return self.head(h.to(self.head.weight.dtype)).squeeze(-1).float()
 
 

@@ -8,6 +8,7 @@ before each inner field's name (default: the group's name and ``_``, so ``eval.e
 ``--eval-every`` / ``eval_every``; ``""`` for the runtime), and an inner field's metadata ``flat``
 overrides the whole flat name (``critic.gamma`` is ``--gamma``): :func:`memkit.core.fields.flat_names`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -154,5 +155,16 @@ class RuntimeConfig:
     a longer budget changes what a real model can finish."""
 
 
-__all__ = ["LoRAConfig", "ClipConfig", "KLConfig", "CriticConfig", "EvalConfig", "SaveConfig", "RuntimeConfig",
-           "DEVICES", "PRECISIONS", "LORA_TARGET_SETS", "PARAM_DTYPES"]
+__all__ = [
+    "LoRAConfig",
+    "ClipConfig",
+    "KLConfig",
+    "CriticConfig",
+    "EvalConfig",
+    "SaveConfig",
+    "RuntimeConfig",
+    "DEVICES",
+    "PRECISIONS",
+    "LORA_TARGET_SETS",
+    "PARAM_DTYPES",
+]

@@ -18,6 +18,7 @@ the greedy EM not at all. Slots are scored by EM with the count rule of the meth
 trajectory answers nothing) — EM, also where the training reward is F1 (MemSearcher eq. 9).
 :func:`memkit.lab.evaluation.measure_headroom` rolls out a policy spec and calls this.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -45,17 +46,23 @@ def exploration_headroom(greedy: list[Trajectory], samples: list[Trajectory]) ->
         raise ValueError("no greedy trajectories: roll out the tasks once with temperature 0")
     greedy_ids = [t.task_id for t in greedy]
     if len(set(greedy_ids)) != len(greedy_ids):
-        raise ValueError("greedy has several trajectories for one task; roll out the tasks once (n=1) with temperature 0")
+        raise ValueError(
+            "greedy has several trajectories for one task; roll out the tasks once (n=1) with temperature 0"
+        )
     stray = sorted({t.task_id for t in samples} - set(greedy_ids))
     if stray:
-        raise ValueError(f"samples of tasks without a greedy trajectory: {stray[:3]}; roll out the same tasks both ways")
+        raise ValueError(
+            f"samples of tasks without a greedy trajectory: {stray[:3]}; roll out the same tasks both ways"
+        )
     by_task: dict[str, list[list[float]]] = defaultdict(list)
     for t in samples:
         by_task[t.task_id].append(slot_em(t))
     counts = {t.task_id: len(by_task.get(t.task_id, ())) for t in greedy}
     if len(set(counts.values())) != 1 or 0 in counts.values():
-        raise ValueError(f"every greedy task needs the same number (>= 1) of samples, got {sorted(set(counts.values()))}; "
-                         "roll out the same tasks with n=N")
+        raise ValueError(
+            f"every greedy task needs the same number (>= 1) of samples, got {sorted(set(counts.values()))}; "
+            "roll out the same tasks with n=N"
+        )
     n = counts[greedy[0].task_id]
     right = wrong = reachable = 0
     acc_right = acc_wrong = 0.0
@@ -70,8 +77,15 @@ def exploration_headroom(greedy: list[Trajectory], samples: list[Trajectory]) ->
                 acc_wrong += share
                 reachable += share > 0
     slots = right + wrong
-    return {"slots": slots, "greedy_em": right / slots, "greedy_wrong": wrong, "wrong_reachable": reachable,
-            "headroom": reachable / slots, "em_bound": (right + reachable) / slots,
-            "sample_em": (acc_right + acc_wrong) / slots,
-            "sample_em_greedy_right": acc_right / right if right else float("nan"),
-            "sample_em_greedy_wrong": acc_wrong / wrong if wrong else float("nan"), "n_samples": n}
+    return {
+        "slots": slots,
+        "greedy_em": right / slots,
+        "greedy_wrong": wrong,
+        "wrong_reachable": reachable,
+        "headroom": reachable / slots,
+        "em_bound": (right + reachable) / slots,
+        "sample_em": (acc_right + acc_wrong) / slots,
+        "sample_em_greedy_right": acc_right / right if right else float("nan"),
+        "sample_em_greedy_wrong": acc_wrong / wrong if wrong else float("nan"),
+        "n_samples": n,
+    }

@@ -11,6 +11,7 @@ accepted; they are used multiplicatively only.
 Each vectorised kernel has a plain Python loop reference (``*_loop``) that the tests compare
 against across seeds; the loops are written for reading, not speed.
 """
+
 from __future__ import annotations
 
 import math
@@ -74,8 +75,15 @@ def aggregate_loop(values, mask, mode: str = "token-mean") -> float:
 
 
 # ----------------------------------------------------------------------------- policy loss
-def ppo_clip_terms(logp, old_logp, advantages, mask, clip_low: float = 0.2, clip_high: float | None = None,
-                   clip_ratio_c: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+def ppo_clip_terms(
+    logp,
+    old_logp,
+    advantages,
+    mask,
+    clip_low: float = 0.2,
+    clip_high: float | None = None,
+    clip_ratio_c: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO's clipped surrogate per token, and its metrics as sums over ``mask``'s tokens.
 
     shape: logp, old_logp, advantages, mask ``[B, L]`` -> ``l`` ``[B, L]`` (the ``l_t`` of
@@ -98,15 +106,26 @@ def ppo_clip_terms(logp, old_logp, advantages, mask, clip_low: float = 0.2, clip
         loss_tok = torch.where(advantages < 0, torch.minimum(loss_tok, l3), loss_tok)
     with torch.no_grad():
         m = mask.to(logp.dtype)
-        stats = {"clip_frac": float(((l2 > l1).to(logp.dtype) * m).sum()),
-                 "clip_frac_lower": float((lower.to(logp.dtype) * m).sum()),
-                 "approx_kl": float((-log_ratio * m).sum()), "ratio": float((ratio * m).sum()),
-                 "tokens": float(m.sum())}
+        stats = {
+            "clip_frac": float(((l2 > l1).to(logp.dtype) * m).sum()),
+            "clip_frac_lower": float((lower.to(logp.dtype) * m).sum()),
+            "approx_kl": float((-log_ratio * m).sum()),
+            "ratio": float((ratio * m).sum()),
+            "tokens": float(m.sum()),
+        }
     return loss_tok, stats
 
 
-def ppo_clip_loss(logp, old_logp, advantages, mask, clip_low: float = 0.2, clip_high: float | None = None,
-                  agg: str = "token-mean", clip_ratio_c: float | None = None):
+def ppo_clip_loss(
+    logp,
+    old_logp,
+    advantages,
+    mask,
+    clip_low: float = 0.2,
+    clip_high: float | None = None,
+    agg: str = "token-mean",
+    clip_ratio_c: float | None = None,
+):
     """PPO clipped surrogate (Schulman et al. 2017), per token (:func:`ppo_clip_terms`), then :func:`aggregate`.
 
     logp, old_logp, advantages, mask: ``[B, L]`` (token aligned). ``clip_high`` defaults to
@@ -124,13 +143,18 @@ def ppo_clip_loss(logp, old_logp, advantages, mask, clip_low: float = 0.2, clip_
     """
     loss_tok, sums = ppo_clip_terms(logp, old_logp, advantages, mask, clip_low, clip_high, clip_ratio_c)
     n = max(sums["tokens"], 1.0)
-    stats = {"clip_frac": sums["clip_frac"] / n, "clip_frac_lower": sums["clip_frac_lower"] / n,
-             "approx_kl": sums["approx_kl"] / n, "ratio_mean": sums["ratio"] / n}
+    stats = {
+        "clip_frac": sums["clip_frac"] / n,
+        "clip_frac_lower": sums["clip_frac_lower"] / n,
+        "approx_kl": sums["approx_kl"] / n,
+        "ratio_mean": sums["ratio"] / n,
+    }
     return aggregate(loss_tok, mask, agg), stats
 
 
-def ppo_clip_loss_loop(logp, old_logp, advantages, mask, clip_low=0.2, clip_high=None, agg="token-mean",
-                       clip_ratio_c=None) -> float:
+def ppo_clip_loss_loop(
+    logp, old_logp, advantages, mask, clip_low=0.2, clip_high=None, agg="token-mean", clip_ratio_c=None
+) -> float:
     """Loop reference for :func:`ppo_clip_loss` (loss value only)."""
     eh = clip_low if clip_high is None else clip_high
     rows = []
@@ -245,9 +269,16 @@ def entropy_from_logits_loop(logits) -> list:
     return out
 
 
-def token_logprobs(model, input_ids: torch.Tensor, attention_mask=None, position_ids=None,
-                   pred_index: torch.Tensor | None = None, with_entropy: bool = False,
-                   loss_mask: torch.Tensor | None = None, temperature: float = 1.0):
+def token_logprobs(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask=None,
+    position_ids=None,
+    pred_index: torch.Tensor | None = None,
+    with_entropy: bool = False,
+    loss_mask: torch.Tensor | None = None,
+    temperature: float = 1.0,
+):
     """Token-aligned log-probs of ``input_ids`` under ``model`` (one forward pass).
 
     input_ids ``[B, L]``; attention_mask ``[B, L]`` (padding, bool/0-1) or ``[B, 1, L, L]``

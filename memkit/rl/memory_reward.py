@@ -24,6 +24,7 @@ one trajectory share the question once) and scored in a few batched forwards, no
 
 The ``mempo`` credit rule (eq. 3, 6-9) that turns R_M into advantages is registered here too.
 """
+
 from __future__ import annotations
 
 import math
@@ -103,15 +104,23 @@ def opener_text(opener: str) -> str:
     return f"\n<think>\n{ANSWER_PLAN}\n</think>\n<answer>\n" if opener == "think" else "\n<answer>\n"
 
 
-def memory_probes(trajs: list[Trajectory], tokenizer, context: str = "question", bias: str = "previous",
-                  answer_tags: bool = False, opener: str = "think") -> list[Probe]:
+def memory_probes(
+    trajs: list[Trajectory],
+    tokenizer,
+    context: str = "question",
+    bias: str = "previous",
+    answer_tags: bool = False,
+    opener: str = "think",
+) -> list[Probe]:
     """The probes of eq. 4 for every call that wrote a ``<mem>`` span (a trajectory without gold
     answers, e.g. an unlabelled rollout, gets none): a "mem" probe per memory and, for ``bias``
     ``call`` every memory / ``previous`` only the first of a chain, a "bias" probe with an empty
     memory (``previous`` reuses the previous memory's "mem" probe, :func:`score_memories`)."""
     if context not in CONTEXTS or bias not in BIASES or opener not in OPENERS:
-        raise ValueError(f"mem_reward context must be one of {CONTEXTS}, bias one of {BIASES} and opener one of "
-                         f"{OPENERS}; got {context!r}, {bias!r}, {opener!r}")
+        raise ValueError(
+            f"mem_reward context must be one of {CONTEXTS}, bias one of {BIASES} and opener one of "
+            f"{OPENERS}; got {context!r}, {bias!r}, {opener!r}"
+        )
     enc = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
     after, empty = enc(opener_text(opener)), enc(EMPTY_MEMORY)
     probes = []
@@ -126,7 +135,7 @@ def memory_probes(trajs: list[Trajectory], tokenizer, context: str = "question",
             if span is None:
                 continue
             head = list(traj.calls[traj.path(t)[0]].context_ids if context == "question" else call.context_ids)
-            probes.append(Probe(i, t, "mem", head + list(call.output_ids[span[0]:span[1]]) + after, answer, slots))
+            probes.append(Probe(i, t, "mem", head + list(call.output_ids[span[0] : span[1]]) + after, answer, slots))
             if bias == "call" or (bias == "previous" and previous_memory(traj, t) is None):
                 prefix = list(call.context_ids) if bias == "call" else head
                 probes.append(Probe(i, t, "bias", prefix + empty + after, answer, slots))
@@ -142,18 +151,32 @@ def _probe_units(probes: list[Probe]) -> tuple[list[TrainingUnit], list[tuple[in
         by_traj.setdefault(p.traj, []).append(k)
     units, where = [], [None] * len(probes)
     for u, ks in enumerate(by_traj.values()):
-        calls = [Call(turn=0, role="probe", context_ids=probes[k].context_ids, output_ids=probes[k].answer_ids,
-                      logprobs=[0.0] * len(probes[k].answer_ids)) for k in ks]
-        units.append(TrainingUnit(Trajectory(task_id=f"probe-{u}", method="probe", calls=calls),
-                                  tuple(range(len(ks)))))
+        calls = [
+            Call(
+                turn=0,
+                role="probe",
+                context_ids=probes[k].context_ids,
+                output_ids=probes[k].answer_ids,
+                logprobs=[0.0] * len(probes[k].answer_ids),
+            )
+            for k in ks
+        ]
+        units.append(TrainingUnit(Trajectory(task_id=f"probe-{u}", method="probe", calls=calls), tuple(range(len(ks)))))
         for c, k in enumerate(ks):
             where[k] = (u, c)
     return units, where
 
 
 @torch.no_grad()
-def answer_probability(model, probes: list[Probe], packing: str = "separate", rows_per_forward: int = 64,
-                       pad_id: int = 0, attention: str = "auto", score: str = "joint") -> torch.Tensor:
+def answer_probability(
+    model,
+    probes: list[Probe],
+    packing: str = "separate",
+    rows_per_forward: int = 64,
+    pad_id: int = 0,
+    attention: str = "auto",
+    score: str = "joint",
+) -> torch.Tensor:
     """P[ans | context] of every probe (eq. 5) in batched forwards. shape: ``[len(probes)]`` float32.
 
     ``score``: ``joint`` = eq. 5 over every answer token; ``per_slot`` = eq. 5 within each question's
@@ -173,13 +196,19 @@ def answer_probability(model, probes: list[Probe], packing: str = "separate", ro
     lengths = batch.lengths.tolist()
     order = sorted(range(len(lengths)), key=lengths.__getitem__)  # short rows first
     for s in range(0, len(order), rows_per_forward):
-        rows = torch.tensor(order[s:s + rows_per_forward])
+        rows = torch.tensor(order[s : s + rows_per_forward])
         width = max(lengths[r] for r in rows.tolist())
         cut = lambda x: x[rows][..., :width] if x.dim() == 2 else x[rows][..., :width, :width]  # noqa: E731
         m = cut(batch.loss_mask).to(device)
         with packed_attention(model, cut(batch.attention_mask).to(device), attention) as mask:
-            lp = token_logprobs(model, cut(batch.input_ids).to(device), mask, cut(batch.position_ids).to(device),
-                                cut(batch.pred_index).to(device), loss_mask=m)
+            lp = token_logprobs(
+                model,
+                cut(batch.input_ids).to(device),
+                mask,
+                cut(batch.position_ids).to(device),
+                cut(batch.pred_index).to(device),
+                loss_mask=m,
+            )
         logp[rows, :width] = lp.float().cpu() * m.cpu()
     # each answer token's probe: table[unit, call] -> probe index; then one index_add per batch
     table = torch.full((len(units), max(len(u.calls) for u in units)), -1, dtype=torch.long)
@@ -230,9 +259,19 @@ def answer_probability_loop(model, probes: list[Probe], score: str = "joint") ->
 
 
 @torch.no_grad()
-def score_memories(model, tokenizer, trajs: list[Trajectory], context: str = "question", bias: str = "previous",
-                   answer_tags: bool = False, opener: str = "think", packing: str = "separate",
-                   rows_per_forward: int = 64, attention: str = "auto", score: str = "joint") -> list[dict]:
+def score_memories(
+    model,
+    tokenizer,
+    trajs: list[Trajectory],
+    context: str = "question",
+    bias: str = "previous",
+    answer_tags: bool = False,
+    opener: str = "think",
+    packing: str = "separate",
+    rows_per_forward: int = 64,
+    attention: str = "auto",
+    score: str = "joint",
+) -> list[dict]:
     """Eq. 4 for every memory of ``trajs``: sets ``Call.reward = R_M`` on each call that wrote a
     ``<mem>`` span and returns one row per memory: ``traj``, ``call``, ``turn``, ``p_mem``
     (P[ans | q, mem_t]), ``p_bias`` (epsilon_t; 0 when ``bias='none'``), ``r_m``."""
@@ -241,9 +280,16 @@ def score_memories(model, tokenizer, trajs: list[Trajectory], context: str = "qu
     p = answer_probability(model, probes, packing, rows_per_forward, pad, attention, score).tolist()
     rows: dict[tuple[int, int], dict] = {}
     for probe, value in zip(probes, p):
-        row = rows.setdefault((probe.traj, probe.call), {"traj": probe.traj, "call": probe.call,
-                                                          "turn": trajs[probe.traj].calls[probe.call].turn,
-                                                          "p_mem": 0.0, "p_bias": 0.0})
+        row = rows.setdefault(
+            (probe.traj, probe.call),
+            {
+                "traj": probe.traj,
+                "call": probe.call,
+                "turn": trajs[probe.traj].calls[probe.call].turn,
+                "p_mem": 0.0,
+                "p_bias": 0.0,
+            },
+        )
         row["p_" + probe.kind] = value
     for (i, t), row in rows.items():
         prev = previous_memory(trajs[i], t) if bias == "previous" else None
@@ -265,8 +311,9 @@ def prepare_memory_reward(trajs: list[Trajectory], learner) -> dict:
     t0 = time.perf_counter()
     rows = learner.memory_rows(trajs, learner.cfg.mem_reward.bias, learner.cfg.mem_reward.packing)
     seconds = time.perf_counter() - t0
-    n, p, b, r = learner.global_sums([len(rows), sum(x["p_mem"] for x in rows), sum(x["p_bias"] for x in rows),
-                                      sum(x["r_m"] for x in rows)])
+    n, p, b, r = learner.global_sums(
+        [len(rows), sum(x["p_mem"] for x in rows), sum(x["p_bias"] for x in rows), sum(x["r_m"] for x in rows)]
+    )
     d = max(n, 1.0)
     return {"mem_p": p / d, "mem_bias_p": b / d, "mem_r": r / d, "memories": n, "mem_reward_seconds": seconds}
 
@@ -278,9 +325,12 @@ def _memories(cb: CreditBatch, cfg) -> tuple[list[tuple[int, int]], list[float],
     per_step = cfg.mem_reward.norm == "per_step"
     if not cb.trajectories:
         raise ValueError("credit rule 'mempo' needs CreditBatch.trajectories (the update's trajectories)")
-    where, r = scored_calls(cb, lambda call: memory_span(call) is not None,
-                            "a call that wrote <mem> needs its memory reward: score it with "
-                            "memkit.rl.memory_reward.score_memories (the update does, by the rule's prepare hook)")
+    where, r = scored_calls(
+        cb,
+        lambda call: memory_span(call) is not None,
+        "a call that wrote <mem> needs its memory reward: score it with "
+        "memkit.rl.memory_reward.score_memories (the update does, by the rule's prepare hook)",
+    )
     keys = [(cb.group_ids[i], cb.trajectories[i].calls[c].turn) if per_step else cb.group_ids[i] for i, c in where]
     return where, r, keys
 
@@ -334,7 +384,7 @@ def mempo(cb: CreditBatch, cfg):
         for c in unit.calls:
             span = memory_span(unit.traj.calls[c])
             if span is not None:
-                table[u_idx, c, span[0]:span[1]] = a_m_of[(i, c)]
+                table[u_idx, c, span[0] : span[1]] = a_m_of[(i, c)]
     # output position of every token: its rank among its row's tokens of the same call
     cid = b.call_ids.clamp(min=0)
     onehot = torch.nn.functional.one_hot(cid, n_call) * (b.call_ids >= 0).unsqueeze(-1)
@@ -345,6 +395,23 @@ def mempo(cb: CreditBatch, cfg):
     return adv.to(b.loss_mask.device), None
 
 
-__all__ = ["Probe", "CONTEXTS", "BIASES", "OPENERS", "NORMS", "PROBE_PACKINGS", "gold_text", "memory_span",
-           "previous_memory", "opener_text", "ANSWER_SCORES", "memory_probes", "answer_probability",
-           "answer_probability_loop", "score_memories", "prepare_memory_reward", "mempo", "mempo_loop"]
+__all__ = [
+    "Probe",
+    "CONTEXTS",
+    "BIASES",
+    "OPENERS",
+    "NORMS",
+    "PROBE_PACKINGS",
+    "gold_text",
+    "memory_span",
+    "previous_memory",
+    "opener_text",
+    "ANSWER_SCORES",
+    "memory_probes",
+    "answer_probability",
+    "answer_probability_loop",
+    "score_memories",
+    "prepare_memory_reward",
+    "mempo",
+    "mempo_loop",
+]

@@ -22,6 +22,7 @@ turns X_src scores
 per query, summed over the queries of its conversation; :func:`hindsight_filter` keeps the top 50%
 per operation type among valid calls (eq. 18's D*_mem).
 """
+
 from __future__ import annotations
 
 import re
@@ -112,8 +113,6 @@ def node_rewards_loop(tree: Trajectory, evidence: list[str], store_sources: dict
     return out
 
 
-
-
 def tree_advantages(rewards: torch.Tensor, tree_ids, query_ids, cfg: MoTConfig = MoTConfig()) -> torch.Tensor:
     """Eq. 11-13 (or Tree-GRPO's sequential rule) for a flat batch of nodes.
 
@@ -184,7 +183,9 @@ def construction_ops(traj: Trajectory) -> list[dict]:
     return [{**op, "valid": traj.calls[op["call"]].valid} for op in traj.info.get(INFO_MEMORY_OPS, [])]
 
 
-def hindsight_scores(ops: list[dict], queries: list[tuple[list[str], list[Trajectory]]], lam: float = 0.1) -> list[float]:
+def hindsight_scores(
+    ops: list[dict], queries: list[tuple[list[str], list[Trajectory]]], lam: float = 0.1
+) -> list[float]:
     """Eq. 16-17 per op, summed over ``queries`` = ``[(evidence ids, scored trees)]`` (trees after
     :func:`score_query`, whose leaves carry ``Call.advantage``)."""
     scores = [0.0] * len(ops)
@@ -202,8 +203,10 @@ def hindsight_scores(ops: list[dict], queries: list[tuple[list[str], list[Trajec
         ev = set(evidence)
         for k, op in enumerate(ops):
             gate = float(bool(ev & set(op["sources"])))
-            scores[k] += sum((tree.calls[leaf].advantage or 0.0) * (gate + lam * float(op["memory"] in seen))
-                             for (tree, leaf), seen in zip(leaves, used)) / len(leaves)
+            scores[k] += sum(
+                (tree.calls[leaf].advantage or 0.0) * (gate + lam * float(op["memory"] in seen))
+                for (tree, leaf), seen in zip(leaves, used)
+            ) / len(leaves)
     return scores
 
 
@@ -217,7 +220,7 @@ def hindsight_filter(ops: list[dict], scores: list[float], keep: float = 0.5) ->
     kept = []
     for idx in by_type.values():
         ranked = sorted(idx, key=lambda k: (-scores[k], k))
-        kept += ranked[:max(1, round(keep * len(ranked)))]
+        kept += ranked[: max(1, round(keep * len(ranked)))]
     return sorted(kept)
 
 
@@ -225,13 +228,18 @@ def hindsight_filter(ops: list[dict], scores: list[float], keep: float = 0.5) ->
 def _node_table(cb, cfg, loop: bool = False) -> dict[tuple[int, int], float]:
     """A_total of every node of the update's tree trajectories: ``{(trajectory, call): A}``. Trees
     are the trajectories, queries their ``group_ids``; node rewards are read from ``Call.reward``."""
-    where, r = scored_calls(cb, lambda call: call.role == "act",
-                            "a tree node needs its node reward: score the trees with memkit.rl.mot.score_query "
-                            "before the update")
+    where, r = scored_calls(
+        cb,
+        lambda call: call.role == "act",
+        "a tree node needs its node reward: score the trees with memkit.rl.mot.score_query before the update",
+    )
     mot_cfg = cfg.mot
     trees, queries = [i for i, _ in where], [cb.group_ids[i] for i, _ in where]
-    a = tree_advantages_loop(r, trees, queries, mot_cfg) if loop else tree_advantages(torch.tensor(r), trees, queries,
-                                                                                      mot_cfg).tolist()
+    a = (
+        tree_advantages_loop(r, trees, queries, mot_cfg)
+        if loop
+        else tree_advantages(torch.tensor(r), trees, queries, mot_cfg).tolist()
+    )
     return dict(zip(where, a))
 
 
@@ -240,15 +248,16 @@ def mot_loop(cb, cfg) -> list[list[float]]:
     a = _node_table(cb, cfg, loop=True)
     b = cb.batch
     B, L = b.loss_mask.shape
-    return [[a[(int(cb.row_traj[row]), int(b.call_ids[row, t]))] if b.loss_mask[row, t] > 0 else 0.0
-             for t in range(L)] for row in range(B)]
+    return [
+        [a[(int(cb.row_traj[row]), int(b.call_ids[row, t]))] if b.loss_mask[row, t] > 0 else 0.0 for t in range(L)]
+        for row in range(B)
+    ]
 
 
 def mot_units(trajs, cfg, seed: int):
     """One unit per tree: its nodes (the retrieval calls that generated tokens). Packed ``mem1_exact``
     the tree is one prefix-trie row, each shared ancestor computed once."""
-    return [TrainingUnit(t, tuple(i for i, c in enumerate(t.calls) if c.role == "act" and c.output_ids))
-            for t in trajs]
+    return [TrainingUnit(t, tuple(i for i, c in enumerate(t.calls) if c.role == "act" and c.output_ids)) for t in trajs]
 
 
 @register_credit("mot", mot_loop, units=mot_units, paper="Mem-T eq. 10-15 (MoT-GRPO)")

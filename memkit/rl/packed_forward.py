@@ -12,6 +12,7 @@ additive 0/-inf float mask to ``eager``; tests pin all four behaviours.
 A 2D mask's dense attention computes every masked cell; :func:`packed_attention` picks the path
 that skips them (``TrainConfig.runtime.attention``, :mod:`memkit.rl.block_attention`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -56,19 +57,23 @@ def mask_form_logit_gap(model, batch: PackedBatch, form: str) -> dict:
     dtype = next(model.parameters()).dtype
     ids, pos = batch.input_ids.to(dev), batch.position_ids.to(dev)
     mask = batch.attention_mask.to(dev)
-    right = model(input_ids=ids, attention_mask=model_attention_mask(mask, model), position_ids=pos,
-                  use_cache=False).logits.float()
-    other = model(input_ids=ids, attention_mask=mask_in_form(mask, form, dtype), position_ids=pos,
-                  use_cache=False).logits.float()
+    right = model(
+        input_ids=ids, attention_mask=model_attention_mask(mask, model), position_ids=pos, use_cache=False
+    ).logits.float()
+    other = model(
+        input_ids=ids, attention_mask=mask_in_form(mask, form, dtype), position_ids=pos, use_cache=False
+    ).logits.float()
     sel = batch.loss_mask > 0
     b, i = sel.nonzero(as_tuple=True)
     q = batch.pred_index[b, i]
     b, q, tok = b.to(dev), q.to(dev), batch.input_ids[sel].to(dev)
     d = (right[b, q] - other[b, q]).abs()
     lp = lambda x: x[b, q].log_softmax(-1).gather(-1, tok[:, None])[:, 0]  # noqa: E731
-    return {"logit_max_abs": float(d.max()) if d.numel() else 0.0,
-            "logit_mean_abs": float(d.mean()) if d.numel() else 0.0,
-            "logprob_max_abs": float((lp(right) - lp(other)).abs().max()) if d.numel() else 0.0}
+    return {
+        "logit_max_abs": float(d.max()) if d.numel() else 0.0,
+        "logit_mean_abs": float(d.mean()) if d.numel() else 0.0,
+        "logprob_max_abs": float((lp(right) - lp(other)).abs().max()) if d.numel() else 0.0,
+    }
 
 
 def model_attention_mask(mask: torch.Tensor, model) -> torch.Tensor:
@@ -150,8 +155,14 @@ def packed_token_logprobs(model, batch: PackedBatch, with_entropy: bool = False,
     ``attention``: the path of a 2D mask (:func:`packed_attention`)."""
     dev = next(model.parameters()).device
     with packed_attention(model, batch.attention_mask.to(dev), attention) as mask:
-        return token_logprobs(model, batch.input_ids.to(dev), mask, batch.position_ids.to(dev),
-                              batch.pred_index.to(dev), with_entropy=with_entropy)
+        return token_logprobs(
+            model,
+            batch.input_ids.to(dev),
+            mask,
+            batch.position_ids.to(dev),
+            batch.pred_index.to(dev),
+            with_entropy=with_entropy,
+        )
 
 
 @torch.no_grad()
@@ -170,8 +181,11 @@ def packing_gap(model, units: list[TrainingUnit | Trajectory], mode: str, pad_id
         row_max = []
         for t, c in unit:
             # a call without context: its first token is predicted by nothing (nor trained)
-            ref = (sequence_logprobs(model, c.context_ids, c.output_ids) if c.n_context
-                   else sequence_logprobs(model, c.output_ids[:1], c.output_ids[1:]))
+            ref = (
+                sequence_logprobs(model, c.context_ids, c.output_ids)
+                if c.n_context
+                else sequence_logprobs(model, c.output_ids[:1], c.output_ids[1:])
+            )
             # separate: one row per call; the 2D modes: one row per trajectory
             b = int(((batch.unit_index == i) & (batch.call_index == t)).nonzero()[0]) if mode == "separate" else i
             sel = (batch.call_ids[b] == t) & (batch.loss_mask[b] > 0)
@@ -180,5 +194,9 @@ def packing_gap(model, units: list[TrainingUnit | Trajectory], mode: str, pad_id
             row_max.append(float(d.max()) if len(d) else 0.0)
         per_call.append(row_max)
     d = torch.cat(diffs) if diffs else torch.zeros(0)
-    return {"max_abs": float(d.max()) if len(d) else 0.0, "mean_abs": float(d.mean()) if len(d) else 0.0,
-            "per_call_max": per_call, "n_tokens": batch.n_tokens}
+    return {
+        "max_abs": float(d.max()) if len(d) else 0.0,
+        "mean_abs": float(d.mean()) if len(d) else 0.0,
+        "per_call_max": per_call,
+        "n_tokens": batch.n_tokens,
+    }

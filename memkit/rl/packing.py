@@ -56,6 +56,7 @@ Modes
     observation once. For ReAct (context t+1 extends context t + output t)
     it collapses to one plain causal sequence. Refs are not needed (only checked).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -128,7 +129,7 @@ def _ref_source(calls: list[Call], t: int, ref) -> tuple[int, str, int]:
     piece = list(calls[t].context_ids[s:e])
     n = len(piece)
     for off in range(0, len(src) - n + 1):
-        if list(src[off:off + n]) == piece:
+        if list(src[off : off + n]) == piece:
             return j, kind, off
     raise ValueError(f"call {t}: context[{s}:{e}] is not a verbatim copy of call {j}'s {kind}")
 
@@ -172,9 +173,12 @@ def _layout_mem1_mask(calls: list[Call], chosen: tuple[int, ...]) -> _Row:
             if src is None:
                 sharing = sharing and p < len(prompt_idx) and row.ids[prompt_idx[p]] == tok
                 if sharing:
-                    full.append(prompt_idx[p]); here.append(False)
+                    full.append(prompt_idx[p])
+                    here.append(False)
                 else:
-                    i = row.new(tok); full.append(i); here.append(True)
+                    i = row.new(tok)
+                    full.append(i)
+                    here.append(True)
                     if t == chosen[0] and len(prompt_idx) == p:
                         prompt_idx.append(i)
                 continue
@@ -183,9 +187,12 @@ def _layout_mem1_mask(calls: list[Call], chosen: tuple[int, ...]) -> _Row:
             src = calls[j].output_ids if kind == "output" else calls[j].observation_ids
             slots = placed.setdefault((j, kind), [None] * len(src))
             if slots[k] is None:  # first seen: an observation, or an output the unit does not train
-                slots[k] = row.new(tok); full.append(slots[k]); here.append(True)
+                slots[k] = row.new(tok)
+                full.append(slots[k])
+                here.append(True)
             else:
-                full.append(slots[k]); here.append(False)
+                full.append(slots[k])
+                here.append(False)
         outs = [row.new(tok) for tok in c.output_ids]
         placed[(t, "output")] = outs
         row.calls.append((t, full + outs, here + [True] * len(outs), len(c.context_ids)))
@@ -210,11 +217,14 @@ def _layout_trie(calls: list[Call], chosen: tuple[int, ...]) -> _Row:
                 here.append(True)
             else:
                 here.append(False)
-            full.append(node); parent = node
+            full.append(node)
+            parent = node
         for k, tok in enumerate(c.output_ids):
             node = row.new(tok, len(c.context_ids) + k)  # always fresh: trained once
             children.setdefault((parent, int(tok)), node)
-            full.append(node); here.append(True); parent = node
+            full.append(node)
+            here.append(True)
+            parent = node
         row.calls.append((t, full, here, len(c.context_ids)))
     return row
 
@@ -235,7 +245,7 @@ def _fill_2d(row: _Row, calls: list[Call], b: int, out: dict) -> None:
         if len(o):
             out["call_ids"][b, o] = t
             out["old_logprobs"][b, o] = torch.tensor(calls[t].logprobs, dtype=torch.float32)
-            out["pred_index"][b, o] = idx[n_ctx - 1:-1] if n_ctx > 0 else torch.cat([idx.new_tensor([-1]), idx[:-1]])
+            out["pred_index"][b, o] = idx[n_ctx - 1 : -1] if n_ctx > 0 else torch.cat([idx.new_tensor([-1]), idx[:-1]])
             out["loss_mask"][b, o] = (out["pred_index"][b, o] >= 0).float()
 
 
@@ -278,7 +288,7 @@ def pack(units: list[TrainingUnit | Trajectory], mode: str = "separate", pad_id:
             out["pred_index"][b, :n] = ar[:n] - 1
             out["call_ids"][b, nc:n] = t
             out["old_logprobs"][b, nc:n] = torch.tensor(c.logprobs, dtype=torch.float32)
-            out["loss_mask"][b, max(nc, 1):n] = 1.0
+            out["loss_mask"][b, max(nc, 1) : n] = 1.0
         unit_index = [i for i, _, _ in seqs]
         call_index = [t for _, t, _ in seqs]
     else:
@@ -287,9 +297,13 @@ def pack(units: list[TrainingUnit | Trajectory], mode: str = "separate", pad_id:
         for b, (row, u) in enumerate(zip(rows, units)):
             _fill_2d(row, u.traj.calls, b, out)
         unit_index, call_index = list(range(B)), [-1] * B
-    return PackedBatch(mode=mode, unit_index=torch.tensor(unit_index, dtype=torch.long),
-                       call_index=torch.tensor(call_index, dtype=torch.long),
-                       lengths=torch.tensor(lengths, dtype=torch.long), **out)
+    return PackedBatch(
+        mode=mode,
+        unit_index=torch.tensor(unit_index, dtype=torch.long),
+        call_index=torch.tensor(call_index, dtype=torch.long),
+        lengths=torch.tensor(lengths, dtype=torch.long),
+        **out,
+    )
 
 
 class RowPiece(NamedTuple):
@@ -347,8 +361,11 @@ def row_pieces(units: list[TrainingUnit | Trajectory], mode: str) -> list[list[R
             first = list(tr.calls[u.calls[0]].context_ids) if u.calls else []
             for t, c in u:
                 n_pre = 0  # call 0's prompt, repeated at the start of every later call
-                while (n_pre < min(len(first), c.n_context) and c.context_ids[n_pre] == first[n_pre]
-                       and _ref_kind(c, n_pre) is None):
+                while (
+                    n_pre < min(len(first), c.n_context)
+                    and c.context_ids[n_pre] == first[n_pre]
+                    and _ref_kind(c, n_pre) is None
+                ):
                     n_pre += 1
                 tags = [_ref_kind(c, p) or (("prompt", 0) if p < n_pre else ("context", t)) for p in range(c.n_context)]
                 rows.append(_runs(tags + [("output", t)] * c.n_output))
@@ -358,8 +375,11 @@ def row_pieces(units: list[TrainingUnit | Trajectory], mode: str) -> list[list[R
         for t, full, here, n_ctx in row.calls:
             for p, (i, placed) in enumerate(zip(full, here)):
                 if placed and tags[i] is None:
-                    tags[i] = ("output", t) if p >= n_ctx else (
-                        _ref_kind(tr.calls[t], p) or (("prompt", 0) if t == u.calls[0] else ("context", t)))
+                    tags[i] = (
+                        ("output", t)
+                        if p >= n_ctx
+                        else (_ref_kind(tr.calls[t], p) or (("prompt", 0) if t == u.calls[0] else ("context", t)))
+                    )
         rows.append(_runs(tags))
     return rows
 

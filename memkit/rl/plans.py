@@ -14,6 +14,7 @@
 
 Every plan samples through the trainer's rollout backend (:mod:`memkit.models.backend`).
 """
+
 from __future__ import annotations
 
 import random
@@ -53,10 +54,27 @@ class ChainPlan:
             tasks = held_out_tasks(trainer.kit.world, cfg.eval.tasks, k, cfg.eval.seed)
             trajs = trainer.rollout(tasks, 1, 0.0, cfg.eval.seed + k)
             s = summarize(trajs)
-            rows.append({"step": trainer.step, "k": k, "reward_mean": sum(t.reward for t in trajs) / len(trajs),
-                         **{key: s[key] for key in ("em", "f1", "peak_tokens", "context_tokens", "invalid_rate",
-                                                     "tool_calls", "memory_actions")},
-                         **em_by_kind(trajs, tasks), **trainer.memory_probability(trajs)})
+            rows.append(
+                {
+                    "step": trainer.step,
+                    "k": k,
+                    "reward_mean": sum(t.reward for t in trajs) / len(trajs),
+                    **{
+                        key: s[key]
+                        for key in (
+                            "em",
+                            "f1",
+                            "peak_tokens",
+                            "context_tokens",
+                            "invalid_rate",
+                            "tool_calls",
+                            "memory_actions",
+                        )
+                    },
+                    **em_by_kind(trajs, tasks),
+                    **trainer.memory_probability(trajs),
+                }
+            )
         return rows
 
 
@@ -83,11 +101,13 @@ class TreePlan:
     def _stores(self, trainer) -> None:
         cfg, kit = trainer.cfg, trainer.kit
         if self.built is None:
-            self.built = teacher_built_stores(trainer.method, kit.world, kit.tokenizer, cfg.n_train_tasks,
-                                              20_000 + cfg.seed, self.size)[1]
+            self.built = teacher_built_stores(
+                trainer.method, kit.world, kit.tokenizer, cfg.n_train_tasks, 20_000 + cfg.seed, self.size
+            )[1]
         if self.eval_built is None:
-            self.eval_built = teacher_built_stores(trainer.method, kit.world, kit.tokenizer, cfg.eval.tasks,
-                                                   30_000 + cfg.seed, self.size)[1]
+            self.eval_built = teacher_built_stores(
+                trainer.method, kit.world, kit.tokenizer, cfg.eval.tasks, 30_000 + cfg.seed, self.size
+            )[1]
 
     def tasks(self, trainer, step: int) -> list:
         """``(built state, question index)`` pairs drawn without replacement from every stored question."""
@@ -97,8 +117,9 @@ class TreePlan:
 
     def _policy(self, trainer, temperature: float, seed: int) -> ModelPolicy:
         trainer.model.eval()
-        return ModelPolicy(trainer.backend, temperature=temperature, top_p=1.0,
-                           generator=torch.Generator().manual_seed(seed))
+        return ModelPolicy(
+            trainer.backend, temperature=temperature, top_p=1.0, generator=torch.Generator().manual_seed(seed)
+        )
 
     def rollout(self, trainer, local: list, step: int):
         cfg, method = trainer.cfg, trainer.method
@@ -106,11 +127,13 @@ class TreePlan:
         policy = self._policy(trainer, cfg.temperature, cfg.seed * 100_003 + step + 999_983 * trainer.rank)
         rc = RolloutConfig(max_context_tokens=self.max_context_tokens)
         if cfg.resolved_credit() == "mot":
-            tree_cfg = TreeConfig(trees=cfg.n_samples, rounds=cfg.mot.rounds, pivots=cfg.mot.pivots,
-                                  seed=cfg.seed * 1000 + step)
+            tree_cfg = TreeConfig(
+                trees=cfg.n_samples, rounds=cfg.mot.rounds, pivots=cfg.mot.pivots, seed=cfg.seed * 1000 + step
+            )
             trajs, mot = [], cfg.mot
-            for (b, qi), qt in zip(local, grow_forest(method, local, policy, trainer.tokenizer, tree_cfg, rc,
-                                                      trainer.wrap)):
+            for (b, qi), qt in zip(
+                local, grow_forest(method, local, policy, trainer.tokenizer, tree_cfg, rc, trainer.wrap)
+            ):
                 score_query(qt.trees, stream_conversation(b).qa[qi].evidence, stream_store(b).sources_of(), mot)
                 trajs += qt.trees
         else:  # the paper's GRPO baseline: independent chains per question
@@ -118,23 +141,36 @@ class TreePlan:
             for b, qi in local:
                 by_state[id(b)].append(qi)
             states = [b for b in self.built if id(b) in by_state]
-            trajs = answer_questions(method, states, policy, trainer.tokenizer, replace(rc, n=cfg.n_samples),
-                                     trainer.wrap, questions=[by_state[id(b)] for b in states])
+            trajs = answer_questions(
+                method,
+                states,
+                policy,
+                trainer.tokenizer,
+                replace(rc, n=cfg.n_samples),
+                trainer.wrap,
+                questions=[by_state[id(b)] for b in states],
+            )
         return trajs, mot_units(trajs, None, 0)  # each tree's or chain's retrieval calls
 
     def stats(self, trajs) -> dict:
         """``leaf_reward``: the mean reward of every leaf (a chain is its own leaf), the training signal
         of Fig. 5; ``rollout_tokens``: the retrieval tokens sampled (the equal-tokens comparison)."""
         leaves = [r or 0.0 for t in trajs for r in ([o.reward for o in t.leaf_outcomes()] or [t.reward])]
-        return {"leaf_reward": sum(leaves) / max(len(leaves), 1),
-                "rollout_tokens": sum(c.n_output for t in trajs for c in t.calls if c.role == "act")}
+        return {
+            "leaf_reward": sum(leaves) / max(len(leaves), 1),
+            "rollout_tokens": sum(c.n_output for t in trajs for c in t.calls if c.role == "act"),
+        }
 
     def evaluate(self, trainer) -> list[dict]:
         self._stores(trainer)
         trajs = self.answer(trainer, self.eval_built)
         n = max(len(trajs), 1)
-        row = {"step": trainer.step, "f1": sum(float(t.reward or 0.0) for t in trajs) / n,
-               "invalid_rate": sum(not t.valid for t in trajs) / n, "questions": len(trajs)}
+        row = {
+            "step": trainer.step,
+            "f1": sum(float(t.reward or 0.0) for t in trajs) / n,
+            "invalid_rate": sum(not t.valid for t in trajs) / n,
+            "questions": len(trajs),
+        }
         for cat in sorted({t.info["category"] for t in trajs}):
             scores = [float(t.reward or 0.0) for t in trajs if t.info["category"] == cat]
             row[f"f1_{cat}"] = sum(scores) / len(scores)
@@ -143,8 +179,14 @@ class TreePlan:
     def answer(self, trainer, built, temperature: float = 0.0, seed: int = 0) -> list:
         """Every question of ``built`` answered by the trainer's policy (greedy by default)."""
         policy = self._policy(trainer, temperature, seed)
-        return answer_questions(trainer.method, built, policy, trainer.tokenizer,
-                                RolloutConfig(max_context_tokens=self.max_context_tokens), trainer.wrap)
+        return answer_questions(
+            trainer.method,
+            built,
+            policy,
+            trainer.tokenizer,
+            RolloutConfig(max_context_tokens=self.max_context_tokens),
+            trainer.wrap,
+        )
 
 
 #: ``Method.rollout_plan`` -> the plan the Trainer builds for it

@@ -3,6 +3,7 @@
 command line parses without it; each flag keeps its name (``--mem-reward-bias``, ``--dcpo-segments``,
 ``--mot-alpha``: the nested field's name is the prefix).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

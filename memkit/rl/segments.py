@@ -26,6 +26,7 @@ replacement). So every trajectory gets a segment before any gets a second (when 
 The ``dcpo`` credit rule (eq. 4-6: every segment inherits its trajectory's advantage) is
 registered here too.
 """
+
 from __future__ import annotations
 
 import zlib
@@ -50,7 +51,7 @@ def segment_calls(traj: Trajectory) -> list[tuple[int, ...]]:
     out: list[list[int]] = []
     prev = None
     for i, call in enumerate(traj.calls):
-        extends = prev is not None and list(call.context_ids[:len(prev)]) == prev
+        extends = prev is not None and list(call.context_ids[: len(prev)]) == prev
         if not extends:
             out.append([])
         if call.output_ids:
@@ -118,8 +119,9 @@ def sample_segments_loop(counts: Sequence[int], n_seg: int, draws: dict) -> list
     return out
 
 
-def dcpo_units(trajs: Sequence[Trajectory], n_seg: int, seed: int = 0,
-               group_ids: Sequence[Hashable] | None = None) -> list[TrainingUnit]:
+def dcpo_units(
+    trajs: Sequence[Trajectory], n_seg: int, seed: int = 0, group_ids: Sequence[Hashable] | None = None
+) -> list[TrainingUnit]:
     """DCPO's training batch: each prompt's trajectories segmented, then ``n_seg`` segments drawn
     round-robin per prompt (``n_seg <= 0``: every segment once, no sampling). A segment drawn
     twice is two units. The draw is seeded by ``seed`` and the prompt (so a resumed run repeats it).
@@ -148,8 +150,11 @@ def _dcpo_trajectory_advantages(cb: CreditBatch, cfg, loop: bool = False):
     """A(tau) of every trajectory (eq. 4): group statistics over all N_traj samples of the prompt
     (``dcpo.group_stats='all'``, the paper) or over the trajectories with a sampled segment
     (``'sampled'``, the authors' code; the others get 0 and are not trained)."""
-    keep = [True] * len(cb.group_ids) if cb.trained is None or cfg.dcpo.group_stats == "all" \
+    keep = (
+        [True] * len(cb.group_ids)
+        if cb.trained is None or cfg.dcpo.group_stats == "all"
         else [bool(k) for k in cb.trained.tolist()]
+    )
     idx = [i for i, k in enumerate(keep) if k]
     groups = [cb.group_ids[i] for i in idx]
     norm = cfg.grpo_norm_std
@@ -190,5 +195,13 @@ def dcpo(cb: CreditBatch, cfg):
     return a[cb.row_traj.to(a.device)].unsqueeze(-1) * cb.batch.loss_mask.to(a.dtype), None
 
 
-__all__ = ["segment_calls", "segment_units", "sampler_draws", "sample_segments", "sample_segments_loop",
-           "dcpo_units", "dcpo", "dcpo_loop"]
+__all__ = [
+    "segment_calls",
+    "segment_units",
+    "sampler_draws",
+    "sample_segments",
+    "sample_segments_loop",
+    "dcpo_units",
+    "dcpo",
+    "dcpo_loop",
+]

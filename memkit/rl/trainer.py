@@ -22,6 +22,7 @@ engine with its own copy of the weights samples from the policy being trained.
 Determinism: the step's tasks and the rollout sampler are seeded from (seed, step, process),
 so a resumed run continues exactly. Dropout is kept off (eval mode) during RL, as in verl.
 """
+
 from __future__ import annotations
 
 import math
@@ -50,8 +51,18 @@ class Trainer(Learner):
     (:mod:`memkit.rl.plans`); None = the one the method declares (``Method.rollout_plan``: chains of
     wiki tasks, or Mem-T's trees over teacher-built stores)."""
 
-    def __init__(self, cfg: TrainConfig, model, tokenizer, wrap=None, kit=None, accelerator=None,
-                 task_pool: list | None = None, backend=None, plan=None):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        model,
+        tokenizer,
+        wrap=None,
+        kit=None,
+        accelerator=None,
+        task_pool: list | None = None,
+        backend=None,
+        plan=None,
+    ):
         super().__init__(cfg, model, tokenizer, wrap, accelerator)
         self.backend_factory, self._backend = backend, None
         self.kit, self.method, self.plan = kit, None, plan
@@ -74,8 +85,13 @@ class Trainer(Learner):
         if self.kit is None:
             raise ValueError("this Trainer has no kit; pass kit=memkit.lab.kit.load_kit() to roll out")
         if self.task_pool is None:
-            self.task_pool = training_tasks(self.kit.world, self.cfg.objectives, self.cfg.n_train_tasks, self.cfg.seed,
-                                            split=self.cfg.question_split)
+            self.task_pool = training_tasks(
+                self.kit.world,
+                self.cfg.objectives,
+                self.cfg.n_train_tasks,
+                self.cfg.seed,
+                split=self.cfg.question_split,
+            )
         if not self.task_pool:
             raise ValueError("Trainer.task_pool is empty; give it tasks (memkit.world.make_tasks) or leave it None")
         rng = random.Random(self.cfg.seed * 1_000_003 + step)
@@ -104,11 +120,16 @@ class Trainer(Learner):
         if not tasks:
             return []
         gen = torch.Generator().manual_seed(seed)
-        policy = ModelPolicy(self.backend, temperature=temperature,
-                             top_p=self.cfg.top_p if temperature > 0 else 1.0, generator=gen)
-        rc = RolloutConfig(n=n, max_turns=self.cfg.max_turns,  # None: the method's per-task limit
-                           max_context_tokens=self.cfg.max_context_tokens, seed=seed,
-                           min_new_tokens=output_floor(self.tokenizer, self.cfg.runtime.min_new_tokens))
+        policy = ModelPolicy(
+            self.backend, temperature=temperature, top_p=self.cfg.top_p if temperature > 0 else 1.0, generator=gen
+        )
+        rc = RolloutConfig(
+            n=n,
+            max_turns=self.cfg.max_turns,  # None: the method's per-task limit
+            max_context_tokens=self.cfg.max_context_tokens,
+            seed=seed,
+            min_new_tokens=output_floor(self.tokenizer, self.cfg.runtime.min_new_tokens),
+        )
         return run_rollouts(self.method, tasks, self.env, policy, self.tokenizer, rc, wrap=self.wrap)
 
     @property
@@ -125,15 +146,22 @@ class Trainer(Learner):
         t0 = time.perf_counter()
         if self.plan is None:
             raise ValueError("this Trainer has no kit; pass kit=memkit.lab.kit.load_kit() to roll out")
-        local = self.plan.tasks(self, self.step)[self.rank::self.world]
+        local = self.plan.tasks(self, self.step)[self.rank :: self.world]
         trajs, units = self.plan.rollout(self, local, self.step)
         t1 = time.perf_counter()
         stats = self.update(trajs, units)
         self.sync_backend()  # the next rollout (this step's eval included) samples from the updated policy
         t2 = time.perf_counter()
         self.step += 1
-        row = {"step": self.step, **self._rollout_stats(trajs), **self.plan.stats(trajs), **stats,
-               "seconds_rollout": t1 - t0, "seconds_update": t2 - t1, "seconds": t2 - t0}
+        row = {
+            "step": self.step,
+            **self._rollout_stats(trajs),
+            **self.plan.stats(trajs),
+            **stats,
+            "seconds_rollout": t1 - t0,
+            "seconds_update": t2 - t1,
+            "seconds": t2 - t0,
+        }
         self.history.append(row)
         if self.files:
             self.files.log_step(row, self.history)
@@ -163,8 +191,9 @@ class Trainer(Learner):
                 log(row)
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(reward=f"{row['reward_mean']:.3f}", em=f"{row['em']:.3f}",
-                                valid=f"{row['valid_rate']:.2f}")
+                bar.set_postfix(
+                    reward=f"{row['reward_mean']:.3f}", em=f"{row['em']:.3f}", valid=f"{row['valid_rate']:.2f}"
+                )
         if bar is not None:
             bar.close()
         if self.step < cfg.steps:  # stopped by the budget: train_step's "last step" work was not done
@@ -184,16 +213,34 @@ class Trainer(Learner):
         n = len(trajs)
         s = summarize(trajs) if n else {"em": 0.0, "f1": 0.0}
         r = [float(t.reward) for t in trajs]
-        tot = self.global_sums([n, sum(r), sum(x * x for x in r), s["em"] * n, s["f1"] * n, sum(t.valid for t in trajs),
-                         sum(peak_tokens(t) for t in trajs), sum(len(t.calls) for t in trajs),
-                         sum(c.n_output for t in trajs for c in t.calls),
-                         sum(c.n_context for t in trajs for c in t.calls)])
+        tot = self.global_sums(
+            [
+                n,
+                sum(r),
+                sum(x * x for x in r),
+                s["em"] * n,
+                s["f1"] * n,
+                sum(t.valid for t in trajs),
+                sum(peak_tokens(t) for t in trajs),
+                sum(len(t.calls) for t in trajs),
+                sum(c.n_output for t in trajs for c in t.calls),
+                sum(c.n_context for t in trajs for c in t.calls),
+            ]
+        )
         N = max(tot[0], 1.0)
         mean = tot[1] / N
-        return {"reward_mean": mean, "reward_std": math.sqrt(max(tot[2] / N - mean ** 2, 0.0)), "em": tot[3] / N,
-                "f1": tot[4] / N, "valid_rate": tot[5] / N, "peak_tokens": tot[6] / N, "calls": tot[7] / N,
-                "response_tokens": tot[8] / N, "context_tokens": tot[9] / max(tot[7], 1.0),
-                "n_trajectories": int(tot[0])}
+        return {
+            "reward_mean": mean,
+            "reward_std": math.sqrt(max(tot[2] / N - mean**2, 0.0)),
+            "em": tot[3] / N,
+            "f1": tot[4] / N,
+            "valid_rate": tot[5] / N,
+            "peak_tokens": tot[6] / N,
+            "calls": tot[7] / N,
+            "response_tokens": tot[8] / N,
+            "context_tokens": tot[9] / max(tot[7], 1.0),
+            "n_trajectories": int(tot[0]),
+        }
 
     def evaluate(self) -> list[dict]:
         """The plan's greedy held-out evaluation (main process): for wiki tasks,
@@ -214,8 +261,12 @@ class Trainer(Learner):
         return {"mem_p": sum(r["p_mem"] for r in rows) / len(rows)} if rows else {}
 
     def save(self) -> Path:
-        meta = {"step": self.step, "history": self.history, "eval_history": self.eval_history,
-                "config": self.cfg.to_dict()}
+        meta = {
+            "step": self.step,
+            "history": self.history,
+            "eval_history": self.eval_history,
+            "config": self.cfg.to_dict(),
+        }
         self.last_checkpoint = self.files.save(self.step, meta, self.model, self.tokenizer, self.cfg.save.keep)
         return self.last_checkpoint
 
@@ -226,13 +277,18 @@ class Trainer(Learner):
             raise ValueError("resume needs TrainConfig.out_dir (the run directory to continue)")
         path, meta = self.files.meta(path)
         saved = TrainConfig.from_dict({**TrainConfig(method=self.cfg.method).to_dict(), **meta["config"]})
-        diff = {k: (getattr(saved, k), getattr(self.cfg, k)) for k in RESUME_KEYS
-                if _norm(getattr(saved, k)) != _norm(getattr(self.cfg, k))}
+        diff = {
+            k: (getattr(saved, k), getattr(self.cfg, k))
+            for k in RESUME_KEYS
+            if _norm(getattr(saved, k)) != _norm(getattr(self.cfg, k))
+        }
         if saved.resolved_credit() != self.cfg.resolved_credit():
             diff["credit"] = (saved.resolved_credit(), self.cfg.resolved_credit())
         if diff:
-            raise ValueError(f"cannot resume {path}: config differs in {diff} (checkpoint, now); use the "
-                             "checkpoint's values or a new out_dir")
+            raise ValueError(
+                f"cannot resume {path}: config differs in {diff} (checkpoint, now); use the "
+                "checkpoint's values or a new out_dir"
+            )
         self.files.load(path)
         self.sync_backend()  # the loaded weights, for a backend built before the resume
         self.step, self.history, self.eval_history = meta["step"], meta["history"], meta["eval_history"]

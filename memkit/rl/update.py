@@ -18,6 +18,7 @@ Each mini-batch (``cfg.mini_batches`` per epoch, ``cfg.ppo_epochs`` epochs) is o
 step; every process runs the same number of micro-batches (empty ones do a zero backward so
 the DDP all-reduce still meets). Dropout is kept off (eval mode) during RL, as in verl.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -58,8 +59,13 @@ def make_accelerator(cfg: TrainConfig):
         raise ValueError("TrainConfig.runtime.device='cuda' but no GPU is visible; use device='auto' or 'cpu'")
     state = AcceleratorState._shared_state
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    if state and not distributed and ((state["device"].type == "cpu") != cpu
-                                      or str(state.get("_mixed_precision")) != cfg.runtime.mixed_precision):
+    if (
+        state
+        and not distributed
+        and (
+            (state["device"].type == "cpu") != cpu or str(state.get("_mixed_precision")) != cfg.runtime.mixed_precision
+        )
+    ):
         AcceleratorState._reset_state(reset_partial_state=True)
     return Accelerator(cpu=cpu, mixed_precision=cfg.runtime.mixed_precision)
 
@@ -118,12 +124,14 @@ class Learner:
         if cfg.kl.coef > 0 and not self.is_peft:
             self.ref = copy.deepcopy(model).requires_grad_(False).eval().to(self.acc.device)
         critic = ValueModel(model).eval() if self.credit.needs_values else None
-        self.opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
-                                     weight_decay=cfg.weight_decay)
+        self.opt = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=cfg.weight_decay
+        )
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self._warmup)
         if critic is not None:
-            self.copt = torch.optim.AdamW([p for p in critic.parameters() if p.requires_grad], lr=cfg.critic.lr,
-                                          weight_decay=cfg.weight_decay)
+            self.copt = torch.optim.AdamW(
+                [p for p in critic.parameters() if p.requires_grad], lr=cfg.critic.lr, weight_decay=cfg.weight_decay
+            )
             self.csched = torch.optim.lr_scheduler.LambdaLR(self.copt, self._warmup)
             self.model, self.opt, self.critic, self.copt = self.acc.prepare(model, self.opt, critic, self.copt)
             self.acc.register_for_checkpointing(self.sched, self.csched)
@@ -162,16 +170,29 @@ class Learner:
     # ------------------------------------------------------------------------- forward passes
     def _inputs(self, batch: PackedBatch):
         dev = self.acc.device  # the bool mask: each forward's packed_attention puts it in its path's form
-        return (batch.input_ids.to(dev), batch.attention_mask.to(dev), batch.position_ids.to(dev),
-                batch.pred_index.to(dev))
+        return (
+            batch.input_ids.to(dev),
+            batch.attention_mask.to(dev),
+            batch.position_ids.to(dev),
+            batch.pred_index.to(dev),
+        )
 
     def _logprobs(self, model, inputs, with_entropy=False, loss_mask=None, groups=None):
         """Token log-probs (and entropy) ``[B, L]`` of the packed rows; with several ``groups``
         (``(row indices, width)``, ``packing.length_groups``) one forward per group, cut to its width."""
+
         def score(ids, mask, pos, pred, loss_mask):
             with self.acc.autocast(), packed_attention(model, mask, self.cfg.runtime.attention) as mask:
-                return token_logprobs(model, ids, mask, pos, pred, with_entropy=with_entropy, loss_mask=loss_mask,
-                                      temperature=self.cfg.temperature)  # the policy trained is the one sampled
+                return token_logprobs(
+                    model,
+                    ids,
+                    mask,
+                    pos,
+                    pred,
+                    with_entropy=with_entropy,
+                    loss_mask=loss_mask,
+                    temperature=self.cfg.temperature,
+                )  # the policy trained is the one sampled
 
         if groups is None or len(groups) <= 1:  # one group holds every row at the full width
             return score(*inputs, loss_mask)
@@ -190,8 +211,9 @@ class Learner:
             return batch.at_pred(critic(ids, mask, pos))
 
     @torch.no_grad()
-    def _experience(self, units: list[TrainingUnit], unit_traj: list[int], rewards: torch.Tensor, group_ids,
-                    trajs=(), trained=None) -> Experience | None:
+    def _experience(
+        self, units: list[TrainingUnit], unit_traj: list[int], rewards: torch.Tensor, group_ids, trajs=(), trained=None
+    ) -> Experience | None:
         """Pack one micro-batch and compute everything the update holds fixed: old and reference
         log-probs, critic values, advantages and returns (all ``[B, L]``, token aligned).
         ``unit_traj``: which of the update's trajectories (``rewards [N]``, ``group_ids``) each unit is."""
@@ -208,8 +230,15 @@ class Learner:
         m = batch.loss_mask.to(dev)
         rollout_old = batch.old_logprobs.to(dev)
         old = self._logprobs(self.policy, inputs, loss_mask=m, groups=groups) if self.recompute else rollout_old
-        exp = Experience(batch=batch, inputs=inputs, mask=m, old=old, gap=float(((old - rollout_old).abs() * m).sum()),
-                         groups=groups, padded=sum(len(g) * w for g, w in groups))
+        exp = Experience(
+            batch=batch,
+            inputs=inputs,
+            mask=m,
+            old=old,
+            gap=float(((old - rollout_old).abs() * m).sum()),
+            groups=groups,
+            padded=sum(len(g) * w for g, w in groups),
+        )
         if self.cfg.kl.coef > 0:
             ctx = self.policy.disable_adapter() if self.is_peft else contextlib.nullcontext()
             with ctx:
@@ -218,8 +247,16 @@ class Learner:
         if self.critic is not None:
             values = self._values(self.acc.unwrap_model(self.critic), batch, inputs)
             exp.values = values * m
-        cb = CreditBatch(batch=batch, units=units, unit_traj=torch.tensor(unit_traj, dtype=torch.long),
-                         rewards=rewards, group_ids=group_ids, values=values, trajectories=trajs, trained=trained)
+        cb = CreditBatch(
+            batch=batch,
+            units=units,
+            unit_traj=torch.tensor(unit_traj, dtype=torch.long),
+            rewards=rewards,
+            group_ids=group_ids,
+            values=values,
+            trajectories=trajs,
+            trained=trained,
+        )
         adv, returns = self.credit.fn(cb, self.cfg)
         exp.credit, exp.adv = cb, adv.to(dev) * m
         if returns is not None:
@@ -247,8 +284,10 @@ class Learner:
         cfg = self.cfg
         for t in trajs:
             if t.reward is None:
-                raise ValueError(f"trajectory {t.task_id!r} has no reward; roll out with memkit.rollout.run_rollouts "
-                                 "(it sets Trajectory.reward) or set it yourself")
+                raise ValueError(
+                    f"trajectory {t.task_id!r} has no reward; roll out with memkit.rollout.run_rollouts "
+                    "(it sets Trajectory.reward) or set it yourself"
+                )
         if units is None and self.credit.units is not None:  # e.g. DCPO's sampled segments
             units = self.credit.units(trajs, cfg, _units_seed(cfg.seed, trajs))
         units = [TrainingUnit.of(t) for t in trajs] if units is None else list(units)
@@ -272,7 +311,12 @@ class Learner:
             order = list(range(a, b))
             if self.sort_micro_batches:
                 order.sort(key=lambda i: units[i].n_tokens)
-            plan.append([order[j * cfg.runtime.micro_batch_size:(j + 1) * cfg.runtime.micro_batch_size] for j in range(n_micro)])
+            plan.append(
+                [
+                    order[j * cfg.runtime.micro_batch_size : (j + 1) * cfg.runtime.micro_batch_size]
+                    for j in range(n_micro)
+                ]
+            )
         if self.credit.prepare is not None:  # forwards the rule needs first (MemPO's memory probes)
             memory = self.credit.prepare(trajs, self)
         elif cfg.mem_reward.log:  # MemPO's quantity logged under any rule (Fig. 4's baseline curve)
@@ -281,34 +325,72 @@ class Learner:
             memory = prepare_memory_reward(trajs, self)
         else:
             memory = {}
-        exps = [[self._experience([units[i] for i in c], [unit_traj[i] for i in c], rewards, group_ids, trajs, trained)
-                 for c in mini] for mini in plan]
+        exps = [
+            [
+                self._experience([units[i] for i in c], [unit_traj[i] for i in c], rewards, group_ids, trajs, trained)
+                for c in mini
+            ]
+            for mini in plan
+        ]
         if self.credit.whiten and cfg.critic.whiten_advantages:
             self._whiten([e for mini in exps for e in mini])
         for e in (e for mini in exps for e in mini if e is not None):
             record_call_advantages(e.credit, e.adv)  # what is trained, after any whitening
-        acc = {k: 0.0 for k in ("pg_loss", "kl", "entropy", "clip_frac", "approx_kl", "ratio", "vf_loss",
-                                "vf_clip_frac", "tokens", "grad_norm", "critic_grad_norm", "n_opt")}
+        acc = {
+            k: 0.0
+            for k in (
+                "pg_loss",
+                "kl",
+                "entropy",
+                "clip_frac",
+                "approx_kl",
+                "ratio",
+                "vf_loss",
+                "vf_clip_frac",
+                "tokens",
+                "grad_norm",
+                "critic_grad_norm",
+                "n_opt",
+            )
+        }
         with checkpointed_training(self.policy, cfg.runtime.gradient_checkpointing):
             for mini in (mini for _ in range(cfg.ppo_epochs) for mini in exps):
                 self._minibatch(mini, acc)
         live = [e for mini in exps for e in mini if e is not None]
-        first = self.global_sums([sum(e.gap for e in live), sum(float(e.mask.sum()) for e in live),
-                           sum(e.batch.n_tokens for e in live),
-                           sum(float((e.values if e.values is not None else e.mask * 0).sum()) for e in live),
-                           sum(e.padded for e in live)])
+        first = self.global_sums(
+            [
+                sum(e.gap for e in live),
+                sum(float(e.mask.sum()) for e in live),
+                sum(e.batch.n_tokens for e in live),
+                sum(float((e.values if e.values is not None else e.mask * 0).sum()) for e in live),
+                sum(e.padded for e in live),
+            ]
+        )
         keys = ("pg_loss", "kl", "entropy", "clip_frac", "approx_kl", "ratio", "vf_loss", "vf_clip_frac", "tokens")
         tot = dict(zip(keys, self.global_sums([acc[k] for k in keys])))
         n_tok, n_opt = max(tot["tokens"], 1.0), max(acc["n_opt"], 1.0)
-        stats = {"pg_loss": tot["pg_loss"] / n_opt, "kl": tot["kl"] / n_tok, "entropy": tot["entropy"] / n_tok,
-                 "clip_frac": tot["clip_frac"] / n_tok, "approx_kl": tot["approx_kl"] / n_tok,
-                 "ratio": tot["ratio"] / n_tok, "grad_norm": acc["grad_norm"] / n_opt,
-                 "lr": self.sched.get_last_lr()[0], "old_logprob_gap": first[0] / max(first[1], 1.0),
-                 "trained_tokens": first[1], "tokens_processed": first[2], "padded_tokens": first[4]}
+        stats = {
+            "pg_loss": tot["pg_loss"] / n_opt,
+            "kl": tot["kl"] / n_tok,
+            "entropy": tot["entropy"] / n_tok,
+            "clip_frac": tot["clip_frac"] / n_tok,
+            "approx_kl": tot["approx_kl"] / n_tok,
+            "ratio": tot["ratio"] / n_tok,
+            "grad_norm": acc["grad_norm"] / n_opt,
+            "lr": self.sched.get_last_lr()[0],
+            "old_logprob_gap": first[0] / max(first[1], 1.0),
+            "trained_tokens": first[1],
+            "tokens_processed": first[2],
+            "padded_tokens": first[4],
+        }
         stats.update(memory)
         if self.critic is not None:
-            stats.update(vf_loss=tot["vf_loss"] / n_opt, vf_clip_frac=tot["vf_clip_frac"] / n_tok,
-                         value_mean=first[3] / max(first[1], 1.0), critic_grad_norm=acc["critic_grad_norm"] / n_opt)
+            stats.update(
+                vf_loss=tot["vf_loss"] / n_opt,
+                vf_clip_frac=tot["vf_clip_frac"] / n_tok,
+                value_mean=first[3] / max(first[1], 1.0),
+                critic_grad_norm=acc["critic_grad_norm"] / n_opt,
+            )
         return stats
 
     def memory_rows(self, trajs: list[Trajectory], bias: str, packing: str) -> list[dict]:
@@ -318,16 +400,27 @@ class Learner:
 
         cfg = self.cfg
         with self.acc.autocast():
-            return score_memories(self.policy, self.tokenizer, trajs, cfg.mem_reward.context, bias,
-                                  cfg.mem_reward.answer_tags, cfg.mem_reward.opener, packing,
-                                  8 * cfg.runtime.micro_batch_size, cfg.runtime.attention, cfg.mem_reward.score)
+            return score_memories(
+                self.policy,
+                self.tokenizer,
+                trajs,
+                cfg.mem_reward.context,
+                bias,
+                cfg.mem_reward.answer_tags,
+                cfg.mem_reward.opener,
+                packing,
+                8 * cfg.runtime.micro_batch_size,
+                cfg.runtime.attention,
+                cfg.mem_reward.score,
+            )
 
     def _minibatch(self, mini: list, acc: dict) -> None:
         """One optimizer step over one mini-batch (a list of micro-batch experiences)."""
         cfg, W = self.cfg, self.world
         live = [e for e in mini if e is not None]
-        n_tokens, n_rows = self.global_sums([sum(float(e.mask.sum()) for e in live),
-                                      sum(int((e.mask.sum(-1) > 0).sum()) for e in live)])
+        n_tokens, n_rows = self.global_sums(
+            [sum(float(e.mask.sum()) for e in live), sum(int((e.mask.sum(-1) > 0).sum()) for e in live)]
+        )
         self.opt.zero_grad(set_to_none=True)
         if self.copt is not None:
             self.copt.zero_grad(set_to_none=True)
@@ -389,7 +482,6 @@ class Learner:
         self.acc.backward(self.model(input_ids=ids, use_cache=False).logits.sum() * 0.0)
         if self.critic is not None:
             self.acc.backward(self.critic(ids).sum() * 0.0)
-
 
     # ------------------------------------------------------------------------- the loop
 

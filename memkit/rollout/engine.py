@@ -11,6 +11,7 @@ A model's failure never raises: a malformed output, an output the environment ca
 trajectory with a recorded reason and the method's format penalty as reward. Any other exception
 while applying an output is memkit's own bug and propagates.
 """
+
 from __future__ import annotations
 
 import copy
@@ -34,7 +35,9 @@ _TAG_RE = re.compile(r"<(/?)([a-z_]+)>")
 class Policy(Protocol):
     """Anything that can write the outputs of a batch of calls."""
 
-    def generate_calls(self, states: list[AgentState], specs: list[CallSpec], contexts: list[list[int]]) -> list[Generation]: ...
+    def generate_calls(
+        self, states: list[AgentState], specs: list[CallSpec], contexts: list[list[int]]
+    ) -> list[Generation]: ...
 
 
 class OraclePolicy:
@@ -67,8 +70,11 @@ class ModelPolicy:
         spec = specs[0]
         streams = [s.sampler for s in states]  # per-trajectory streams when the rollout was given sample_seeds
         return self.backend.generate(
-            contexts, max_new_tokens=spec.max_new_tokens, stop=list(spec.stop),
-            temperature=self.temperature, top_p=self.top_p,
+            contexts,
+            max_new_tokens=spec.max_new_tokens,
+            stop=list(spec.stop),
+            temperature=self.temperature,
+            top_p=self.top_p,
             generator=streams if all(g is not None for g in streams) else self.generator,
         )
 
@@ -185,12 +191,17 @@ def start_states(method: Method, tasks, cfg: RolloutConfig | None = None) -> lis
     """Fresh states, ``cfg.n`` per task (task-major), each with its own sampler when
     ``cfg.sample_seeds`` is given."""
     cfg = cfg or RolloutConfig()
-    states = [method.new_state(task, max_turns=cfg.max_turns or method.suggested_max_turns(task))
-              for task in tasks for _ in range(cfg.n)]
+    states = [
+        method.new_state(task, max_turns=cfg.max_turns or method.suggested_max_turns(task))
+        for task in tasks
+        for _ in range(cfg.n)
+    ]
     if cfg.sample_seeds is not None:
         if len(cfg.sample_seeds) != len(states):
-            raise ValueError(f"sample_seeds has {len(cfg.sample_seeds)} seeds for {len(states)} trajectories "
-                             f"({len(tasks)} tasks x n={cfg.n}); give one per trajectory, task-major")
+            raise ValueError(
+                f"sample_seeds has {len(cfg.sample_seeds)} seeds for {len(states)} trajectories "
+                f"({len(tasks)} tasks x n={cfg.n}); give one per trajectory, task-major"
+            )
         for state, s in zip(states, cfg.sample_seeds):
             state.sampler = torch.Generator().manual_seed(int(s))
     return states
@@ -208,8 +219,10 @@ def fork(state: AgentState, n: int, seeds: Sequence[int] | None = None) -> list[
     if n < 1:
         raise ValueError(f"fork needs n >= 1 children, got {n}")
     if state.done:
-        raise ValueError(f"cannot fork a finished state ({state.reason or 'answered'}); fork before its last call "
-                         "(advance(..., until_calls=k))")
+        raise ValueError(
+            f"cannot fork a finished state ({state.reason or 'answered'}); fork before its last call "
+            "(advance(..., until_calls=k))"
+        )
     if seeds is not None and len(seeds) != n:
         raise ValueError(f"fork got {len(seeds)} seeds for {n} children; give one per child")
     children = []
@@ -223,8 +236,16 @@ def fork(state: AgentState, n: int, seeds: Sequence[int] | None = None) -> list[
     return children
 
 
-def run_rollouts(method: Method, tasks, env: Env, policy: Policy, tokenizer, cfg: RolloutConfig | None = None,
-                 wrap=None, progress: bool = False) -> list[Trajectory]:
+def run_rollouts(
+    method: Method,
+    tasks,
+    env: Env,
+    policy: Policy,
+    tokenizer,
+    cfg: RolloutConfig | None = None,
+    wrap=None,
+    progress: bool = False,
+) -> list[Trajectory]:
     """Roll out ``cfg.n`` trajectories per task, all active ones batched together each round."""
     cfg = cfg or RolloutConfig()
     states = start_states(method, tasks, cfg)
@@ -232,18 +253,35 @@ def run_rollouts(method: Method, tasks, env: Env, policy: Policy, tokenizer, cfg
     return continue_rollouts(method, states, env, policy, tokenizer, cfg, wrap, progress, group_index)
 
 
-def continue_rollouts(method: Method, states: list[AgentState], env: Env, policy: Policy, tokenizer,
-                      cfg: RolloutConfig | None = None, wrap=None, progress: bool = False,
-                      group_index: Sequence[int] | None = None) -> list[Trajectory]:
+def continue_rollouts(
+    method: Method,
+    states: list[AgentState],
+    env: Env,
+    policy: Policy,
+    tokenizer,
+    cfg: RolloutConfig | None = None,
+    wrap=None,
+    progress: bool = False,
+    group_index: Sequence[int] | None = None,
+) -> list[Trajectory]:
     """Run ``states`` (fresh, or forked mid-rollout) until each is done; one trajectory per state."""
     advance(method, states, env, policy, tokenizer, cfg, wrap, progress=progress)
     groups = group_index if group_index is not None else [0] * len(states)
     return [to_trajectory(method, s, g) for s, g in zip(states, groups)]
 
 
-def advance(method: Method, states: list[AgentState], env: Env, policy: Policy, tokenizer,
-            cfg: RolloutConfig | None = None, wrap=None, until_calls: int | None = None,
-            progress: bool = False, until: Callable[[AgentState], bool] | None = None) -> list[AgentState]:
+def advance(
+    method: Method,
+    states: list[AgentState],
+    env: Env,
+    policy: Policy,
+    tokenizer,
+    cfg: RolloutConfig | None = None,
+    wrap=None,
+    until_calls: int | None = None,
+    progress: bool = False,
+    until: Callable[[AgentState], bool] | None = None,
+) -> list[AgentState]:
     """Step ``states`` in place, all active ones batched each round, until each is done or (with
     ``until_calls``) has made that many calls or (with ``until``) ``until(state)`` holds: the point
     to :func:`fork` a tree from (Mem-T: the end of construction, before the questions).
@@ -257,8 +295,11 @@ def advance(method: Method, states: list[AgentState], env: Env, policy: Policy, 
 
         bar = tqdm(total=len(states), desc=f"rollout {method.name}", leave=False)
     while True:
-        active = [s for s in states if not s.done and (until_calls is None or len(s.calls) < until_calls)
-                  and (until is None or not until(s))]
+        active = [
+            s
+            for s in states
+            if not s.done and (until_calls is None or len(s.calls) < until_calls) and (until is None or not until(s))
+        ]
         if not active:
             break
         batches: dict[tuple, list] = {}
@@ -271,8 +312,16 @@ def advance(method: Method, states: list[AgentState], env: Env, policy: Policy, 
                 spec = dataclasses.replace(spec, max_new_tokens=cfg.min_new_tokens)
             ids, text, tspans, cspans, refs = builder.build(state, spec)
             if len(ids) > cfg.max_context_tokens:
-                _record_failure(state, f"context over the limit ({len(ids)} > {cfg.max_context_tokens} tokens)",
-                                ids, text, tspans, cspans, refs, spec.role)
+                _record_failure(
+                    state,
+                    f"context over the limit ({len(ids)} > {cfg.max_context_tokens} tokens)",
+                    ids,
+                    text,
+                    tspans,
+                    cspans,
+                    refs,
+                    spec.role,
+                )
                 continue
             key = (spec.role, tuple(spec.stop), spec.max_new_tokens)
             batches.setdefault(key, []).append((state, spec, ids, text, tspans, cspans, refs))
@@ -305,8 +354,10 @@ def merge_tree(trajs: list[Trajectory]) -> Trajectory:
         raise ValueError("merge_tree: chains of one tree must share a task")
     shared = {id(c) for c in trajs[0].calls}
     if len(trajs) > 1 and any(not shared & {id(c) for c in t.calls} for t in trajs[1:]):
-        raise ValueError("merge_tree: some chains share no call with the first; chains of one tree come from fork() "
-                         "in this process (calls are matched by identity, so copies or reloaded traces do not merge)")
+        raise ValueError(
+            "merge_tree: some chains share no call with the first; chains of one tree come from fork() "
+            "in this process (calls are matched by identity, so copies or reloaded traces do not merge)"
+        )
     index: dict[int, int] = {}
     calls: list[Call] = []
     leaves = []
@@ -315,16 +366,30 @@ def merge_tree(trajs: list[Trajectory]) -> Trajectory:
         for c in t.calls:
             if id(c) not in index:
                 index[id(c)] = len(calls)
-                calls.append(dataclasses.replace(
-                    c, parent=None if c.parent is None else local[c.parent],
-                    context_refs=[(s, e, local[j], kind) for s, e, j, kind in c.context_refs]))
+                calls.append(
+                    dataclasses.replace(
+                        c,
+                        parent=None if c.parent is None else local[c.parent],
+                        context_refs=[(s, e, local[j], kind) for s, e, j, kind in c.context_refs],
+                    )
+                )
             local.append(index[id(c)])
-        leaves.append(dataclasses.asdict(LeafOutcome(local[-1] if local else None, t.answer, t.reward, t.valid,
-                                                     t.reason, t.group_index)))
+        leaves.append(
+            dataclasses.asdict(
+                LeafOutcome(local[-1] if local else None, t.answer, t.reward, t.valid, t.reason, t.group_index)
+            )
+        )
     first = trajs[0]
-    return Trajectory(task_id=first.task_id, method=first.method, calls=calls, group_index=first.group_index,
-                      golds=first.golds, reward=None, valid=all(t.valid for t in trajs),
-                      info={"leaf_outcomes": leaves})
+    return Trajectory(
+        task_id=first.task_id,
+        method=first.method,
+        calls=calls,
+        group_index=first.group_index,
+        golds=first.golds,
+        reward=None,
+        valid=all(t.valid for t in trajs),
+        info={"leaf_outcomes": leaves},
+    )
 
 
 def _finish_call(method, env, tokenizer, state, spec, ids, text, tspans, cspans, refs, gen, seconds):
@@ -339,26 +404,53 @@ def _finish_call(method, env, tokenizer, state, spec, ids, text, tspans, cspans,
             obs = method.apply(state, parsed, env)  # may mark a recoverable error on ``parsed``
         except ModelError as e:  # the output asked for the impossible: an invalid turn, the batch goes on
             state.fail(f"tool error: {e}")
-    call_reason = state.reason if not state.valid else (
-        None if parsed.ok else f"invalid {spec.role} output: {parsed.error}")
+    call_reason = (
+        state.reason if not state.valid else (None if parsed.ok else f"invalid {spec.role} output: {parsed.error}")
+    )
     if spec.role == "act":
         state.turn += 1
-    state.calls.append(Call(
-        turn=state.turn, role=spec.role, context_ids=ids, output_ids=list(gen.ids), logprobs=list(gen.logprobs),
-        context_text=text, output_text=gen.text, context_spans=tspans, context_char_spans=cspans,
-        context_refs=refs, output_spans=out_tok, output_char_spans=out_char, observation_text=obs,
-        observation_ids=tokenizer.encode(obs, add_special_tokens=False) if obs else [],
-        valid=parsed.ok and state.valid, reason=call_reason, seconds=seconds,
-        parent=len(state.calls) - 1 if state.calls else None,
-    ))
+    state.calls.append(
+        Call(
+            turn=state.turn,
+            role=spec.role,
+            context_ids=ids,
+            output_ids=list(gen.ids),
+            logprobs=list(gen.logprobs),
+            context_text=text,
+            output_text=gen.text,
+            context_spans=tspans,
+            context_char_spans=cspans,
+            context_refs=refs,
+            output_spans=out_tok,
+            output_char_spans=out_char,
+            observation_text=obs,
+            observation_ids=tokenizer.encode(obs, add_special_tokens=False) if obs else [],
+            valid=parsed.ok and state.valid,
+            reason=call_reason,
+            seconds=seconds,
+            parent=len(state.calls) - 1 if state.calls else None,
+        )
+    )
 
 
 def _record_failure(state, reason, ids=(), text="", tspans=None, cspans=None, refs=(), role="act"):
     state.fail(reason)
-    state.calls.append(Call(turn=state.turn, role=role, context_ids=list(ids), output_ids=[], logprobs=[],
-                            context_text=text, context_spans=tspans or {}, context_char_spans=cspans or {},
-                            context_refs=list(refs), valid=False, reason=reason,
-                            parent=len(state.calls) - 1 if state.calls else None))
+    state.calls.append(
+        Call(
+            turn=state.turn,
+            role=role,
+            context_ids=list(ids),
+            output_ids=[],
+            logprobs=[],
+            context_text=text,
+            context_spans=tspans or {},
+            context_char_spans=cspans or {},
+            context_refs=list(refs),
+            valid=False,
+            reason=reason,
+            parent=len(state.calls) - 1 if state.calls else None,
+        )
+    )
 
 
 def to_trajectory(method: Method, state: AgentState, group_index: int) -> Trajectory:
@@ -366,7 +458,14 @@ def to_trajectory(method: Method, state: AgentState, group_index: int) -> Trajec
     (``method.reward``), validity and the method's ``trajectory_info``."""
     info_fn = getattr(method, "trajectory_info", None)
     return Trajectory(
-        task_id=state.task.id, method=method.name, calls=state.calls, group_index=group_index,
-        answer=state.answer, golds=state.task.golds, reward=float(method.reward(state)),
-        valid=state.valid, reason=state.reason, info=info_fn(state) if info_fn else {},
+        task_id=state.task.id,
+        method=method.name,
+        calls=state.calls,
+        group_index=group_index,
+        answer=state.answer,
+        golds=state.task.golds,
+        reward=float(method.reward(state)),
+        valid=state.valid,
+        reason=state.reason,
+        info=info_fn(state) if info_fn else {},
     )

@@ -6,6 +6,7 @@ samples), so the question episodes share the construction calls (the same Call o
 each continues with its own retrieval calls. One trajectory per (question, sample), task-major:
 its ``calls`` are the construction calls followed by its retrieval calls.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -16,17 +17,41 @@ from memkit.rollout.engine import Policy, RolloutConfig, advance, fork
 from memkit.world.conversation import Conversation
 
 
-def build_memories(method, conversations: Sequence[Conversation], policy: Policy, tokenizer,
-                   cfg: RolloutConfig | None = None, wrap=None, progress: bool = False):
+def build_memories(
+    method,
+    conversations: Sequence[Conversation],
+    policy: Policy,
+    tokenizer,
+    cfg: RolloutConfig | None = None,
+    wrap=None,
+    progress: bool = False,
+):
     """One construction episode per conversation, all batched; returns the built states."""
     states = [method.new_stream_state(c) for c in conversations]
-    advance(method, states, None, policy, tokenizer, cfg, wrap, progress=progress,
-            until=lambda s: not method.constructing(s))
+    advance(
+        method,
+        states,
+        None,
+        policy,
+        tokenizer,
+        cfg,
+        wrap,
+        progress=progress,
+        until=lambda s: not method.constructing(s),
+    )
     return states
 
 
-def answer_questions(method, built, policy: Policy, tokenizer, cfg: RolloutConfig | None = None, wrap=None,
-                     questions: Sequence[Sequence[int]] | None = None, progress: bool = False) -> list[Trajectory]:
+def answer_questions(
+    method,
+    built,
+    policy: Policy,
+    tokenizer,
+    cfg: RolloutConfig | None = None,
+    wrap=None,
+    questions: Sequence[Sequence[int]] | None = None,
+    progress: bool = False,
+) -> list[Trajectory]:
     """Fork each built state once per question (``cfg.n`` samples each) and answer them all.
 
     ``questions[i]``: which question indices of conversation i (default: all). A conversation whose
@@ -38,7 +63,7 @@ def answer_questions(method, built, policy: Policy, tokenizer, cfg: RolloutConfi
     children, groups = [], []
     for i, state in enumerate(built):
         conv = stream_conversation(state)
-        for qi in (questions[i] if questions is not None else range(len(conv.qa))):
+        for qi in questions[i] if questions is not None else range(len(conv.qa)):
             for g in range(cfg.n):
                 (child,) = fork(state, 1) if not state.done else [_copy_failed(state)]
                 method.start_question(child, qi)
@@ -48,8 +73,15 @@ def answer_questions(method, built, policy: Policy, tokenizer, cfg: RolloutConfi
     return [to_trajectory(method, s, g) for s, g in zip(children, groups)]
 
 
-def stream_rollouts(method, conversations: Sequence[Conversation], policy: Policy, tokenizer,
-                    cfg: RolloutConfig | None = None, wrap=None, progress: bool = False) -> list[Trajectory]:
+def stream_rollouts(
+    method,
+    conversations: Sequence[Conversation],
+    policy: Policy,
+    tokenizer,
+    cfg: RolloutConfig | None = None,
+    wrap=None,
+    progress: bool = False,
+) -> list[Trajectory]:
     """:func:`build_memories` then :func:`answer_questions` for every question."""
     built = build_memories(method, conversations, policy, tokenizer, cfg, wrap, progress)
     return answer_questions(method, built, policy, tokenizer, cfg, wrap, progress=progress)
@@ -63,8 +95,14 @@ def teacher_built_stores(method, world, tokenizer, n: int, seed: int, size: str,
     from memkit.world.streams import make_conversations
 
     convs = make_conversations(world, n, seed=seed, size=size)
-    built = build_memories(method, convs, OraclePolicy(method, tokenizer), tokenizer,
-                           RolloutConfig(max_context_tokens=10**9), progress=progress)
+    built = build_memories(
+        method,
+        convs,
+        OraclePolicy(method, tokenizer),
+        tokenizer,
+        RolloutConfig(max_context_tokens=10**9),
+        progress=progress,
+    )
     return convs, built
 
 

@@ -12,6 +12,7 @@ A node's state is kept (a fork) after every call that did not end its chain, so 
 pivot. As in Tree-GRPO, pivots are drawn without replacement within a round and a node may be
 drawn again in a later round.
 """
+
 from __future__ import annotations
 
 import random
@@ -54,14 +55,29 @@ def _step_all(method, states, policy, tokenizer, cfg, wrap, snapshots: dict) -> 
                 snapshots[id(s.calls[-1])] = fork(s, 1)[0]
 
 
-def grow_trees(method, built, question: int, policy: Policy, tokenizer, tree_cfg: TreeConfig | None = None,
-               cfg: RolloutConfig | None = None, wrap=None) -> QueryTrees:
+def grow_trees(
+    method,
+    built,
+    question: int,
+    policy: Policy,
+    tokenizer,
+    tree_cfg: TreeConfig | None = None,
+    cfg: RolloutConfig | None = None,
+    wrap=None,
+) -> QueryTrees:
     """The ``G`` trees of question ``question`` of a built Mem-T state (eq. 8-9)."""
     return grow_forest(method, [(built, question)], policy, tokenizer, tree_cfg, cfg, wrap)[0]
 
 
-def grow_forest(method, jobs, policy: Policy, tokenizer, tree_cfg: TreeConfig | None = None,
-                cfg: RolloutConfig | None = None, wrap=None) -> list[QueryTrees]:
+def grow_forest(
+    method,
+    jobs,
+    policy: Policy,
+    tokenizer,
+    tree_cfg: TreeConfig | None = None,
+    cfg: RolloutConfig | None = None,
+    wrap=None,
+) -> list[QueryTrees]:
     """:func:`grow_trees` for every ``(built state, question)`` of ``jobs`` at once: each round's
     calls of all queries go to the policy as one batch. Pivots are drawn per query as there."""
     tree_cfg, cfg = tree_cfg or TreeConfig(), cfg or RolloutConfig()

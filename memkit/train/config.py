@@ -4,6 +4,7 @@ tiny base's pretraining (:class:`PretrainConfig`, ``memkit pretrain``), one docu
 They import no torch, so the command line builds its flags and reports a bad value in well under a
 second; the training that reads them lives in :mod:`memkit.train.sft` and :mod:`memkit.train.pretrain`.
 """
+
 from __future__ import annotations
 
 import math
@@ -172,8 +173,8 @@ def resolve_sft(cfg: SFTConfig, pretrained: bool) -> SFTConfig:
         max_len=cfg.max_len if cfg.max_len is not None else 2048 if pretrained else 768,
         warmup=cfg.warmup if cfg.warmup is not None else 5 if pretrained else 200,
         context_weight=cfg.context_weight if cfg.context_weight is not None else 0.0 if pretrained else 1.0,
-        gradient_checkpointing=(cfg.gradient_checkpointing if cfg.gradient_checkpointing is not None
-                                else pretrained))
+        gradient_checkpointing=(cfg.gradient_checkpointing if cfg.gradient_checkpointing is not None else pretrained),
+    )
 
 
 def lr_shape(cfg: SFTConfig):

@@ -24,6 +24,7 @@ first Ctrl-C), and continues from there when started again: the same losses and 
 uninterrupted run (on a fixed attention kernel and a step budget; a wall-clock budget depends on
 the machine's pace). The cache location and the SFT hook are in :mod:`memkit.lab.policies`.
 """
+
 from __future__ import annotations
 
 import json
@@ -58,7 +59,10 @@ RUN_ONLY_FIELDS = ("log_every", "checkpoint_every_seconds", "cpu_attention")
 def cache_key(cfg: PretrainConfig) -> dict:
     """The fields of ``cfg`` that name the trained base (all but :data:`RUN_ONLY_FIELDS`), and the
     world it reads."""
-    return {**{k: v for k, v in asdict(cfg).items() if k not in RUN_ONLY_FIELDS}, "text_world_offset": TEXT_WORLD_OFFSET}
+    return {
+        **{k: v for k, v in asdict(cfg).items() if k not in RUN_ONLY_FIELDS},
+        "text_world_offset": TEXT_WORLD_OFFSET,
+    }
 
 
 # ---- the text ----------------------------------------------------------------------------------
@@ -102,8 +106,12 @@ def extract_example(world, rng: random.Random, pools) -> CopyExample:
     i = rng.randrange(len(ents))
     attr = ATTR_BY_NAME[rng.choice(sorted(pages[i][1]))]
     question = attr.question.format(s=SUBJECT.get(ents[i].type, "{n}").format(n=ents[i].name))
-    return CopyExample("extract", "\n\n".join(text for text, _ in pages), f"\nQuestion: {question}\nAnswer:",
-                       f" {pages[i][1][attr.name]}")
+    return CopyExample(
+        "extract",
+        "\n\n".join(text for text, _ in pages),
+        f"\nQuestion: {question}\nAnswer:",
+        f" {pages[i][1][attr.name]}",
+    )
 
 
 def lookup_example(world, rng: random.Random, pools) -> CopyExample:
@@ -113,14 +121,20 @@ def lookup_example(world, rng: random.Random, pools) -> CopyExample:
     values = [rng.choice(pools[attr.name]) for _ in ents]
     lines = [f"{e.name}: {v}" for e, v in zip(ents, values)]
     i = rng.randrange(len(ents))
-    return CopyExample("lookup", attr.name.replace("_", " ") + ":\n" + "\n".join(lines),
-                       f"\nLookup: {ents[i].name}\nValue:", f" {values[i]}")
+    return CopyExample(
+        "lookup",
+        attr.name.replace("_", " ") + ":\n" + "\n".join(lines),
+        f"\nLookup: {ents[i].name}\nValue:",
+        f" {values[i]}",
+    )
 
 
 def repeat_example(world, rng: random.Random, pools) -> CopyExample:
     """``Repeat: X`` then ``X`` again, X a comma list of 1-6 names and values."""
-    items = [rng.choice(world.entities).name if rng.random() < 0.5 else rng.choice(pools[rng.choice(ATTRS).name])
-             for _ in range(rng.randint(1, 6))]
+    items = [
+        rng.choice(world.entities).name if rng.random() < 0.5 else rng.choice(pools[rng.choice(ATTRS).name])
+        for _ in range(rng.randint(1, 6))
+    ]
     span = ", ".join(items)
     return CopyExample("repeat", f"Repeat: {span}", "\nAgain:", f" {span}")
 
@@ -203,7 +217,7 @@ def copy_accuracy(model, tokenizer, world, n: int = 60) -> dict[str, float]:
             if ids[: len(prompt)] != prompt:
                 raise ValueError(f"the tokenizer splits {ex.text!r} across its prompt/answer boundary")
             logits = model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits[0]
-            right += bool((logits[len(prompt) - 1 : -1].argmax(-1).cpu() == torch.tensor(ids[len(prompt):])).all())
+            right += bool((logits[len(prompt) - 1 : -1].argmax(-1).cpu() == torch.tensor(ids[len(prompt) :])).all())
         out[kind] = right / n
     return out
 
@@ -246,13 +260,24 @@ def _save_state(partial: Path, model, opt, cfg, step: int, seconds: float, histo
     """Everything a continued run needs: weights, AdamW moments, the step (= the data position, see
     :func:`batch_ids`), the time spent, the log so far (and the losses not yet logged), torch's RNG."""
     with atomic_dir(partial) as tmp:
-        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "seconds": seconds,
-                    "history": history, "losses": losses, "torch_rng": torch.get_rng_state(), "config": cache_key(cfg)},
-                   tmp / "state.pt")
+        torch.save(
+            {
+                "model": model.state_dict(),
+                "optimizer": opt.state_dict(),
+                "step": step,
+                "seconds": seconds,
+                "history": history,
+                "losses": losses,
+                "torch_rng": torch.get_rng_state(),
+                "config": cache_key(cfg),
+            },
+            tmp / "state.pt",
+        )
 
 
-def train_base(kit, cfg: PretrainConfig, path: Path, progress: bool = True, log=None,
-               stop_after: int | None = None) -> BaseRun:
+def train_base(
+    kit, cfg: PretrainConfig, path: Path, progress: bool = True, log=None, stop_after: int | None = None
+) -> BaseRun:
     """Pretrain the tiny base on ``kit`` (``.world``, ``.tokenizer``, ``.world_seed``) into ``path``.
 
     A finished base at ``path`` is returned as is; an unfinished run there (:func:`partial_path`)
@@ -317,9 +342,14 @@ def train_base(kit, cfg: PretrainConfig, path: Path, progress: bool = True, log=
                     bar.update(1)
                     bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
                 if (step - 1) % cfg.log_every == 0 or done:
-                    row = {"step": step - 1, "loss": sum(losses) / len(losses), "lr": opt.param_groups[0]["lr"],
-                           "seconds": seconds, "tokens": step * ids.numel(),
-                           "attention": model.config._attn_implementation}
+                    row = {
+                        "step": step - 1,
+                        "loss": sum(losses) / len(losses),
+                        "lr": opt.param_groups[0]["lr"],
+                        "seconds": seconds,
+                        "tokens": step * ids.numel(),
+                        "attention": model.config._attn_implementation,
+                    }
                     history.append(row)
                     losses = []
                     if log:
@@ -337,9 +367,15 @@ def train_base(kit, cfg: PretrainConfig, path: Path, progress: bool = True, log=
             bar.close()
         model.set_attn_implementation(attn_impl)
         model.eval()
-    metrics = {"final_loss": history[-1]["loss"] if history else None, "steps": step, "seconds": seconds,
-               "heldout_ppl": heldout_perplexity(model, tok, heldout), "heldout_passages": [p.id for p in heldout],
-               "copy_accuracy": copy_accuracy(model, tok, kit.world), "torch_threads": threads}
+    metrics = {
+        "final_loss": history[-1]["loss"] if history else None,
+        "steps": step,
+        "seconds": seconds,
+        "heldout_ppl": heldout_perplexity(model, tok, heldout),
+        "heldout_passages": [p.id for p in heldout],
+        "copy_accuracy": copy_accuracy(model, tok, kit.world),
+        "torch_threads": threads,
+    }
     save_checkpoint(model, tok, path, {"pretrain": asdict(cfg), "history": history, "metrics": metrics})
     shutil.rmtree(partial, ignore_errors=True)
     return BaseRun(path, True, history, metrics)

@@ -26,6 +26,7 @@ and 'Negative results'.
 The oracle's imperfection knobs leave mistakes in the data on purpose, so the SFT'd model is
 a reasonable but improvable start for RL (MEM1 App. F.1 compares RL against SFT).
 """
+
 from __future__ import annotations
 
 import json
@@ -106,7 +107,9 @@ def sft_loss(model, ids, attn, output_mask, context_weight: float = 0.0, context
         if context_weight:
             loss = loss + context_weight * nll[~is_out].sum() / (~is_out).sum().clamp(min=1)
         return loss
-    logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1].float()  # e.g. a DDP-wrapped model
+    logits = (
+        model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1].float()
+    )  # e.g. a DDP-wrapped model
     nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")  # [B, T-1]
     loss = (nll * out).sum() / out.sum().clamp(min=1)
     if context_weight:
@@ -148,10 +151,12 @@ def budget_note(history: list[dict], cfg: SFTConfig, total_seconds: float, metho
         return None
     per_step = history[-1]["seconds"] / steps
     minutes = math.ceil((total_seconds - history[-1]["seconds"] + SKILL_STEPS * per_step) / 60)
-    return (f"note: the {cfg.max_seconds / 60:g}-minute budget stopped SFT after {steps} of {cfg.steps} steps "
-            f"({per_step:.2f} s a step on this machine). The tiny model has learnt to copy names by about step "
-            f"{SKILL_STEPS}, so expect a lower EM; run `memkit sft --method {method} --max-minutes {minutes}` "
-            f"for {SKILL_STEPS} steps here.")
+    return (
+        f"note: the {cfg.max_seconds / 60:g}-minute budget stopped SFT after {steps} of {cfg.steps} steps "
+        f"({per_step:.2f} s a step on this machine). The tiny model has learnt to copy names by about step "
+        f"{SKILL_STEPS}, so expect a lower EM; run `memkit sft --method {method} --max-minutes {minutes}` "
+        f"for {SKILL_STEPS} steps here."
+    )
 
 
 class AttentionProbe:
@@ -265,9 +270,14 @@ def train_sft(model, tokenizer, examples, cfg: SFTConfig, log=None, progress: bo
                 probe.record(kernel, time.perf_counter() - t_step, ids.numel())
             out_of_time = bool(cfg.max_seconds) and time.perf_counter() - t0 >= cfg.max_seconds
             if step % cfg.log_every == 0 or step == cfg.steps - 1 or out_of_time:
-                row = {"step": step, "loss": loss.item(), "lr": sched.get_last_lr()[0], "seconds": time.perf_counter() - t0,
-                       "autocast": "bfloat16" if bf16 else "float32",
-                       "attention": getattr(model.config, "_attn_implementation", None)}
+                row = {
+                    "step": step,
+                    "loss": loss.item(),
+                    "lr": sched.get_last_lr()[0],
+                    "seconds": time.perf_counter() - t0,
+                    "autocast": "bfloat16" if bf16 else "float32",
+                    "attention": getattr(model.config, "_attn_implementation", None),
+                }
                 history.append(row)
                 if log:
                     log(row)

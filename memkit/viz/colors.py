@@ -4,6 +4,7 @@ Context kinds (from the methods' Segments) and output tags (from the parsers) sh
 palette so that e.g. a ``<search>`` the model wrote and the same query copied into a later
 context read as the same colour. Unknown kinds get a stable fallback colour.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -51,13 +52,15 @@ def css_class(kind: str) -> str:
 
 def span_open(kind: str) -> str:
     """Opening tag of a coloured span: class ``mk-span mk-<kind>`` plus an inline background."""
-    return (f'<span class="mk-span {css_class(kind)}" data-kind="{html.escape(kind, quote=True)}" '
-            f'style="background:{color_for(kind)}" title="{html.escape(kind, quote=True)}">')
+    return (
+        f'<span class="mk-span {css_class(kind)}" data-kind="{html.escape(kind, quote=True)}" '
+        f'style="background:{color_for(kind)}" title="{html.escape(kind, quote=True)}">'
+    )
 
 
 def legend_html(kinds) -> str:
     """A row of coloured chips, one per kind, in the order given."""
-    chips = "".join(f'{span_open(k)}{html.escape(k)}</span> ' for k in kinds)
+    chips = "".join(f"{span_open(k)}{html.escape(k)}</span> " for k in kinds)
     return f'<div class="mk-legend">{chips}</div>'
 
 

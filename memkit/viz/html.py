@@ -5,6 +5,7 @@ call under its slider, and what :func:`to_html` stacks into a self-contained pag
 CSS and a small inline JS slider; without JS every turn is shown, with anchors) for readers
 without a kernel. All trajectory text goes through ``html.escape``.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -145,6 +146,7 @@ def _counts_table(call: Call) -> str:
         rows.append(("observation", "total", len(call.observation_ids), "tokens"))
     elif call.observation_text:
         rows.append(("observation", "total", len(call.observation_text), "chars"))
+
     def kind_cell(k: str) -> str:
         plain = k == "total" or k.startswith("(")
         return html.escape(k) if plain else f"{span_open(k)}{html.escape(k)}</span>"
@@ -189,8 +191,10 @@ def _records_html(traj: Trajectory, i: int) -> str:
             cls = ' class="mk-pruned"' if rid is not None and rid in pruned else ""
             short = text if len(text) <= 120 else text[:117] + "..."
             rows.append(f"<tr{cls}><td>{html.escape(rid or '?')}</td><td>{html.escape(short)}</td></tr>")
-        parts.append(f'<div>{len(records)} record(s) in context</div>'
-                     f'<table class="mk-counts mk-records"><tr><th>id</th><th>record</th></tr>{"".join(rows)}</table>')
+        parts.append(
+            f"<div>{len(records)} record(s) in context</div>"
+            f'<table class="mk-counts mk-records"><tr><th>id</th><th>record</th></tr>{"".join(rows)}</table>'
+        )
     return "".join(parts)
 
 
@@ -203,10 +207,16 @@ def _store_html(traj: Trajectory, i: int) -> str:
     parts = ['<div class="mk-head">memory store</div>']
     if sizes:
         parts.append("<div>after this call: " + ", ".join(f"{n} {html.escape(t)}" for t, n in sizes.items()) + "</div>")
-    rows = "".join(f"<tr><td>{html.escape(str(op))}</td><td>{html.escape(str(mid or ''))}</td>"
-                   f"<td>{html.escape(str(text))}</td></tr>" for op, mid, text in ops or [])
-    parts.append(f'<table class="mk-counts mk-store"><tr><th>op</th><th>id</th><th>memory</th></tr>{rows}</table>'
-                 if rows else "<div>no store operation</div>")
+    rows = "".join(
+        f"<tr><td>{html.escape(str(op))}</td><td>{html.escape(str(mid or ''))}</td>"
+        f"<td>{html.escape(str(text))}</td></tr>"
+        for op, mid, text in ops or []
+    )
+    parts.append(
+        f'<table class="mk-counts mk-store"><tr><th>op</th><th>id</th><th>memory</th></tr>{rows}</table>'
+        if rows
+        else "<div>no store operation</div>"
+    )
     return "".join(parts)
 
 
@@ -214,10 +224,12 @@ def _store_html(traj: Trajectory, i: int) -> str:
 def trajectory_header_html(traj: Trajectory) -> str:
     golds = " | ".join(" / ".join(g) for g in traj.golds)
     status = "" if traj.valid else f' <span class="mk-invalid">invalid: {html.escape(str(traj.reason))}</span>'
-    return (f'<div class="mk-traj-head"><b>{html.escape(traj.method)}</b> task '
-            f'<code>{html.escape(traj.task_id)}</code> (sample {traj.group_index}) &middot; '
-            f'{len(traj.calls)} call(s) &middot; answer: <code>{html.escape(str(traj.answer))}</code> &middot; '
-            f'gold: <code>{html.escape(golds)}</code> &middot; reward: {html.escape(str(traj.reward))}{status}</div>')
+    return (
+        f'<div class="mk-traj-head"><b>{html.escape(traj.method)}</b> task '
+        f"<code>{html.escape(traj.task_id)}</code> (sample {traj.group_index}) &middot; "
+        f"{len(traj.calls)} call(s) &middot; answer: <code>{html.escape(str(traj.answer))}</code> &middot; "
+        f"gold: <code>{html.escape(golds)}</code> &middot; reward: {html.escape(str(traj.reward))}{status}</div>"
+    )
 
 
 def render_call_html(traj: Trajectory, i: int, include_css: bool = True, header: bool = True) -> str:
@@ -231,26 +243,36 @@ def render_call_html(traj: Trajectory, i: int, include_css: bool = True, header:
     parts = [f"<style>{CSS}</style>" if include_css else "", '<div class="mk-root mk-call">']
     if header:
         parts.append(trajectory_header_html(traj))
-    parts.append(f'<div class="mk-head">call {i} / {len(traj.calls) - 1} &middot; turn {call.turn} '
-                 f'&middot; role {html.escape(call.role)}{status}</div>')
+    parts.append(
+        f'<div class="mk-head">call {i} / {len(traj.calls) - 1} &middot; turn {call.turn} '
+        f"&middot; role {html.escape(call.role)}{status}</div>"
+    )
     parts.append(legend_html(kinds))
-    parts.append(f'<div class="mk-head">context</div><div class="mk-text mk-context">'
-                 f'{render_spans(call.context_text, call.context_char_spans)}</div>')
-    parts.append(f'<div class="mk-head">output</div><div class="mk-text mk-output">'
-                 f'{render_spans(call.output_text, call.output_char_spans)}</div>')
+    parts.append(
+        f'<div class="mk-head">context</div><div class="mk-text mk-context">'
+        f"{render_spans(call.context_text, call.context_char_spans)}</div>"
+    )
+    parts.append(
+        f'<div class="mk-head">output</div><div class="mk-text mk-output">'
+        f"{render_spans(call.output_text, call.output_char_spans)}</div>"
+    )
     if call.observation_text is not None:
-        parts.append(f'<div class="mk-head">observation</div>'
-                     f'<div class="mk-text mk-observation">{html.escape(call.observation_text)}</div>')
+        parts.append(
+            f'<div class="mk-head">observation</div>'
+            f'<div class="mk-text mk-observation">{html.escape(call.observation_text)}</div>'
+        )
     parts.append('<div class="mk-head">sizes</div>' + _counts_table(call))
     source = memory_source(traj)
     if source is not None:
         j = previous_same_role(traj, i)
         old = memory_text(traj.calls[j], source) if j is not None else ""
         against = f"call {j}" if j is not None else "empty (first call of this role)"
-        parts.append(f'<div class="mk-head">memory diff ({html.escape(source[0])} '
-                     f'<span class="{css_class(source[1])}">{html.escape(source[1])}</span> spans) '
-                     f'against {against}</div>'
-                     f'<div class="mk-text mk-diff">{diff_html(old, memory_text(call, source))}</div>')
+        parts.append(
+            f'<div class="mk-head">memory diff ({html.escape(source[0])} '
+            f'<span class="{css_class(source[1])}">{html.escape(source[1])}</span> spans) '
+            f"against {against}</div>"
+            f'<div class="mk-text mk-diff">{diff_html(old, memory_text(call, source))}</div>'
+        )
     parts.append(_records_html(traj, i))
     parts.append(_store_html(traj, i))
     parts.append("</div>")
@@ -275,8 +297,9 @@ document.querySelectorAll('.mk-traj').forEach(function (t) {
 """
 
 
-def to_html(trajectories: Trajectory | list[Trajectory], path: str | Path | None = None,
-            title: str = "memkit trajectories") -> str:
+def to_html(
+    trajectories: Trajectory | list[Trajectory], path: str | Path | None = None, title: str = "memkit trajectories"
+) -> str:
     """A self-contained HTML page of one or more trajectories (inline CSS and JS).
 
     Every call is a ``<section id="t<k>-c<i>">`` with anchors; a small inline script adds a
@@ -288,19 +311,25 @@ def to_html(trajectories: Trajectory | list[Trajectory], path: str | Path | None
     for k, traj in enumerate(trajs):
         n = len(traj.calls)
         nav = " ".join(f'<a href="#t{k}-c{i}">{i}</a>' for i in range(n))
-        body.append(f'<div class="mk-traj" id="t{k}"><h2>trajectory {k}</h2>{trajectory_header_html(traj)}'
-                    f'<div class="mk-nav">calls: {nav}</div>'
-                    f'<div class="mk-ctl" style="display:none"><input type="range" class="mk-range" min="0" '
-                    f'max="{max(n - 1, 0)}" value="0" step="1"> <span class="mk-range-label"></span> '
-                    f'<label><input type="checkbox" class="mk-all"> show all</label></div>')
+        body.append(
+            f'<div class="mk-traj" id="t{k}"><h2>trajectory {k}</h2>{trajectory_header_html(traj)}'
+            f'<div class="mk-nav">calls: {nav}</div>'
+            f'<div class="mk-ctl" style="display:none"><input type="range" class="mk-range" min="0" '
+            f'max="{max(n - 1, 0)}" value="0" step="1"> <span class="mk-range-label"></span> '
+            f'<label><input type="checkbox" class="mk-all"> show all</label></div>'
+        )
         for i in range(n):
-            body.append(f'<section class="mk-turn" id="t{k}-c{i}">'
-                        f'{render_call_html(traj, i, include_css=False, header=False)}</section>')
+            body.append(
+                f'<section class="mk-turn" id="t{k}-c{i}">'
+                f"{render_call_html(traj, i, include_css=False, header=False)}</section>"
+            )
         body.append("</div><hr>")
-    page = (f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-            f'<style>{CSS}\nbody {{ margin: 16px; }} .mk-turn {{ border-top: 1px solid #ccc; padding-top: 4px; }}'
-            f'</style></head><body class="mk-root"><h1>{html.escape(title)}</h1>{"".join(body)}'
-            f'<script>{_PAGE_JS}</script></body></html>\n')
+    page = (
+        f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"<style>{CSS}\nbody {{ margin: 16px; }} .mk-turn {{ border-top: 1px solid #ccc; padding-top: 4px; }}"
+        f'</style></head><body class="mk-root"><h1>{html.escape(title)}</h1>{"".join(body)}'
+        f"<script>{_PAGE_JS}</script></body></html>\n"
+    )
     if path is not None:
         atomic_write_text(path, page)
     return page

@@ -9,6 +9,7 @@ mask it is given: for MEM1 that is what ``memkit.rl.packing`` builds, where an o
 attends to {q, S_i A_i, O_i} rather than to §3.2's literal {S_{i-1}, A_{i-1}, O_{i-1}, S_i, A_i,
 O_i} (why: docs/findings.md, 'Which 2D mask').
 """
+
 from __future__ import annotations
 
 import io
@@ -58,9 +59,15 @@ def _piece_triples(pieces) -> list[tuple[int, int, str]]:
     return out
 
 
-def plot_mask(mask, ax=None, tokens: Sequence[str] | None = None, title: str | None = None,
-              row_labels: Sequence[str] | None = None, boundaries: Sequence[int] | None = None,
-              pieces=None) -> Figure:
+def plot_mask(
+    mask,
+    ax=None,
+    tokens: Sequence[str] | None = None,
+    title: str | None = None,
+    row_labels: Sequence[str] | None = None,
+    boundaries: Sequence[int] | None = None,
+    pieces=None,
+) -> Figure:
     """Draw a 2-D [L, L] attention mask (rows = queries, columns = keys); return the figure.
 
     ``tokens`` label the axes when there are at most ``MAX_LABELS`` of them (``row_labels``
@@ -95,8 +102,10 @@ def plot_mask(mask, ax=None, tokens: Sequence[str] | None = None, title: str | N
         ax.set_yticklabels(names, fontsize=7)
         boundaries = list(boundaries or ()) + [a for a, _, _ in segs]
     else:
-        for labels, set_ticks, set_labels, rot in ((cols, ax.set_xticks, ax.set_xticklabels, 90),
-                                                   (rows, ax.set_yticks, ax.set_yticklabels, 0)):
+        for labels, set_ticks, set_labels, rot in (
+            (cols, ax.set_xticks, ax.set_xticklabels, 90),
+            (rows, ax.set_yticks, ax.set_yticklabels, 0),
+        ):
             if labels is not None and len(labels) == L and L <= MAX_LABELS:
                 set_ticks(range(L))
                 set_labels([str(t) for t in labels], rotation=rot, fontsize=7)
@@ -105,8 +114,9 @@ def plot_mask(mask, ax=None, tokens: Sequence[str] | None = None, title: str | N
             ax.axhline(b - 0.5, color="#d62728", lw=0.8)
             ax.axvline(b - 0.5, color="#d62728", lw=0.8)
     allowed = int(arr.sum())
-    ax.set_title(title if title is not None else f"mask {L}x{L}, {allowed} allowed ({allowed / max(L * L, 1):.0%})",
-                 fontsize=10)
+    ax.set_title(
+        title if title is not None else f"mask {L}x{L}, {allowed} allowed ({allowed / max(L * L, 1):.0%})", fontsize=10
+    )
     return fig
 
 
@@ -133,9 +143,15 @@ class MaskViewer(widgets.VBox):
     all rows, or one list per row (``memkit.rl.packing.row_pieces`` gives the latter).
     """
 
-    def __init__(self, mask, tokens: Sequence[str] | Sequence[Sequence[str]] | None = None,
-                 row_labels: Sequence[str] | None = None, boundaries: Sequence[int] | None = None,
-                 title: str | None = None, pieces=None):
+    def __init__(
+        self,
+        mask,
+        tokens: Sequence[str] | Sequence[Sequence[str]] | None = None,
+        row_labels: Sequence[str] | None = None,
+        boundaries: Sequence[int] | None = None,
+        title: str | None = None,
+        pieces=None,
+    ):
         self.masks = as_batch(mask)
         self.tokens, self.row_labels, self.boundaries, self.title = tokens, row_labels, boundaries, title
         self.pieces = pieces
@@ -157,17 +173,26 @@ class MaskViewer(widgets.VBox):
 
     def _pieces_for(self, b: int):
         s = self.pieces
-        if s is not None and len(s) and isinstance(s[0], (list, tuple)) and (
-                not len(s[0]) or not isinstance(s[0][0], (int, str))):  # one list of runs per batch row
+        if (
+            s is not None
+            and len(s)
+            and isinstance(s[0], (list, tuple))
+            and (not len(s[0]) or not isinstance(s[0][0], (int, str)))
+        ):  # one list of runs per batch row
             return s[b]
         return s
 
     def _draw(self) -> None:
         b = self.slider.value
         arr = self.masks[b]
-        self.figure = plot_mask(arr, tokens=self._tokens_for(b), title=self.title,
-                                row_labels=self.row_labels, boundaries=self.boundaries,
-                                pieces=self._pieces_for(b))
+        self.figure = plot_mask(
+            arr,
+            tokens=self._tokens_for(b),
+            title=self.title,
+            row_labels=self.row_labels,
+            boundaries=self.boundaries,
+            pieces=self._pieces_for(b),
+        )
         self.info.value = f"batch {b}: {mask_summary(arr)}"
         self.image.value = figure_png(self.figure)
 

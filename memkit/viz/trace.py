@@ -8,6 +8,7 @@ The view under the slider is :func:`memkit.viz.html.render_call_html` (the exact
 with spans coloured by kind, the output coloured by tag, the observation, sizes per part,
 the memory diff against the previous call of the same role, MemAct's pruned records).
 """
+
 from __future__ import annotations
 
 import ipywidgets as widgets
@@ -28,18 +29,27 @@ class TraceViewer(widgets.VBox):
         if not trajs:
             raise ValueError("TraceViewer needs at least one trajectory")
         self.trajectories = trajs
-        self.slider = widgets.IntSlider(value=0, min=0, max=0, step=1, description="turn",
-                                        continuous_update=True, layout=widgets.Layout(width="60%"))
+        self.slider = widgets.IntSlider(
+            value=0,
+            min=0,
+            max=0,
+            step=1,
+            description="turn",
+            continuous_update=True,
+            layout=widgets.Layout(width="60%"),
+        )
         self.slider.add_class("mk-turn-slider")
         self.html = widgets.HTML()
         self.html.add_class("mk-trace-html")
         self.selector = None
         controls = [self.slider]
         if len(trajs) > 1:
-            options = [(f"{k}: {t.method} {t.task_id} #{t.group_index} (reward {t.reward})", k)
-                       for k, t in enumerate(trajs)]
-            self.selector = widgets.Dropdown(options=options, value=index, description="trajectory",
-                                             layout=widgets.Layout(width="60%"))
+            options = [
+                (f"{k}: {t.method} {t.task_id} #{t.group_index} (reward {t.reward})", k) for k, t in enumerate(trajs)
+            ]
+            self.selector = widgets.Dropdown(
+                options=options, value=index, description="trajectory", layout=widgets.Layout(width="60%")
+            )
             self.selector.observe(self._on_traj, names="value")
             controls.insert(0, self.selector)
         self._k = index

@@ -8,6 +8,7 @@ reward R(v) (eq. 10). Under it one button per node; a click shows that node's co
 (the trace viewer's rendering), its observation, R(v), and both advantages: A_intra over its
 tree and A_inter over all the query's trees (eq. 11-12), with A_total = their sum (eq. 13).
 """
+
 from __future__ import annotations
 
 import html
@@ -78,9 +79,11 @@ def tree_svg(tree: Trajectory, selected: int | None = None) -> str:
         call = tree.calls[i]
         stroke = "#000" if i == selected else "#555"
         width_ = 3 if i == selected else 1
-        parts.append(f'<circle class="mk-tree-dot" cx="{cx}" cy="{cy}" r="{R}" fill="{_colour(call.reward)}" '
-                     f'stroke="{stroke}" stroke-width="{width_}"><title>node {i}: R={call.reward}</title></circle>'
-                     f'<text x="{cx}" y="{cy + 4}" font-size="10" text-anchor="middle">{i}</text>')
+        parts.append(
+            f'<circle class="mk-tree-dot" cx="{cx}" cy="{cy}" r="{R}" fill="{_colour(call.reward)}" '
+            f'stroke="{stroke}" stroke-width="{width_}"><title>node {i}: R={call.reward}</title></circle>'
+            f'<text x="{cx}" y="{cy + 4}" font-size="10" text-anchor="middle">{i}</text>'
+        )
     parts.append("</svg>")
     return "".join(parts)
 
@@ -100,16 +103,18 @@ class TreeViewer(widgets.VBox):
         self._intra, self._inter = self._advantages()
         self.selector = None
         if len(self.trees) > 1:
-            self.selector = widgets.Dropdown(options=[(f"tree {k}", k) for k in range(len(self.trees))], value=index,
-                                             description="tree")
+            self.selector = widgets.Dropdown(
+                options=[(f"tree {k}", k) for k in range(len(self.trees))], value=index, description="tree"
+            )
             self.selector.observe(lambda ch: self.select(ch["new"]), names="value")
         self.drawing, self.detail = widgets.HTML(), widgets.HTML()
         self.drawing.add_class("mk-tree-drawing")
         self.detail.add_class("mk-tree-detail")
         self.button_box = widgets.HBox(layout=widgets.Layout(flex_flow="row wrap"))
         self.buttons: list[widgets.Button] = []
-        super().__init__(children=[*([self.selector] if self.selector else []), self.drawing, self.button_box,
-                                   self.detail])
+        super().__init__(
+            children=[*([self.selector] if self.selector else []), self.drawing, self.button_box, self.detail]
+        )
         self.add_class("mk-tree")
         self.select(index)
 
@@ -138,8 +143,11 @@ class TreeViewer(widgets.VBox):
         if rebuild:
             self.buttons = []
             for i in nodes:
-                b = widgets.Button(description=f"node {i}", tooltip=f"R = {self.tree.calls[i].reward}",
-                                   layout=widgets.Layout(width="auto"))
+                b = widgets.Button(
+                    description=f"node {i}",
+                    tooltip=f"R = {self.tree.calls[i].reward}",
+                    layout=widgets.Layout(width="auto"),
+                )
                 b.add_class("mk-tree-node")
                 b.on_click(lambda _b, i=i: self.select(self._k, i))
                 self.buttons.append(b)
@@ -160,7 +168,9 @@ class TreeViewer(widgets.VBox):
 
         intra, inter = self._intra.get(key), self._inter.get(key)
         total = None if intra is None else (intra if self.cfg.intra else 0) + (inter if self.cfg.inter else 0)
-        head = (f'<div class="mk-head">node {i} &middot; R(v) = {num(call.reward)} &middot; A_intra = {num(intra)} '
-                f'&middot; A_inter = {num(inter)} &middot; A_total = {num(total)}'
-                f'{"" if call.valid else " &middot; invalid: " + html.escape(str(call.reason))}</div>')
+        head = (
+            f'<div class="mk-head">node {i} &middot; R(v) = {num(call.reward)} &middot; A_intra = {num(intra)} '
+            f"&middot; A_inter = {num(inter)} &middot; A_total = {num(total)}"
+            f"{'' if call.valid else ' &middot; invalid: ' + html.escape(str(call.reason))}</div>"
+        )
         return head + render_call_html(self.tree, i, header=False)

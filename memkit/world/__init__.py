@@ -7,6 +7,7 @@ Typical use::
     tasks = make_tasks(world, n=200, k=2, seed=0)   # MEM1 2-objective tasks
     convs = make_conversations(world, 4, size="full")  # Mem-T's conversation streams (LoCoMo schema)
 """
+
 from memkit.world.conversation import CATEGORIES, Conversation, ConvQA, Session, Turn
 from memkit.world.generator import (
     ATTRS,
@@ -39,11 +40,46 @@ from memkit.world.streams import SIZES, make_conversation, make_conversations
 from memkit.world.task_sets import EVAL_SEEDS, held_out_tasks, training_seed, training_tasks
 
 __all__ = [
-    "ATTRS", "KINDS", "SPLITS", "TYPES", "Attr", "Entity", "World", "aliases", "make_questions", "make_tasks",
-    "make_world", "question_split", "load_dpr_topics", "load_flashrag_jsonl", "load_hotpotqa_json", "load_tasks_jsonl",
-    "load_wiki_summaries", "save_corpus_jsonl", "save_tasks_jsonl", "tasks_from_dataset",
-    "tasks_to_dataset", "world_texts", "MULTI_OBJECTIVE_TEMPLATE", "Passage", "Question", "SubQuestion",
-    "Task", "compose_prompt", "EVAL_SEEDS", "held_out_tasks", "training_seed", "training_tasks",
-    "CATEGORIES", "Conversation", "ConvQA", "Session", "Turn", "load_locomo", "save_locomo", "SIZES",
-    "make_conversation", "make_conversations",
+    "ATTRS",
+    "KINDS",
+    "SPLITS",
+    "TYPES",
+    "Attr",
+    "Entity",
+    "World",
+    "aliases",
+    "make_questions",
+    "make_tasks",
+    "make_world",
+    "question_split",
+    "load_dpr_topics",
+    "load_flashrag_jsonl",
+    "load_hotpotqa_json",
+    "load_tasks_jsonl",
+    "load_wiki_summaries",
+    "save_corpus_jsonl",
+    "save_tasks_jsonl",
+    "tasks_from_dataset",
+    "tasks_to_dataset",
+    "world_texts",
+    "MULTI_OBJECTIVE_TEMPLATE",
+    "Passage",
+    "Question",
+    "SubQuestion",
+    "Task",
+    "compose_prompt",
+    "EVAL_SEEDS",
+    "held_out_tasks",
+    "training_seed",
+    "training_tasks",
+    "CATEGORIES",
+    "Conversation",
+    "ConvQA",
+    "Session",
+    "Turn",
+    "load_locomo",
+    "save_locomo",
+    "SIZES",
+    "make_conversation",
+    "make_conversations",
 ]

@@ -15,6 +15,7 @@ What a synthetic stream knows beyond the schema (which turn states which fact, a
 hops) lives under the extra key ``"memkit"`` that LoCoMo readers ignore; the scripted teacher
 reads it, a model never sees it.
 """
+
 from __future__ import annotations
 
 import re
@@ -132,8 +133,10 @@ class Conversation:
             qa.append(d)
         out = {"sample_id": self.sample_id, "conversation": conv, "qa": qa, **self.extra}
         if self.facts or any(q.hops for q in self.qa):
-            out["memkit"] = {"facts": [asdict(f) for f in self.facts],
-                             "qa": [{"answer": q.answer, "hops": [asdict(h) for h in q.hops]} for q in self.qa]}
+            out["memkit"] = {
+                "facts": [asdict(f) for f in self.facts],
+                "qa": [{"answer": q.answer, "hops": [asdict(h) for h in q.hops]} for q in self.qa],
+            }
         return out
 
     @classmethod
@@ -142,25 +145,44 @@ class Conversation:
         :func:`memkit.world.locomo.check_locomo_sample` (no checks here)."""
         conv = d["conversation"]
         idx = sorted(int(m.group(1)) for k in conv if (m := re.fullmatch(r"session_(\d+)", k)))
-        sessions = [Session(i, str(conv.get(f"session_{i}_date_time", "")),
-                            [Turn(str(t["speaker"]), str(t["dia_id"]), str(t.get("text", ""))) for t in conv[f"session_{i}"]])
-                    for i in idx]
+        sessions = [
+            Session(
+                i,
+                str(conv.get(f"session_{i}_date_time", "")),
+                [Turn(str(t["speaker"]), str(t["dia_id"]), str(t.get("text", ""))) for t in conv[f"session_{i}"]],
+            )
+            for i in idx
+        ]
         ext = d.get("memkit") or {}
         ext_qa = ext.get("qa") or [{} for _ in d["qa"]]
         qa = []
         for q, e in zip(d["qa"], ext_qa):
             cat = int(q["category"])
             answer = e.get("answer", NOT_MENTIONED if cat == 5 else q.get("answer", ""))
-            qa.append(ConvQA(question=str(q["question"]), answer=str(answer), evidence=[str(x) for x in q.get("evidence", [])],
-                             category=cat, adversarial_answer=q.get("adversarial_answer"),
-                             hops=[Hop(**h) for h in e.get("hops", [])]))
+            qa.append(
+                ConvQA(
+                    question=str(q["question"]),
+                    answer=str(answer),
+                    evidence=[str(x) for x in q.get("evidence", [])],
+                    category=cat,
+                    adversarial_answer=q.get("adversarial_answer"),
+                    hops=[Hop(**h) for h in e.get("hops", [])],
+                )
+            )
         facts = [StreamFact(**f) for f in ext.get("facts", [])]
         extra = {k: v for k, v in d.items() if k not in ("sample_id", "conversation", "qa", "memkit")}
-        return cls(sample_id=str(d.get("sample_id", "")), speaker_a=str(conv["speaker_a"]),
-                   speaker_b=str(conv["speaker_b"]), sessions=sessions, qa=qa, facts=facts, extra=extra)
+        return cls(
+            sample_id=str(d.get("sample_id", "")),
+            speaker_a=str(conv["speaker_a"]),
+            speaker_b=str(conv["speaker_b"]),
+            sessions=sessions,
+            qa=qa,
+            facts=facts,
+            extra=extra,
+        )
 
 
 def session_of(dia_id: str) -> int | None:
-    """"D3:7" -> 3 (None when the id is not LoCoMo-shaped)."""
+    """ "D3:7" -> 3 (None when the id is not LoCoMo-shaped)."""
     m = _DIA_RE.match(dia_id or "")
     return int(m.group(1)) if m else None

@@ -11,6 +11,7 @@ and sorted iteration; never ``hash()`` or set order), every sub-answer appears v
 its passage, and each sub-question's keyword ``query`` ("<name> <keyword>") puts its passage
 in BM25's top 3: the keyword occurs in every sentence template of its attribute.
 """
+
 from __future__ import annotations
 
 import random
@@ -45,85 +46,284 @@ class Attr:
 
 A = Attr
 ATTRS: tuple[Attr, ...] = (
-    A("birth_year", "person", None, "born", "In which year was {s} born?",
-      ("{n} was born in {v}.", "{n} was born in the year {v}."), compare=("Who was born earlier, {a} or {b}?", "min")),
-    A("birth_city", "person", "city", "birthplace", "In which city was {s} born?",
-      ("The birthplace of {n} is {v}.", "{n} has {v} as birthplace."), phrase="the city where {s} was born"),
-    A("employer", "person", "company", "works", "Which company does {s} work for?",
-      ("{n} works for {v}.", "{n} works at {v}."), phrase="the employer of {s}"),
-    A("alma_mater", "person", "university", "studied", "Where did {s} study?",
-      ("{n} studied at {v}.", "As a student, {n} studied at {v}."), phrase="the university where {s} studied"),
-    A("occupation", "person", None, "profession", "What is the profession of {s}?",
-      ("By profession, {n} is a {v}.", "{n} is a {v} by profession.")),
-    A("population", "city", None, "population", "What is the population of {s}?",
-      ("{n} has a population of {v}.", "The population of {n} is {v}."),
-      compare=("Which city has a larger population, {a} or {b}?", "max")),
-    A("mayor", "city", "person", "mayor", "Who is the mayor of {s}?",
-      ("The mayor of {n} is {v}.", "{v} serves as the mayor of {n}."), phrase="the mayor of {s}"),
-    A("country", "city", None, "country", "In which country is {s}?",
-      ("{n} is a city in the country of {v}.", "{n} lies in {v}, a small country.")),
-    A("river", "city", None, "river", "Which river flows through {s}?",
-      ("The {v} river flows through {n}.", "{n} was built on the banks of the {v} river.")),
-    A("founded_year", "company", None, "founded", "In which year was {s} founded?",
-      ("{n} was founded in {v}.", "{n} has been in business since it was founded in {v}."),
-      compare=("Which company was founded earlier, {a} or {b}?", "min")),
-    A("founder", "company", "person", "founder", "Who is the founder of {s}?",
-      ("The founder of {n} is {v}.", "{v} is the founder of {n}."), phrase="the founder of {s}"),
-    A("headquarters", "company", "city", "headquarters", "In which city is {s} headquartered?",
-      ("{n} has its headquarters in {v}.", "The headquarters of {n} are in {v}."),
-      phrase="the city where {s} has its headquarters"),
-    A("industry", "company", None, "industry", "In which industry does {s} operate?",
-      ("{n} works in the {v} industry.", "{n} is a company in the {v} industry.")),
-    A("employees", "company", None, "employees", "How many employees does {s} have?",
-      ("{n} has {v} employees.", "About {v} employees work at {n}."),
-      compare=("Which company has more employees, {a} or {b}?", "max")),
-    A("release_year", "film", None, "released", "In which year was {s} released?",
-      ("{n} was released in {v}.", "{n} was released in cinemas in {v}."),
-      compare=("Which film was released earlier, {a} or {b}?", "min")),
-    A("director", "film", "person", "directed", "Who directed {s}?",
-      ("{n} was directed by {v}.", "{v} directed {n}."), phrase="the director of {s}"),
-    A("film_genre", "film", None, "genre", "What is the genre of {s}?",
-      ("The genre of {n} is {v}.", "By genre, {n} is a {v}.")),
-    A("studio", "film", "company", "produced", "Which company produced {s}?",
-      ("{n} was produced by {v}.", "{v} produced {n}."), phrase="the company that produced {s}"),
-    A("runtime", "film", None, "minutes", "How many minutes long is {s}?",
-      ("{n} runs for {v} minutes.", "{n} is {v} minutes long."), compare=("Which film is longer, {a} or {b}?", "max")),
-    A("formed_year", "band", None, "formed", "In which year was {s} formed?",
-      ("{n} was formed in {v}.", "{n} formed in {v}."), compare=("Which band was formed earlier, {a} or {b}?", "min")),
-    A("hometown", "band", "city", "hometown", "Which city is the hometown of {s}?",
-      ("The hometown of {n} is {v}.", "{n} calls {v} its hometown."), phrase="the hometown of {s}"),
-    A("lead_singer", "band", "person", "singer", "Who is the lead singer of {s}?",
-      ("The lead singer of {n} is {v}.", "{v} is the lead singer of {n}."), phrase="the lead singer of {s}"),
-    A("music_genre", "band", None, "music", "What kind of music does {s} play?",
-      ("{n} plays {v} music.", "{n} is known for playing {v} music.")),
-    A("established_year", "university", None, "established", "In which year was {s} established?",
-      ("{n} was established in {v}.", "{n} was first established in {v}."),
-      compare=("Which university was established earlier, {a} or {b}?", "min")),
-    A("campus_city", "university", "city", "campus", "In which city is the campus of {s}?",
-      ("The campus of {n} is in {v}.", "{n} has its campus in {v}."), phrase="the city where {s} has its campus"),
-    A("president", "university", "person", "president", "Who is the president of {s}?",
-      ("The president of {n} is {v}.", "{v} is the president of {n}."), phrase="the president of {s}"),
-    A("students", "university", None, "students", "How many students attend {s}?",
-      ("{n} has {v} students.", "About {v} students attend {n}."),
-      compare=("Which university has more students, {a} or {b}?", "max")),
+    A(
+        "birth_year",
+        "person",
+        None,
+        "born",
+        "In which year was {s} born?",
+        ("{n} was born in {v}.", "{n} was born in the year {v}."),
+        compare=("Who was born earlier, {a} or {b}?", "min"),
+    ),
+    A(
+        "birth_city",
+        "person",
+        "city",
+        "birthplace",
+        "In which city was {s} born?",
+        ("The birthplace of {n} is {v}.", "{n} has {v} as birthplace."),
+        phrase="the city where {s} was born",
+    ),
+    A(
+        "employer",
+        "person",
+        "company",
+        "works",
+        "Which company does {s} work for?",
+        ("{n} works for {v}.", "{n} works at {v}."),
+        phrase="the employer of {s}",
+    ),
+    A(
+        "alma_mater",
+        "person",
+        "university",
+        "studied",
+        "Where did {s} study?",
+        ("{n} studied at {v}.", "As a student, {n} studied at {v}."),
+        phrase="the university where {s} studied",
+    ),
+    A(
+        "occupation",
+        "person",
+        None,
+        "profession",
+        "What is the profession of {s}?",
+        ("By profession, {n} is a {v}.", "{n} is a {v} by profession."),
+    ),
+    A(
+        "population",
+        "city",
+        None,
+        "population",
+        "What is the population of {s}?",
+        ("{n} has a population of {v}.", "The population of {n} is {v}."),
+        compare=("Which city has a larger population, {a} or {b}?", "max"),
+    ),
+    A(
+        "mayor",
+        "city",
+        "person",
+        "mayor",
+        "Who is the mayor of {s}?",
+        ("The mayor of {n} is {v}.", "{v} serves as the mayor of {n}."),
+        phrase="the mayor of {s}",
+    ),
+    A(
+        "country",
+        "city",
+        None,
+        "country",
+        "In which country is {s}?",
+        ("{n} is a city in the country of {v}.", "{n} lies in {v}, a small country."),
+    ),
+    A(
+        "river",
+        "city",
+        None,
+        "river",
+        "Which river flows through {s}?",
+        ("The {v} river flows through {n}.", "{n} was built on the banks of the {v} river."),
+    ),
+    A(
+        "founded_year",
+        "company",
+        None,
+        "founded",
+        "In which year was {s} founded?",
+        ("{n} was founded in {v}.", "{n} has been in business since it was founded in {v}."),
+        compare=("Which company was founded earlier, {a} or {b}?", "min"),
+    ),
+    A(
+        "founder",
+        "company",
+        "person",
+        "founder",
+        "Who is the founder of {s}?",
+        ("The founder of {n} is {v}.", "{v} is the founder of {n}."),
+        phrase="the founder of {s}",
+    ),
+    A(
+        "headquarters",
+        "company",
+        "city",
+        "headquarters",
+        "In which city is {s} headquartered?",
+        ("{n} has its headquarters in {v}.", "The headquarters of {n} are in {v}."),
+        phrase="the city where {s} has its headquarters",
+    ),
+    A(
+        "industry",
+        "company",
+        None,
+        "industry",
+        "In which industry does {s} operate?",
+        ("{n} works in the {v} industry.", "{n} is a company in the {v} industry."),
+    ),
+    A(
+        "employees",
+        "company",
+        None,
+        "employees",
+        "How many employees does {s} have?",
+        ("{n} has {v} employees.", "About {v} employees work at {n}."),
+        compare=("Which company has more employees, {a} or {b}?", "max"),
+    ),
+    A(
+        "release_year",
+        "film",
+        None,
+        "released",
+        "In which year was {s} released?",
+        ("{n} was released in {v}.", "{n} was released in cinemas in {v}."),
+        compare=("Which film was released earlier, {a} or {b}?", "min"),
+    ),
+    A(
+        "director",
+        "film",
+        "person",
+        "directed",
+        "Who directed {s}?",
+        ("{n} was directed by {v}.", "{v} directed {n}."),
+        phrase="the director of {s}",
+    ),
+    A(
+        "film_genre",
+        "film",
+        None,
+        "genre",
+        "What is the genre of {s}?",
+        ("The genre of {n} is {v}.", "By genre, {n} is a {v}."),
+    ),
+    A(
+        "studio",
+        "film",
+        "company",
+        "produced",
+        "Which company produced {s}?",
+        ("{n} was produced by {v}.", "{v} produced {n}."),
+        phrase="the company that produced {s}",
+    ),
+    A(
+        "runtime",
+        "film",
+        None,
+        "minutes",
+        "How many minutes long is {s}?",
+        ("{n} runs for {v} minutes.", "{n} is {v} minutes long."),
+        compare=("Which film is longer, {a} or {b}?", "max"),
+    ),
+    A(
+        "formed_year",
+        "band",
+        None,
+        "formed",
+        "In which year was {s} formed?",
+        ("{n} was formed in {v}.", "{n} formed in {v}."),
+        compare=("Which band was formed earlier, {a} or {b}?", "min"),
+    ),
+    A(
+        "hometown",
+        "band",
+        "city",
+        "hometown",
+        "Which city is the hometown of {s}?",
+        ("The hometown of {n} is {v}.", "{n} calls {v} its hometown."),
+        phrase="the hometown of {s}",
+    ),
+    A(
+        "lead_singer",
+        "band",
+        "person",
+        "singer",
+        "Who is the lead singer of {s}?",
+        ("The lead singer of {n} is {v}.", "{v} is the lead singer of {n}."),
+        phrase="the lead singer of {s}",
+    ),
+    A(
+        "music_genre",
+        "band",
+        None,
+        "music",
+        "What kind of music does {s} play?",
+        ("{n} plays {v} music.", "{n} is known for playing {v} music."),
+    ),
+    A(
+        "established_year",
+        "university",
+        None,
+        "established",
+        "In which year was {s} established?",
+        ("{n} was established in {v}.", "{n} was first established in {v}."),
+        compare=("Which university was established earlier, {a} or {b}?", "min"),
+    ),
+    A(
+        "campus_city",
+        "university",
+        "city",
+        "campus",
+        "In which city is the campus of {s}?",
+        ("The campus of {n} is in {v}.", "{n} has its campus in {v}."),
+        phrase="the city where {s} has its campus",
+    ),
+    A(
+        "president",
+        "university",
+        "person",
+        "president",
+        "Who is the president of {s}?",
+        ("The president of {n} is {v}.", "{v} is the president of {n}."),
+        phrase="the president of {s}",
+    ),
+    A(
+        "students",
+        "university",
+        None,
+        "students",
+        "How many students attend {s}?",
+        ("{n} has {v} students.", "About {v} students attend {n}."),
+        compare=("Which university has more students, {a} or {b}?", "max"),
+    ),
 )
 ATTR_BY_NAME = {a.name: a for a in ATTRS}
 SUBJECT = {"film": "the film {n}"}  # how a question names an entity
 
-NUMBERS = {"birth_year": (1900, 1995), "population": (2000, 2000000), "founded_year": (1850, 2010),
-           "employees": (20, 50000), "release_year": (1950, 2020), "runtime": (75, 190),
-           "formed_year": (1960, 2015), "established_year": (1500, 1990), "students": (500, 40000)}
-WORDS = {"occupation": ["painter", "chemist", "lawyer", "sailor", "teacher", "baker", "pilot", "surgeon",
-                        "poet", "farmer", "banker", "journalist"],
-         "industry": ["shipping", "textile", "mining", "software", "banking", "railway", "tea", "glass"],
-         "film_genre": ["comedy", "drama", "western", "thriller", "musical", "documentary", "romance"],
-         "music_genre": ["jazz", "folk", "rock", "blues", "punk", "soul", "reggae", "disco"]}
+NUMBERS = {
+    "birth_year": (1900, 1995),
+    "population": (2000, 2000000),
+    "founded_year": (1850, 2010),
+    "employees": (20, 50000),
+    "release_year": (1950, 2020),
+    "runtime": (75, 190),
+    "formed_year": (1960, 2015),
+    "established_year": (1500, 1990),
+    "students": (500, 40000),
+}
+WORDS = {
+    "occupation": [
+        "painter",
+        "chemist",
+        "lawyer",
+        "sailor",
+        "teacher",
+        "baker",
+        "pilot",
+        "surgeon",
+        "poet",
+        "farmer",
+        "banker",
+        "journalist",
+    ],
+    "industry": ["shipping", "textile", "mining", "software", "banking", "railway", "tea", "glass"],
+    "film_genre": ["comedy", "drama", "western", "thriller", "musical", "documentary", "romance"],
+    "music_genre": ["jazz", "folk", "rock", "blues", "punk", "soul", "reggae", "disco"],
+}
 FILM_NOUNS = ["Hours", "Tide", "Garden", "Letter", "Winter", "Road", "Mirror", "Harbor", "Signal", "Orchard"]
 COMPANY_SUFFIX = ["Works", "Group", "Industries", "Labs", "Holdings", "Systems"]
 
 # Generated words are rejected if they are common English words or real names, so every
 # name stays obviously fictional (a model cannot "know" it).
-_REAL = set("""a an and are as at be but by for from had has have he her his i in is it its me my no not of on
+_REAL = set(
+    """a an and are as at be but by for from had has have he her his i in is it its me my no not of on
 or our she so that the them they this to was we were with you about after again also back been before big
 came can come could day did down each even first good great here how into just know like little long made
 make man many more most much must name new now old one only other over people said same see some still
@@ -134,48 +334,98 @@ home king lake land life lime line lion love mark mile milk mine moon note park 
 rose salt sand sea seed ship shop sing sun tale tea tent tide tin toe tone town tree vote wall water wine
 wood zone rome paris london tokyo berlin milan oslo lima cairo delhi john mary anna sara tom bob kim lee
 ali omar maria elena peter paul mark luke adam eve noah liam emma olivia mia lena nora ivan igor sven
-tina rita dora vera rosa bella luna stella mona lisa nina dana tara kara mara sami rami""".split())
-_ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z",
-           "br", "dr", "kr", "st", "tr", "th", "sh"]
+tina rita dora vera rosa bella luna stella mona lisa nina dana tara kara mara sami rami""".split()
+)
+_ONSETS = [
+    "b",
+    "d",
+    "f",
+    "g",
+    "k",
+    "l",
+    "m",
+    "n",
+    "p",
+    "r",
+    "s",
+    "t",
+    "v",
+    "z",
+    "br",
+    "dr",
+    "kr",
+    "st",
+    "tr",
+    "th",
+    "sh",
+]
 _VOWELS = ["a", "e", "i", "o", "u", "a", "e", "o"]
 _CODAS = ["", "", "", "n", "r", "l", "s", "th", "k", "m"]
 
 # Fact-free colour sentences (no attribute keyword, no values): they make pages read like
 # short wiki leads (~40-60 words) and give BM25 realistic non-matching text.
 COLOUR = {
-    "person": ("{n} is often mentioned in local records.", "Friends describe {n} as patient and curious.",
-               "Little is known about the early life of {n}."),
-    "city": ("{n} is a busy place with markets, bridges and old stone houses.",
-             "Visitors to {n} remember its narrow streets and quiet squares."),
-    "company": ("{n} is known for its plain logo and long annual reports.",
-                "Critics and admirers alike write about {n} in trade papers."),
-    "film": ("Reviews of {n} praised its music and its slow opening scenes.",
-             "{n} is still shown at small cinemas on rainy evenings."),
-    "band": ("{n} are known for long concerts and handmade posters.",
-             "Fans of {n} often trade old recordings at fairs."),
-    "university": ("{n} is known for its library and its gardens.",
-                   "Many visitors walk through the old halls of {n}."),
+    "person": (
+        "{n} is often mentioned in local records.",
+        "Friends describe {n} as patient and curious.",
+        "Little is known about the early life of {n}.",
+    ),
+    "city": (
+        "{n} is a busy place with markets, bridges and old stone houses.",
+        "Visitors to {n} remember its narrow streets and quiet squares.",
+    ),
+    "company": (
+        "{n} is known for its plain logo and long annual reports.",
+        "Critics and admirers alike write about {n} in trade papers.",
+    ),
+    "film": (
+        "Reviews of {n} praised its music and its slow opening scenes.",
+        "{n} is still shown at small cinemas on rainy evenings.",
+    ),
+    "band": (
+        "{n} are known for long concerts and handmade posters.",
+        "Fans of {n} often trade old recordings at fairs.",
+    ),
+    "university": ("{n} is known for its library and its gardens.", "Many visitors walk through the old halls of {n}."),
 }
 
 DISTRACTORS = (
-    ("{W} Festival", "The {t} is an old celebration held each spring in the hills. People bring bread, "
-     "lanterns and painted boats. Stories say that {e1} once danced there until dawn, and that {e2} lost a "
-     "hat in the crowd. Nobody agrees on where the celebration began, and each village tells its own tale."),
-    ("{W} Pass", "The {t} is a mountain road known for cold winds and narrow paths. Travellers leave small "
-     "stones at the top for luck. A diary attributed to {e1} describes the view, and a letter signed by {e2} "
-     "complains about the weather. The road is closed for most of the winter."),
-    ("{W}", "{t} is a board game played with black and white tokens on a square grid. Players take turns and "
-     "try to surround the tokens of the other side. {e1} is said to have played it often, and {e2} wrote a "
-     "short note on its rules. The game has many local variants."),
-    ("{W} Pie", "{t} is a sweet dish made from oats, honey and baked apples, served warm on holidays. An old "
-     "cookbook says that {e1} liked it with cream, while {e2} preferred it cold. Recipes differ from one "
-     "kitchen to the next, and every family claims its own is the best."),
-    ("The {W}", "{t} was a wooden sailing ship with three masts and a red flag. Sailors told many stories "
-     "about it. One such story claims that {e1} travelled on board and that {e2} painted its figurehead. "
-     "The ship is now remembered mainly in sea songs."),
-    ("Legend of {W}", "The {t} tells of a fox who stole the moon and hid it in a well. Children hear it on "
-     "long nights. Some tellers add that {e1} found the well, others that {e2} lowered a bucket and brought "
-     "the moon back. The ending changes with every telling."),
+    (
+        "{W} Festival",
+        "The {t} is an old celebration held each spring in the hills. People bring bread, "
+        "lanterns and painted boats. Stories say that {e1} once danced there until dawn, and that {e2} lost a "
+        "hat in the crowd. Nobody agrees on where the celebration began, and each village tells its own tale.",
+    ),
+    (
+        "{W} Pass",
+        "The {t} is a mountain road known for cold winds and narrow paths. Travellers leave small "
+        "stones at the top for luck. A diary attributed to {e1} describes the view, and a letter signed by {e2} "
+        "complains about the weather. The road is closed for most of the winter.",
+    ),
+    (
+        "{W}",
+        "{t} is a board game played with black and white tokens on a square grid. Players take turns and "
+        "try to surround the tokens of the other side. {e1} is said to have played it often, and {e2} wrote a "
+        "short note on its rules. The game has many local variants.",
+    ),
+    (
+        "{W} Pie",
+        "{t} is a sweet dish made from oats, honey and baked apples, served warm on holidays. An old "
+        "cookbook says that {e1} liked it with cream, while {e2} preferred it cold. Recipes differ from one "
+        "kitchen to the next, and every family claims its own is the best.",
+    ),
+    (
+        "The {W}",
+        "{t} was a wooden sailing ship with three masts and a red flag. Sailors told many stories "
+        "about it. One such story claims that {e1} travelled on board and that {e2} painted its figurehead. "
+        "The ship is now remembered mainly in sea songs.",
+    ),
+    (
+        "Legend of {W}",
+        "The {t} tells of a fox who stole the moon and hid it in a well. Children hear it on "
+        "long nights. Some tellers add that {e1} found the well, others that {e2} lowered a bucket and brought "
+        "the moon back. The ending changes with every telling.",
+    ),
 )
 
 
@@ -225,10 +475,14 @@ class _Namer:
 
     def name(self, etype: str) -> str:
         r, w = self.rng, self.word()
-        return {"person": lambda: f"{w} {self.word()}", "city": lambda: w,
-                "company": lambda: f"{w} {r.choice(COMPANY_SUFFIX)}",
-                "film": lambda: f"{w} {r.choice(FILM_NOUNS)}", "band": lambda: f"The {w}s",
-                "university": lambda: f"{w} University" if r.random() < 0.5 else f"University of {w}"}[etype]()
+        return {
+            "person": lambda: f"{w} {self.word()}",
+            "city": lambda: w,
+            "company": lambda: f"{w} {r.choice(COMPANY_SUFFIX)}",
+            "film": lambda: f"{w} {r.choice(FILM_NOUNS)}",
+            "band": lambda: f"The {w}s",
+            "university": lambda: f"{w} University" if r.random() < 0.5 else f"University of {w}",
+        }[etype]()
 
 
 def _literal(attr: str, rng: random.Random, countries: list[str], namer: _Namer) -> str:
@@ -260,14 +514,17 @@ def make_world(seed: int = 0, n_per_type: int = 40, n_distractors: int | None = 
     for e in entities:
         for a in ATTRS:
             if a.etype == e.type:
-                e.attributes[a.name] = (rng.choice(by_type[a.target]).name if a.target
-                                        else _literal(a.name, rng, countries, namer))
+                e.attributes[a.name] = (
+                    rng.choice(by_type[a.target]).name if a.target else _literal(a.name, rng, countries, namer)
+                )
     passages = []
     for e in entities:
         subj = SUBJECT.get(e.type, "{n}").format(n=e.name)
         subj = subj[0].upper() + subj[1:]
-        sents = [rng.choice(a.sentences).format(n=subj if i == 0 else e.name, v=e.attributes[a.name])
-                 for i, a in enumerate(a for a in ATTRS if a.etype == e.type)]
+        sents = [
+            rng.choice(a.sentences).format(n=subj if i == 0 else e.name, v=e.attributes[a.name])
+            for i, a in enumerate(a for a in ATTRS if a.etype == e.type)
+        ]
         first, rest = sents[0], sents[1:] + [rng.choice(COLOUR[e.type]).format(n=e.name)]
         rng.shuffle(rest)
         passages.append(Passage(e.id, e.name, " ".join([first] + rest)))
@@ -303,8 +560,9 @@ def _subject(e: Entity) -> str:
 
 
 def _hop(world: World, e: Entity, a: Attr) -> SubQuestion:
-    return SubQuestion(text=a.question.format(s=_subject(e)), query=f"{e.name} {a.kw}",
-                       answer=e.attributes[a.name], passage_id=e.id)
+    return SubQuestion(
+        text=a.question.format(s=_subject(e)), query=f"{e.name} {a.kw}", answer=e.attributes[a.name], passage_id=e.id
+    )
 
 
 def _make_question(world: World, kind: str, rng: random.Random) -> Question | None:
@@ -323,8 +581,14 @@ def _make_question(world: World, kind: str, rng: random.Random) -> Question | No
         if h2.answer == e.name:  # "the mayor of the city where X was born" == X: trivial
             return None
         text = r2.question.format(s=r1.phrase.format(s=_subject(e)))
-        return Question(f"bridge:{e.id}.{r1.name}.{r2.name}", text, aliases(world, r2.name, h2.answer), kind,
-                        [e.id, mid.id], [h1, h2])
+        return Question(
+            f"bridge:{e.id}.{r1.name}.{r2.name}",
+            text,
+            aliases(world, r2.name, h2.answer),
+            kind,
+            [e.id, mid.id],
+            [h1, h2],
+        )
     a = rng.choice([a for a in ATTRS if a.compare])
     x, y = rng.sample(world.of_type(a.etype), 2)
     vx, vy = int(x.attributes[a.name]), int(y.attributes[a.name])
@@ -333,12 +597,19 @@ def _make_question(world: World, kind: str, rng: random.Random) -> Question | No
     template, direction = a.compare
     win = x if (vx < vy) == (direction == "min") else y
     text = template.format(a=x.name, b=y.name)
-    return Question(f"comparison:{x.id}|{y.id}.{a.name}", text, aliases(world, "", win.name), kind,
-                    [x.id, y.id], [_hop(world, x, a), _hop(world, y, a)])
+    return Question(
+        f"comparison:{x.id}|{y.id}.{a.name}",
+        text,
+        aliases(world, "", win.name),
+        kind,
+        [x.id, y.id],
+        [_hop(world, x, a), _hop(world, y, a)],
+    )
 
 
-def _draw(world: World, kind: str, rng: random.Random, taken: set[str], seen: set[str] | None,
-          split: str | None = None) -> Question:
+def _draw(
+    world: World, kind: str, rng: random.Random, taken: set[str], seen: set[str] | None, split: str | None = None
+) -> Question:
     """Draw a question of ``kind`` (and ``split``) not in ``taken``; avoid ``seen`` too unless the
     world runs out."""
     tries = round(400 / split_share(split))  # a split rejects the draws outside it
@@ -348,8 +619,10 @@ def _draw(world: World, kind: str, rng: random.Random, taken: set[str], seen: se
             continue
         if seen is None or q.id not in seen or attempt >= tries // 2:
             return q
-    raise ValueError(f"this world holds too few distinct {kind!r} questions{f' in split {split!r}' if split else ''}; "
-                     "use make_world(n_per_type=...) with more entities")
+    raise ValueError(
+        f"this world holds too few distinct {kind!r} questions{f' in split {split!r}' if split else ''}; "
+        "use make_world(n_per_type=...) with more entities"
+    )
 
 
 def _check_kinds(kinds) -> tuple[str, ...]:
@@ -372,8 +645,9 @@ def make_questions(world: World, n: int, seed: int = 0, kinds: tuple[str, ...] =
     return out
 
 
-def make_tasks(world: World, n: int, k: int = 1, seed: int = 0, kinds: tuple[str, ...] = KINDS,
-               split: str | None = None) -> list[Task]:
+def make_tasks(
+    world: World, n: int, k: int = 1, seed: int = 0, kinds: tuple[str, ...] = KINDS, split: str | None = None
+) -> list[Task]:
     """``n`` tasks of ``k`` distinct questions each, composed with MEM1 Prompt 1.
 
     Kinds rotate round-robin over all slots (equal mix); a question is reused across tasks

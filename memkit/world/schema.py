@@ -4,6 +4,7 @@ A *Task* is what one trajectory solves: ``k`` questions composed into one prompt
 (MEM1 §3.3 multi-objective QA; ``k == 1`` is plain QA). Every field is plain data so a
 task round-trips through JSONL byte-identically.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field

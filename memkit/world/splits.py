@@ -5,6 +5,7 @@ other seeds are new *combinations* of the same questions. Held-out evaluation th
 split of the questions themselves, not of the task seeds; and RL that is to learn to *search*
 (rather than to recall what behaviour cloning memorised) needs questions SFT never saw.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -37,7 +38,7 @@ def question_split(question_id: str) -> str:
     """
     key = question_id
     if question_id.startswith("comparison:"):
-        pair, attr = question_id[len("comparison:"):].split(".", 1)
+        pair, attr = question_id[len("comparison:") :].split(".", 1)
         key = "comparison:" + "|".join(sorted(pair.split("|"))) + "." + attr
     h = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
     return _BUCKETS[h % len(_BUCKETS)]
@@ -61,6 +62,7 @@ def split_share(split: str | None) -> float:
 def check_split(split: str | None) -> str | None:
     """``split`` itself when it is one of :data:`SPLITS`, ``"train"`` or None (all questions), else a clear error."""
     if split is not None and split not in SPLITS + (TRAIN,):
-        raise ValueError(f"unknown split {split!r}; choose 'sft', 'rl', 'test', 'train' (sft + rl) "
-                         "or None (all questions)")
+        raise ValueError(
+            f"unknown split {split!r}; choose 'sft', 'rl', 'test', 'train' (sft + rl) or None (all questions)"
+        )
     return split

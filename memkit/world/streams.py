@@ -16,6 +16,7 @@ multi-hop (the value before a change; a bridge from a pet to its owner's employe
 world knowledge, ours asks what the persona and experience memories hold), adversarial (the
 other speaker's fact, answer "not mentioned"). Sizes: :data:`SIZES`.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -24,22 +25,50 @@ import random
 from memkit.world.conversation import CATEGORY_IDS, NOT_MENTIONED, Conversation, ConvQA, Hop, Session, StreamFact, Turn
 
 #: sessions and small-talk exchanges per session; "full" is LoCoMo-like (~19 sessions, ~300 turns)
-SIZES = {"smoke": {"sessions": 4, "small_talk": (1, 2)}, "medium": {"sessions": 10, "small_talk": (2, 4)},
-         "full": {"sessions": 20, "small_talk": (4, 6)}}
-HOBBIES = ("painting", "hiking", "pottery", "chess", "baking", "climbing", "gardening", "cycling", "knitting", "fishing")
-TIPS = {"keeping basil alive": "water it every morning", "sleeping on a night train": "bring earplugs",
-        "learning a new song": "practice the chorus first", "packing for a long trip": "roll the clothes",
-        "cooking rice": "rinse it three times", "running a long race": "start slower than you want",
-        "remembering names": "repeat the name once aloud", "fixing a flat tyre": "find the leak with soapy water"}
+SIZES = {
+    "smoke": {"sessions": 4, "small_talk": (1, 2)},
+    "medium": {"sessions": 10, "small_talk": (2, 4)},
+    "full": {"sessions": 20, "small_talk": (4, 6)},
+}
+HOBBIES = (
+    "painting",
+    "hiking",
+    "pottery",
+    "chess",
+    "baking",
+    "climbing",
+    "gardening",
+    "cycling",
+    "knitting",
+    "fishing",
+)
+TIPS = {
+    "keeping basil alive": "water it every morning",
+    "sleeping on a night train": "bring earplugs",
+    "learning a new song": "practice the chorus first",
+    "packing for a long trip": "roll the clothes",
+    "cooking rice": "rinse it three times",
+    "running a long race": "start slower than you want",
+    "remembering names": "repeat the name once aloud",
+    "fixing a flat tyre": "find the leak with soapy water",
+}
 OPENERS = ("Hi {o}! How have you been?", "Hey {o}, good to hear from you again.", "Hello {o}! It has been a while.")
 REPLIES_OPEN = ("I am doing well, thanks for asking.", "Pretty good! Busy week though.", "All good here, thanks.")
-REACTIONS = ("Wow, that is great news!", "Oh nice, tell me more sometime.", "That sounds lovely.", "Haha, good for you!",
-             "Really? I did not expect that.", "Thanks for telling me.")
-SMALL_TALK = (("The weather has been strange lately.", "Yes, rain one day and sun the next."),
-              ("Did you sleep well?", "Not really, I stayed up reading."),
-              ("I made soup for dinner.", "Soup sounds perfect right now."),
-              ("Work was quiet today.", "Quiet days are nice once in a while."),
-              ("I need a holiday.", "Me too, maybe next month."))
+REACTIONS = (
+    "Wow, that is great news!",
+    "Oh nice, tell me more sometime.",
+    "That sounds lovely.",
+    "Haha, good for you!",
+    "Really? I did not expect that.",
+    "Thanks for telling me.",
+)
+SMALL_TALK = (
+    ("The weather has been strange lately.", "Yes, rain one day and sun the next."),
+    ("Did you sleep well?", "Not really, I stayed up reading."),
+    ("I made soup for dinner.", "Soup sounds perfect right now."),
+    ("Work was quiet today.", "Quiet days are nice once in a while."),
+    ("I need a holiday.", "Me too, maybe next month."),
+)
 CLOSERS = (("I have to go now, talk soon!", "Bye, take care!"), ("Let us catch up again next week.", "Sure, see you!"))
 _WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 
@@ -135,9 +164,20 @@ class _Builder:
 
     def choices(self):
         a, b = self.a, self.b
-        out = [(a, self.ev_city), (b, self.ev_city), (a, self.ev_job), (b, self.ev_job), (a, self.ev_pet),
-               (a, self.ev_band), (b, self.ev_band), (a, self.ev_hobby), (b, self.ev_hobby), (b, self.ev_tip),
-               (a, self.ev_restate), (b, self.ev_restate)]
+        out = [
+            (a, self.ev_city),
+            (b, self.ev_city),
+            (a, self.ev_job),
+            (b, self.ev_job),
+            (a, self.ev_pet),
+            (a, self.ev_band),
+            (b, self.ev_band),
+            (a, self.ev_hobby),
+            (b, self.ev_hobby),
+            (b, self.ev_tip),
+            (a, self.ev_restate),
+            (b, self.ev_restate),
+        ]
         if a.pets and not a.pets[-1]["old"] and session_gap(a.pets[-1]["dias"][0], self.index):
             out.append((a, self.ev_correct))
         return out
@@ -150,8 +190,15 @@ class _Builder:
         else:
             rel, when = self.relative_date(who.city)
             dia = self.say(who, f"Big news: I moved to {city} {rel}!")
-            self.fact(who, dia, "city", city, f"{who.name} lives in {city} since {day(when)}.", change="update",
-                      start=day(when))
+            self.fact(
+                who,
+                dia,
+                "city",
+                city,
+                f"{who.name} lives in {city} since {day(when)}.",
+                change="update",
+                start=day(when),
+            )
         who.city.append((city, day(when) if who.city else "", dia))
         return True
 
@@ -165,7 +212,9 @@ class _Builder:
             rel, d = self.relative_date(who.job)
             when = day(d)
             dia = self.say(who, f"I started a new job at {company} {rel}.")
-            self.fact(who, dia, "job", company, f"{who.name} works at {company} since {when}.", change="update", start=when)
+            self.fact(
+                who, dia, "job", company, f"{who.name} works at {company} since {when}.", change="update", start=when
+            )
         who.job.append((company, when, dia))
         return True
 
@@ -191,8 +240,15 @@ class _Builder:
         pet = who.pets[-1]
         new = self.fresh(self.pet_names, {n for p in who.pets for n in [p["name"], *p["old"]]})
         dia = self.say(who, f"Oops, I got it wrong before: the dog is called {new}, not {pet['name']}.")
-        self.fact(who, dia, pet["slot"], new, f"{who.name} adopted a dog named {new} on {pet['date']}.",
-                  change="correct", start=pet["date"])
+        self.fact(
+            who,
+            dia,
+            pet["slot"],
+            new,
+            f"{who.name} adopted a dog named {new} on {pet['date']}.",
+            change="correct",
+            start=pet["date"],
+        )
         pet["old"].append(pet["name"])
         pet["name"] = new
         pet["dias"].append(dia)
@@ -218,8 +274,15 @@ class _Builder:
     def ev_hobby(self, who) -> bool:
         hobby = who.hobby[0] if who.hobby else self.fresh(HOBBIES, {s.hobby[0] for s in (self.a, self.b) if s.hobby})
         dia = self.say(who, f"I spent the weekend {hobby} again.")
-        self.fact(who, dia, "hobby", hobby, f"{who.name} enjoys {hobby}.", store="persona",
-                  change="repeat" if who.hobby else "new")
+        self.fact(
+            who,
+            dia,
+            "hobby",
+            hobby,
+            f"{who.name} enjoys {hobby}.",
+            store="persona",
+            change="repeat" if who.hobby else "new",
+        )
         who.hobby = (hobby, [*(who.hobby[1] if who.hobby else []), dia])
         return True
 
@@ -229,8 +292,14 @@ class _Builder:
             return self.ev_restate(who)
         task = self.rng.choice([t for t in TIPS if t not in done])
         dia = self.say(who, f"My trick for {task} is to {TIPS[task]}.")
-        self.fact(who, dia, f"tip|{task}", TIPS[task], f"Trick for {task} (from {who.name}): {TIPS[task]}.",
-                  store="experience")
+        self.fact(
+            who,
+            dia,
+            f"tip|{task}",
+            TIPS[task],
+            f"Trick for {task} (from {who.name}): {TIPS[task]}.",
+            store="experience",
+        )
         who.tips.append((task, TIPS[task], dia))
         return True
 
@@ -256,37 +325,95 @@ class _Builder:
             job, _, jdia = s.job[-1]
             add("single-hop", f"Where does {n} work now?", job, [jdia], [Hop("fact", f"{n} works at", job)])
             if s.band:
-                add("single-hop", f"What is {n}'s favourite band?", s.band[0], [s.band[1]],
-                    [Hop("fact", f"{n} favourite band", s.band[0])])
+                add(
+                    "single-hop",
+                    f"What is {n}'s favourite band?",
+                    s.band[0],
+                    [s.band[1]],
+                    [Hop("fact", f"{n} favourite band", s.band[0])],
+                )
             for (prev, _, pdia), (cur, when, cdia) in zip(s.city, s.city[1:]):
-                add("temporal", f"When did {n} move to {cur}?", when, [cdia], [Hop("fact", f"{n} lives in {cur} since", when)])
-                add("multi-hop", f"Where did {n} live before moving to {cur}?", prev, [pdia, cdia],
-                    [Hop("fact", f"{n} lives in {cur}", prev)])
+                add(
+                    "temporal",
+                    f"When did {n} move to {cur}?",
+                    when,
+                    [cdia],
+                    [Hop("fact", f"{n} lives in {cur} since", when)],
+                )
+                add(
+                    "multi-hop",
+                    f"Where did {n} live before moving to {cur}?",
+                    prev,
+                    [pdia, cdia],
+                    [Hop("fact", f"{n} lives in {cur}", prev)],
+                )
             for (_, _, _), (cur, when, cdia) in zip(s.job, s.job[1:]):
-                add("temporal", f"When did {n} start working at {cur}?", when, [cdia],
-                    [Hop("fact", f"{n} works at {cur} since", when)])
+                add(
+                    "temporal",
+                    f"When did {n} start working at {cur}?",
+                    when,
+                    [cdia],
+                    [Hop("fact", f"{n} works at {cur} since", when)],
+                )
             for p in s.pets:
-                add("single-hop", f"What is the name of the dog {n} adopted on {p['date']}?", p["name"], p["dias"],
-                    [Hop("fact", f"{n} adopted a dog on {p['date']}", p["name"])])
-                add("temporal", f"When did {n} adopt {p['name']}?", p["date"], p["dias"],
-                    [Hop("fact", f"{n} adopted a dog named {p['name']}", p["date"])])
-                add("multi-hop", f"Where does the owner of the dog named {p['name']} work now?", job, [*p["dias"], jdia],
-                    [Hop("fact", f"adopted a dog named {p['name']}", n), Hop("fact", f"{n} works at", job)])
+                add(
+                    "single-hop",
+                    f"What is the name of the dog {n} adopted on {p['date']}?",
+                    p["name"],
+                    p["dias"],
+                    [Hop("fact", f"{n} adopted a dog on {p['date']}", p["name"])],
+                )
+                add(
+                    "temporal",
+                    f"When did {n} adopt {p['name']}?",
+                    p["date"],
+                    p["dias"],
+                    [Hop("fact", f"{n} adopted a dog named {p['name']}", p["date"])],
+                )
+                add(
+                    "multi-hop",
+                    f"Where does the owner of the dog named {p['name']} work now?",
+                    job,
+                    [*p["dias"], jdia],
+                    [Hop("fact", f"adopted a dog named {p['name']}", n), Hop("fact", f"{n} works at", job)],
+                )
             if s.hobby:
-                add("open-domain", f"What does {n} like to do at the weekend?", s.hobby[0], s.hobby[1],
-                    [Hop("persona", n, s.hobby[0])])
+                add(
+                    "open-domain",
+                    f"What does {n} like to do at the weekend?",
+                    s.hobby[0],
+                    s.hobby[1],
+                    [Hop("persona", n, s.hobby[0])],
+                )
             for task, method, tdia in s.tips:
-                add("open-domain", f"What is {n}'s trick for {task}?", method, [tdia],
-                    [Hop("experience", f"trick for {task}", method)])
+                add(
+                    "open-domain",
+                    f"What is {n}'s trick for {task}?",
+                    method,
+                    [tdia],
+                    [Hop("experience", f"trick for {task}", method)],
+                )
         for s in (self.a, self.b):  # adversarial: what the *other* speaker said, asked of this one
             o = self.other(s)
             if o.pets and not s.pets:
-                add("adversarial", f"What is the name of the dog {s.name} adopted?", NOT_MENTIONED, [o.pets[0]["dias"][0]],
-                    [Hop("fact", f"{s.name} adopted a dog", "")], adversarial=o.pets[0]["name"])
+                add(
+                    "adversarial",
+                    f"What is the name of the dog {s.name} adopted?",
+                    NOT_MENTIONED,
+                    [o.pets[0]["dias"][0]],
+                    [Hop("fact", f"{s.name} adopted a dog", "")],
+                    adversarial=o.pets[0]["name"],
+                )
             if o.tips and not s.tips:
                 task, method, tdia = o.tips[0]
-                add("adversarial", f"What is {s.name}'s trick for {task}?", NOT_MENTIONED, [tdia],
-                    [Hop("experience", f"{s.name} trick for {task}", "")], adversarial=method)
+                add(
+                    "adversarial",
+                    f"What is {s.name}'s trick for {task}?",
+                    NOT_MENTIONED,
+                    [tdia],
+                    [Hop("experience", f"{s.name} trick for {task}", "")],
+                    adversarial=method,
+                )
         return qs
 
 

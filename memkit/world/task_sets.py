@@ -3,6 +3,7 @@
 Held-out tasks ask test questions only (:func:`~memkit.world.splits.question_split`) and use the
 seeds of :data:`EVAL_SEEDS`; training tasks ask sft or rl questions and never use those seeds.
 """
+
 from __future__ import annotations
 
 from memkit.world.generator import make_tasks
@@ -29,8 +30,11 @@ def training_tasks(world, objectives, n_tasks: int, seed: int, kinds=DEFAULT_KIN
     if split not in TRAINING_SPLITS:
         raise ValueError(f"training tasks never draw test questions (split={split!r}); use one of {TRAINING_SPLITS}")
     per_k = max(1, n_tasks // len(objectives))
-    return [t for k in objectives
-            for t in make_tasks(world, n=per_k, k=k, seed=training_seed(seed, k), kinds=kinds, split=split)]
+    return [
+        t
+        for k in objectives
+        for t in make_tasks(world, n=per_k, k=k, seed=training_seed(seed, k), kinds=kinds, split=split)
+    ]
 
 
 def held_out_tasks(world, n: int, k: int, seed: int = 1000, kinds=DEFAULT_KINDS):

@@ -3,6 +3,7 @@
 A character tokenizer (one id per char) stands in for BPE: refs, spans and peak sizes are
 then exact in characters, and the tests need no trained tokenizer.
 """
+
 from __future__ import annotations
 
 import random
@@ -52,8 +53,14 @@ def turns_for(method: str, task) -> int:
 def rollout(method, tasks, env, cfg=None, max_turns=None, seed=0, max_context_tokens=NO_LIMIT):
     m = get_method(method) if isinstance(method, str) else method
     turns = max_turns or max(turns_for(m.name, t) for t in tasks)
-    return run_rollouts(m, tasks, env, OraclePolicy(m, TOK, cfg or OracleConfig(), seed=seed), TOK,
-                        RolloutConfig(max_turns=turns, max_context_tokens=max_context_tokens))
+    return run_rollouts(
+        m,
+        tasks,
+        env,
+        OraclePolicy(m, TOK, cfg or OracleConfig(), seed=seed),
+        TOK,
+        RolloutConfig(max_turns=turns, max_context_tokens=max_context_tokens),
+    )
 
 
 def slot_em(traj) -> float:
@@ -83,7 +90,9 @@ class Scripted:
 
 def run_scripted(method, task, env, texts, max_turns=6):
     m = get_method(method) if isinstance(method, str) else method
-    return run_rollouts(m, [task], env, Scripted(texts), TOK, RolloutConfig(max_turns=max_turns, max_context_tokens=NO_LIMIT))[0]
+    return run_rollouts(
+        m, [task], env, Scripted(texts), TOK, RolloutConfig(max_turns=max_turns, max_context_tokens=NO_LIMIT)
+    )[0]
 
 
 # ------------------------------------------------------------------------------ registry
@@ -112,33 +121,66 @@ def test_tag_helpers():
 
 
 GOOD = {
-    "react": [("<think>hm</think><search>X born</search>", "search", "X born"),
-              ("<answer>Paris</answer>", "answer", "Paris")],
-    "mem1": [("<think>S</think><search>X born</search>", "search", "X born"),
-             ("<think>S</think>\n<answer>a; b</answer>", "answer", "a; b")],
-    "memsearcher": [('<think>t</think><tool_call>{"name": "wikipedia_search", "arguments": {"query": "X born"}}</tool_call>',
-                     "search", "X born"),
-                    ("<think>t</think><answer>Paris</answer>", "answer", "Paris"),
-                    ("<think>t</think> The answer is \\boxed{Paris}.", "answer", "Paris")],
-    "mempo": [("<mem>\nm\n</mem>\n<think>\nt\n</think>\n<search>\nX born\n</search>", "search", "X born"),
-              ("<mem>\nm\n</mem>\n<think>\nt\n</think>\n<answer>\nParis\n</answer>", "answer", "Paris")],
-    "memact": [("<think>t</think><search>X born</search>", "search", "X born"),
-               ("<prune>r1, r2</prune><note>[OBJECTIVE] ...</note>", "prune_write", "[OBJECTIVE] ..."),
-               ("<answer>Paris</answer>", "answer", "Paris")],
+    "react": [
+        ("<think>hm</think><search>X born</search>", "search", "X born"),
+        ("<answer>Paris</answer>", "answer", "Paris"),
+    ],
+    "mem1": [
+        ("<think>S</think><search>X born</search>", "search", "X born"),
+        ("<think>S</think>\n<answer>a; b</answer>", "answer", "a; b"),
+    ],
+    "memsearcher": [
+        (
+            '<think>t</think><tool_call>{"name": "wikipedia_search", "arguments": {"query": "X born"}}</tool_call>',
+            "search",
+            "X born",
+        ),
+        ("<think>t</think><answer>Paris</answer>", "answer", "Paris"),
+        ("<think>t</think> The answer is \\boxed{Paris}.", "answer", "Paris"),
+    ],
+    "mempo": [
+        ("<mem>\nm\n</mem>\n<think>\nt\n</think>\n<search>\nX born\n</search>", "search", "X born"),
+        ("<mem>\nm\n</mem>\n<think>\nt\n</think>\n<answer>\nParis\n</answer>", "answer", "Paris"),
+    ],
+    "memact": [
+        ("<think>t</think><search>X born</search>", "search", "X born"),
+        ("<prune>r1, r2</prune><note>[OBJECTIVE] ...</note>", "prune_write", "[OBJECTIVE] ..."),
+        ("<answer>Paris</answer>", "answer", "Paris"),
+    ],
 }
 BAD = {
-    "react": [("", "empty output"), ("hello", "no action tag"), ("<search>a</search><answer>b</answer>", "both"),
-              ("<search>  </search>", "empty search"), ("<answer></answer>", "empty answer"),
-              ("<search>a", "unclosed <search>"), ("<search>a</search><search>b</search>", "multiple")],
-    "mem1": [("<search>a</search>", "missing <think>"), ("<think>s<search>a</search>", "unclosed <think>"),
-             ("<search>a</search><think>s</think>", "before"), ("<think>s</think><answer> </answer>", "empty answer")],
-    "memsearcher": [("<think>t</think><tool_call>{\"name\": \"wikipedia_search\"}</tool_call>", "without a query"),
-                    ("<tool_call>q</tool_call>", "missing <think>"), ("<think>t</think>", "no action tag")],
-    "mempo": [("<think>t</think><search>a</search>", "missing <mem>"), ("<mem>m</mem><search>a</search>", "missing <think>"),
-              ("<mem>m</mem><think>t</think><answer>", "unclosed <answer>")],
-    "memact": [("<prune>r1</prune>", "missing <note>"), ("<prune>r1</prune><note>x", "unclosed <note>"),
-               ("<prune>r1</prune><note> </note>", "empty note"), ("<prune>r1<note>x</note>", "unclosed <prune>"),
-               ("<prune>r1</prune><note>x</note><search>q</search>", "both")],
+    "react": [
+        ("", "empty output"),
+        ("hello", "no action tag"),
+        ("<search>a</search><answer>b</answer>", "both"),
+        ("<search>  </search>", "empty search"),
+        ("<answer></answer>", "empty answer"),
+        ("<search>a", "unclosed <search>"),
+        ("<search>a</search><search>b</search>", "multiple"),
+    ],
+    "mem1": [
+        ("<search>a</search>", "missing <think>"),
+        ("<think>s<search>a</search>", "unclosed <think>"),
+        ("<search>a</search><think>s</think>", "before"),
+        ("<think>s</think><answer> </answer>", "empty answer"),
+    ],
+    "memsearcher": [
+        ('<think>t</think><tool_call>{"name": "wikipedia_search"}</tool_call>', "without a query"),
+        ("<tool_call>q</tool_call>", "missing <think>"),
+        ("<think>t</think>", "no action tag"),
+    ],
+    "mempo": [
+        ("<think>t</think><search>a</search>", "missing <mem>"),
+        ("<mem>m</mem><search>a</search>", "missing <think>"),
+        ("<mem>m</mem><think>t</think><answer>", "unclosed <answer>"),
+    ],
+    "memact": [
+        ("<prune>r1</prune>", "missing <note>"),
+        ("<prune>r1</prune><note>x", "unclosed <note>"),
+        ("<prune>r1</prune><note> </note>", "empty note"),
+        ("<prune>r1<note>x</note>", "unclosed <prune>"),
+        ("<prune>r1</prune><note>x</note><search>q</search>", "both"),
+    ],
 }
 
 
@@ -172,10 +214,34 @@ def test_parse_malformed(method):
         assert "unclosed <memory>" in m.parse("<memory>facts", "memory").error
 
 
-TAGGY = st.lists(st.sampled_from(list("<>/{}\":;, \\\nabcr1") + [
-    "<think>", "</think>", "<search>", "</search>", "<answer>", "</answer>", "<mem>", "</mem>", "<memory>",
-    "</memory>", "<tool_call>", "</tool_call>", "<prune>", "</prune>", "<note>", "</note>", "\\boxed{", "}",
-    '"query"', '{"name": "wikipedia_search", "arguments": {"query": ']), max_size=30).map("".join)
+TAGGY = st.lists(
+    st.sampled_from(
+        list('<>/{}":;, \\\nabcr1')
+        + [
+            "<think>",
+            "</think>",
+            "<search>",
+            "</search>",
+            "<answer>",
+            "</answer>",
+            "<mem>",
+            "</mem>",
+            "<memory>",
+            "</memory>",
+            "<tool_call>",
+            "</tool_call>",
+            "<prune>",
+            "</prune>",
+            "<note>",
+            "</note>",
+            "\\boxed{",
+            "}",
+            '"query"',
+            '{"name": "wikipedia_search", "arguments": {"query": ',
+        ]
+    ),
+    max_size=30,
+).map("".join)
 
 
 @pytest.mark.fuzz
@@ -198,26 +264,34 @@ class Drawn:
         self.draw = draw
 
     def generate_calls(self, states, specs, contexts):
-        return [Generation(ids=TOK.encode(t), logprobs=[0.0] * len(t), text=t)
-                for t in (self.draw(st.one_of(TAGGY, RANDOM_CALLS)) for _ in states)]
+        return [
+            Generation(ids=TOK.encode(t), logprobs=[0.0] * len(t), text=t)
+            for t in (self.draw(st.one_of(TAGGY, RANDOM_CALLS)) for _ in states)
+        ]
 
 
 #: outputs that parse more often than TAGGY: real tags and tool calls around random arguments
 RANDOM_CALLS = st.builds(
-    lambda tag, arg, ids: {"search": f"<think>t</think><search>{arg}</search>",
-                           "answer": f"<think>t</think><answer>{arg}</answer>",
-                           "mem": f"<mem>{arg}</mem><think>t</think><search>{arg}</search>",
-                           "memory": f"<memory>{arg}</memory>",
-                           "tool": '<tool_call>{"name": "wikipedia_search", "arguments": {"query": "%s"}}</tool_call>' % arg,
-                           "prune": f"<prune>{ids}</prune><note>{arg}</note>"}[tag],
+    lambda tag, arg, ids: {
+        "search": f"<think>t</think><search>{arg}</search>",
+        "answer": f"<think>t</think><answer>{arg}</answer>",
+        "mem": f"<mem>{arg}</mem><think>t</think><search>{arg}</search>",
+        "memory": f"<memory>{arg}</memory>",
+        "tool": '<tool_call>{"name": "wikipedia_search", "arguments": {"query": "%s"}}</tool_call>' % arg,
+        "prune": f"<prune>{ids}</prune><note>{arg}</note>",
+    }[tag],
     st.sampled_from(["search", "answer", "mem", "memory", "tool", "prune"]),
-    st.lists(st.sampled_from(list("ab1 ,;.?!<>/\\\"{}") + ["Q1:", "Q2:"]), max_size=12).map("".join),
-    st.lists(st.sampled_from(["r1", "r2", "r9", "x", ""]), max_size=3).map(", ".join))
+    st.lists(st.sampled_from(list('ab1 ,;.?!<>/\\"{}') + ["Q1:", "Q2:"]), max_size=12).map("".join),
+    st.lists(st.sampled_from(["r1", "r2", "r9", "x", ""]), max_size=3).map(", ".join),
+)
 
 
 @pytest.mark.fuzz
-@settings(max_examples=depth(40, fuzz=1000), deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                                  HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=depth(40, fuzz=1000),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(data=st.data())
 def test_engine_turns_any_model_output_into_a_trajectory(data, world, env):
     """Random outputs through the whole engine (parse, apply, search, memory updates): every format
@@ -225,8 +299,9 @@ def test_engine_turns_any_model_output_into_a_trajectory(data, world, env):
     non-ModelError exception while applying an output would: that is a memkit bug)."""
     tasks = make_tasks(world, 2, k=2, seed=data.draw(st.integers(0, 50)))
     for name in METHODS:
-        trajs = run_rollouts(get_method(name), tasks, env, Drawn(data.draw), TOK,
-                             RolloutConfig(max_turns=4, max_context_tokens=NO_LIMIT))
+        trajs = run_rollouts(
+            get_method(name), tasks, env, Drawn(data.draw), TOK, RolloutConfig(max_turns=4, max_context_tokens=NO_LIMIT)
+        )
         assert len(trajs) == len(tasks)
         assert all(t.valid or t.reason for t in trajs), [(t.reason, t.calls[-1].output_text) for t in trajs]
 
@@ -334,7 +409,7 @@ def test_memact_prunes_and_records_ids(oracle_runs):
     made = traj.info["record_ids"]
     for i, ids in enumerate(pruned):
         for rid in ids:  # a pruned record never appears in a later context
-            assert all(f"[{rid}] " not in c.context_text for c in traj.calls[i + 1:])
+            assert all(f"[{rid}] " not in c.context_text for c in traj.calls[i + 1 :])
             assert rid in made[:i]
 
 
@@ -392,9 +467,8 @@ def test_show_comparison_writes_both_values_once_then_the_winner(world, env):
             derivation = f"Q{qi + 1}: {a.query}: {a.answer}; {b.query}: {b.answer}, so {q.answers[0]}."
             hits = [i for i, t in enumerate(thinks) if derivation in t]
             assert len(hits) == 1, (derivation, thinks)
-            later = thinks[hits[0] + 1:]
+            later = thinks[hits[0] + 1 :]
             assert all(f"Q{qi + 1}: {q.answers[0]}." in t for t in later) and not any(derivation in t for t in plain)
-
 
 
 # ------------------------------------------------------------------------------ memory flaws
@@ -523,11 +597,14 @@ def test_context_over_the_limit_is_an_invalid_turn(world, env, method):
 def test_memsearcher_memory_budget(world, env):
     task = make_tasks(world, 1, k=1, seed=7)[0]
     search = '<think>t</think><tool_call>{"name": "wikipedia_search", "arguments": {"query": "x"}}</tool_call>'
-    traj = run_scripted(get_method("memsearcher", memory_budget_words=3), task, env,
-                        [search, "<memory>one two three four</memory>"])
+    traj = run_scripted(
+        get_method("memsearcher", memory_budget_words=3), task, env, [search, "<memory>one two three four</memory>"]
+    )
     assert not traj.valid and "memory over budget (4 > 3 words)" in traj.reason and traj.reward == 0.0
     m = get_method("memsearcher", memory_budget_words=3, on_over_budget="truncate")
-    traj = run_scripted(m, task, env, [search, "<memory>one two three four</memory>", "<think>t</think><answer>z</answer>"])
+    traj = run_scripted(
+        m, task, env, [search, "<memory>one two three four</memory>", "<think>t</think><answer>z</answer>"]
+    )
     assert traj.valid and "<memory>one two three</memory>" in traj.calls[2].context_text
     assert not any(j == 1 for _, _, j, _ in traj.calls[2].context_refs)  # truncated: not a verbatim copy
 
@@ -542,8 +619,12 @@ def test_rewards_follow_the_papers(world, env):
     assert r("react", f"<answer>{half}</answer>") == 1.0
     assert r("mempo", f"<mem>m</mem><think>t</think><answer>{half}</answer>") == 0.0  # §4.1: 1 iff correct
     assert r("mempo", f"<mem>m</mem><think>t</think><answer>{gold[0]}; {gold[1]}</answer>") == 1.0
-    assert run_scripted(get_method("mempo", reward="fraction"), task, env,
-                        [f"<mem>m</mem><think>t</think><answer>{half}</answer>"]).reward == 0.5
+    assert (
+        run_scripted(
+            get_method("mempo", reward="fraction"), task, env, [f"<mem>m</mem><think>t</think><answer>{half}</answer>"]
+        ).reward
+        == 0.5
+    )
     assert r("memact", f"<answer>{half}</answer>") == 0.5
     assert r("memact", "<answer>x; y</answer>") == 0.0
     assert r("memsearcher", "<think>t</think><answer>x; y</answer>") == 0.1  # eq. 9: format ok, F1 = 0
@@ -584,8 +665,10 @@ def test_numbered_questions_splits_the_composite_prompt():
     from memkit.agents.base import numbered_questions
     from memkit.world.schema import Question, compose_prompt
 
-    qs = [Question(id=f"q{i}", kind="1hop", text=t, answers=["x"]) for i, t in
-          enumerate(['Who directed "Vokbros Signal"?', "In which year was Shorpi Vepo born?"])]
+    qs = [
+        Question(id=f"q{i}", kind="1hop", text=t, answers=["x"])
+        for i, t in enumerate(['Who directed "Vokbros Signal"?', "In which year was Shorpi Vepo born?"])
+    ]
     out = numbered_questions(compose_prompt(qs))
     assert out == 'Q1: Who directed "Vokbros Signal"? Q2: In which year was Shorpi Vepo born?'
     assert numbered_questions("Which river flows through Kulshos?") == "Q1: Which river flows through Kulshos?"

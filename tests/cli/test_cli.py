@@ -1,5 +1,6 @@
 """The ``memkit`` command line: flags generated from the config dataclasses, and every command
 line the docs and notebooks show parses with the real parser."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -100,14 +101,43 @@ def test_every_config_field_has_a_flag_that_sets_it(command, cls):
 
 
 def test_optional_fields_accept_none_and_aliases_keep_working():
-    args = _parse(["train", "--method", "mem1", "--clip-high", "0.28", "--vf-clip", "none", "--n", "6",
-                   "--out", "runs/x", "--max-minutes", "2", "--objectives", "1,2", "--method-kwargs", "{}"])
+    args = _parse(
+        [
+            "train",
+            "--method",
+            "mem1",
+            "--clip-high",
+            "0.28",
+            "--vf-clip",
+            "none",
+            "--n",
+            "6",
+            "--out",
+            "runs/x",
+            "--max-minutes",
+            "2",
+            "--objectives",
+            "1,2",
+            "--method-kwargs",
+            "{}",
+        ]
+    )
     cfg = train_config(args)
-    assert (cfg.clip.high, cfg.critic.vf_clip, cfg.n_samples, cfg.out_dir, cfg.max_seconds, cfg.objectives) == \
-        (0.28, None, 6, "runs/x", 120.0, (1, 2))
+    assert (cfg.clip.high, cfg.critic.vf_clip, cfg.n_samples, cfg.out_dir, cfg.max_seconds, cfg.objectives) == (
+        0.28,
+        None,
+        6,
+        "runs/x",
+        120.0,
+        (1, 2),
+    )
     assert train_config(_parse(["train", "--method", "mem1", "--algo", "ppo"])).out_dir == "runs/mem1-ppo"
     sft = config_from_args(SFTConfig, _parse(["sft", "--method", "mem1", "--max-minutes", "0", "--show-comparison"]))
-    assert sft.max_seconds is None and sft.oracle.show_comparison and sft.oracle.p_drop_fact == SFTConfig().oracle.p_drop_fact
+    assert (
+        sft.max_seconds is None
+        and sft.oracle.show_comparison
+        and sft.oracle.p_drop_fact == SFTConfig().oracle.p_drop_fact
+    )
     assert config_from_args(SFTConfig, _parse(["sft", "--method", "mem1"])).max_seconds == SFTConfig.max_seconds
 
 
@@ -124,8 +154,11 @@ def _documented_commands() -> list[tuple[str, str]]:
                 line = line.split("#")[0].strip()
                 if line.startswith("memkit "):
                     found.append((path.name, line))
-    sources = [(p.name, p.read_text(encoding="utf-8")) for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-               if p.exists()]
+    sources = [
+        (p.name, p.read_text(encoding="utf-8"))
+        for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+        if p.exists()
+    ]
     for path in sorted((REPO / "notebooks").glob("*.ipynb")):
         cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
         sources.append((path.name, "".join("".join(c["source"]) for c in cells)))
@@ -155,12 +188,27 @@ def test_every_documented_command_line_parses():
             config_from_args(SFTConfig, args)
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["world", "--help"], ["eval", "--help"], ["eval", "--n", "5"],
-                                  ["rollout", "--method", "nope"], ["reproduce", "--help"], ["results", "--help"],
-                                  ["nope"], ["train", "--help"], ["train", "--method", "nope"],
-                                  ["train", "--method", "mem1", "--steps", "0"], ["train", "--method", "mem1", "--lr", "-1"],
-                                  ["sft", "--help"], ["sft", "--method", "mem1", "--decay-fraction", "0"],
-                                  ["sft", "--method", "mem1", "--tag", "a/b"], ["pretrain", "--copy-fraction", "2"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["world", "--help"],
+        ["eval", "--help"],
+        ["eval", "--n", "5"],
+        ["rollout", "--method", "nope"],
+        ["reproduce", "--help"],
+        ["results", "--help"],
+        ["nope"],
+        ["train", "--help"],
+        ["train", "--method", "nope"],
+        ["train", "--method", "mem1", "--steps", "0"],
+        ["train", "--method", "mem1", "--lr", "-1"],
+        ["sft", "--help"],
+        ["sft", "--method", "mem1", "--decay-fraction", "0"],
+        ["sft", "--method", "mem1", "--tag", "a/b"],
+        ["pretrain", "--copy-fraction", "2"],
+    ],
+)
 def test_help_and_argument_errors_import_no_torch(argv):
     """``memkit --help`` and every command's argument errors build only their subcommand's flags from
     torch-free configs (memkit.rl.config, memkit.train.config) and check them before anything heavy
@@ -169,8 +217,10 @@ def test_help_and_argument_errors_import_no_torch(argv):
     import subprocess
     import sys
 
-    code = ("import sys\nfrom memkit.cli import main\ntry:\n    main(%r)\nexcept SystemExit as e:\n    code = e.code\n"
-            "print('HEAVY', sorted(m for m in ('torch', 'transformers') if m in sys.modules))" % (argv,))
+    code = (
+        "import sys\nfrom memkit.cli import main\ntry:\n    main(%r)\nexcept SystemExit as e:\n    code = e.code\n"
+        "print('HEAVY', sorted(m for m in ('torch', 'transformers') if m in sys.modules))" % (argv,)
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "HEAVY []" in out.stdout, (argv, out.stdout[-500:], out.stderr[-500:])
 

@@ -1,4 +1,5 @@
 """memkit.core.lanes: tasks with dependencies on lanes of pinned worker processes (memkit reproduce --jobs)."""
+
 from __future__ import annotations
 
 import io
@@ -16,8 +17,14 @@ def note(name: str, seconds: float = 0.05) -> dict:
     t0 = time.time()
     time.sleep(seconds)
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    return {"name": name, "pid": os.getpid(), "cores": cores, "start": t0, "end": time.time(),
-            "omp": os.environ.get("OMP_NUM_THREADS")}
+    return {
+        "name": name,
+        "pid": os.getpid(),
+        "cores": cores,
+        "start": t0,
+        "end": time.time(),
+        "omp": os.environ.get("OMP_NUM_THREADS"),
+    }
 
 
 def torch_threads(name: str, seconds: float = 0.05) -> dict:
@@ -50,17 +57,24 @@ def test_check_tasks_names_duplicates_unknown_needs_and_cycles():
 
 
 def test_critical_path_is_the_longest_chain_behind_a_task():
-    tasks = [Task("base", note, minutes=8), Task("cons", note, needs=("base",), minutes=20),
-             Task("retr", note, needs=("base",), minutes=15), Task("nb06", note, needs=("cons", "retr"), minutes=7),
-             Task("mem1", note, minutes=18)]
+    tasks = [
+        Task("base", note, minutes=8),
+        Task("cons", note, needs=("base",), minutes=20),
+        Task("retr", note, needs=("base",), minutes=15),
+        Task("nb06", note, needs=("cons", "retr"), minutes=7),
+        Task("mem1", note, minutes=18),
+    ]
     rest = critical_path(tasks)
     assert rest == {"base": 8 + 20 + 7, "cons": 27, "retr": 22, "nb06": 7, "mem1": 18}
 
 
 def test_one_lane_runs_the_longest_chain_first_and_respects_needs():
     order = []
-    tasks = [Task("short", note, ("short",), minutes=1), Task("head", note, ("head",), minutes=2),
-             Task("tail", note, ("tail",), needs=("head",), minutes=5)]
+    tasks = [
+        Task("short", note, ("short",), minutes=1),
+        Task("head", note, ("head",), minutes=2),
+        Task("tail", note, ("tail",), needs=("head",), minutes=5),
+    ]
     out = run_tasks(tasks, 1, on_done=lambda o: order.append(o.name))
     assert order == ["head", "tail", "short"]  # head's chain is 7 minutes, short's 1
     assert all(o.ok and o.value["name"] == o.name for o in out.values())
@@ -82,8 +96,15 @@ def test_a_wide_task_runs_alone_on_every_core_first():
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 cores")
     cores = sorted(os.sched_getaffinity(0))[:2]
-    out = run_tasks([Task("long", note, ("long", 0.3), minutes=50), Task("wide", note, ("wide", 0.5), minutes=1, wide=True),
-                     Task("after", note, ("after",), needs=("wide",))], 2, cores=cores)
+    out = run_tasks(
+        [
+            Task("long", note, ("long", 0.3), minutes=50),
+            Task("wide", note, ("wide", 0.5), minutes=1, wide=True),
+            Task("after", note, ("after",), needs=("wide",)),
+        ],
+        2,
+        cores=cores,
+    )
     wide, long_ = out["wide"].value, out["long"].value
     assert wide["cores"] == cores and wide["omp"] == "2"  # widened for the task ...
     assert long_["start"] >= wide["end"]  # ... and alone, although "long" has the longer chain
@@ -96,16 +117,28 @@ def test_after_a_wide_torch_task_the_lane_has_one_torch_thread_per_core():
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 cores")
     cores = sorted(os.sched_getaffinity(0))[:2]
-    out = run_tasks([Task("wide", torch_threads, ("wide",), minutes=1, wide=True),
-                     *(Task(f"after{i}", torch_threads, (f"after{i}", 0.3), needs=("wide",)) for i in range(2))],
-                    2, cores=cores)
+    out = run_tasks(
+        [
+            Task("wide", torch_threads, ("wide",), minutes=1, wide=True),
+            *(Task(f"after{i}", torch_threads, (f"after{i}", 0.3), needs=("wide",)) for i in range(2)),
+        ],
+        2,
+        cores=cores,
+    )
     assert out["wide"].value["torch_threads"] == 2
     assert [out[f"after{i}"].value["torch_threads"] for i in range(2)] == [1, 1]
 
 
 def test_a_failed_task_fails_what_needs_it_and_the_rest_goes_on():
-    out = run_tasks([Task("bad", fail, ("bad",), minutes=3), Task("after", note, ("after",), needs=("bad",)),
-                     Task("after2", note, ("after2",), needs=("after",)), Task("free", note, ("free",))], 1)
+    out = run_tasks(
+        [
+            Task("bad", fail, ("bad",), minutes=3),
+            Task("after", note, ("after",), needs=("bad",)),
+            Task("after2", note, ("after2",), needs=("after",)),
+            Task("free", note, ("free",)),
+        ],
+        1,
+    )
     assert not out["bad"].ok and out["bad"].error == "RuntimeError: bad broke"
     assert out["after"].error == "not run: it needs bad, which failed"
     assert out["after2"].error == "not run: it needs after, which failed"
@@ -135,8 +168,9 @@ def test_reproduce_on_two_lanes_runs_every_notebook_and_passes_n_seeds(tmp_path)
     body = "import os, memkit.course.nb as nb\nnb.record('cores', sorted(os.sched_getaffinity(0)))\nnb.record('seeds', N_SEEDS)"
     make_notebook(nbs / "xa.ipynb", [body], parameters="SMOKE = True\nN_SEEDS = 1\n")
     make_notebook(nbs / "xb.ipynb", ["import memkit.course.nb as nb; nb.record('seed', SEED)"], parameters="SEED = 0\n")
-    run = reproduce(smoke=False, model="tiny", out_root=tmp_path / "runs", notebooks_dir=nbs, jobs=2, seeds=3,
-                    stream=io.StringIO())  # stems outside the lab's 00-06 names load no lab clone
+    run = reproduce(
+        smoke=False, model="tiny", out_root=tmp_path / "runs", notebooks_dir=nbs, jobs=2, seeds=3, stream=io.StringIO()
+    )  # stems outside the lab's 00-06 names load no lab clone
     summary = json.loads((run / "summary.json").read_text())
     recs = {n["name"]: n["records"] for n in summary["notebooks"]}
     assert [n["ok"] for n in summary["notebooks"]] == [True, True] and summary["clones"] == []

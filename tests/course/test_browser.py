@@ -8,6 +8,7 @@ Needs ``apt-get install -y chromium`` and ``pip install playwright`` (never run
 ``playwright install``: it downloads a browser and fails offline). Screenshots go to
 ``test-artifacts/browser_<notebook>.png``.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,14 @@ from nbtools import NOTEBOOKS_DIR, REPO, make_notebook
 pytestmark = pytest.mark.browser
 
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 ARTIFACTS = REPO / "test-artifacts"
 PROBE = "_widget_probe.ipynb"
 TREE_PROBE = "_tree_probe.ipynb"
@@ -37,7 +44,7 @@ RUN_TIMEOUT_MS = 150_000
 PROBE_CELLS = [
     "import ipywidgets as w\nfrom IPython.display import display\n"
     "display(w.IntSlider(value=2, min=0, max=5, description='turn'))",
-    "display(w.HTML('<span class=\"mk-span\" style=\"background:#fdd\">&lt;mem&gt;</span> rest'))",
+    'display(w.HTML(\'<span class="mk-span" style="background:#fdd">&lt;mem&gt;</span> rest\'))',
 ]
 
 
@@ -87,19 +94,31 @@ def lab(tmp_path_factory):
     make_notebook(root / PROBE, PROBE_CELLS)
     make_notebook(root / TREE_PROBE, TREE_CELLS)
     port, token = _free_port(), secrets.token_hex(16)
-    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
-               JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"),
-               JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"),
-               MEMKIT_RECORD_PATH=str(tmp / "records.json"), MEMKIT_FIGURES=str(tmp / "figures"))
-    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root",
-           "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
-           "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
-           f"--ServerApp.root_dir={root}", "--LabApp.news_url=",
-           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    env = dict(
+        os.environ,
+        JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
+        JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"),
+        JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"),
+        MEMKIT_RECORD_PATH=str(tmp / "records.json"),
+        MEMKIT_FIGURES=str(tmp / "figures"),
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        "--allow-root",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={root}",
+        "--LabApp.news_url=",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    ]
     log_path = tmp / "lab.log"
     log = open(log_path, "wb")
-    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -139,8 +158,9 @@ def browser():
 
 def _started(page) -> bool:
     """True once any cell shows an execution prompt ("[*]" or "[1]")."""
-    return page.evaluate("() => [...document.querySelectorAll('.jp-InputPrompt')]"
-                         ".some(e => /\\[(\\*|\\d+)\\]/.test(e.textContent))")
+    return page.evaluate(
+        "() => [...document.querySelectorAll('.jp-InputPrompt')].some(e => /\\[(\\*|\\d+)\\]/.test(e.textContent))"
+    )
 
 
 def _run_all(page) -> None:
@@ -182,7 +202,9 @@ def test_tree_viewer_responds_to_a_click(lab, browser):
         page.wait_for_function(
             "label => [...document.querySelectorAll('.mk-tree-detail')].some(e => e.textContent.includes(label + ' '))"
             " && [...document.querySelectorAll('.mk-tree-detail')].some(e => e.textContent.includes('A_inter'))",
-            arg=label, timeout=60_000)
+            arg=label,
+            timeout=60_000,
+        )
     finally:
         page.screenshot(path=str(ARTIFACTS / "browser_tree_probe.png"), full_page=False)
         page.close()
@@ -209,11 +231,13 @@ def test_widgets_render_in_jupyterlab(lab, browser, name):
         page.wait_for_selector(".widget-slider", timeout=RUN_TIMEOUT_MS)
         page.wait_for_selector(".mk-span", timeout=RUN_TIMEOUT_MS)
         page.wait_for_function(  # all cells finished: no "[*]" prompt left
-            "() => ![...document.querySelectorAll('.jp-InputPrompt')]"
-            ".some(e => e.textContent.includes('*'))", timeout=RUN_TIMEOUT_MS)
+            "() => ![...document.querySelectorAll('.jp-InputPrompt')].some(e => e.textContent.includes('*'))",
+            timeout=RUN_TIMEOUT_MS,
+        )
         # Lab 4 renders tracebacks as stderr text; tell them from warnings by their header
-        stderr = page.locator(".jp-OutputArea-output[data-mime-type="
-                              "'application/vnd.jupyter.stderr']").all_inner_texts()
+        stderr = page.locator(
+            ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
+        ).all_inner_texts()
         errors = [t for t in stderr if "Traceback (most recent call last)" in t]
         assert not errors, f"{name}: cells raised:\n" + "\n".join(e[-1500:] for e in errors)
         assert page.locator(".widget-slider").first.is_visible()

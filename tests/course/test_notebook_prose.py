@@ -31,6 +31,7 @@ A hit is allowed only in these contexts (the whole list):
 Rules 2 and 3 trust the writer not to hide a measurement behind ``=`` or "paper"; they keep the
 list short. A measured figure that must appear in prose belongs in a code cell's output.
 """
+
 from __future__ import annotations
 
 import re
@@ -52,7 +53,8 @@ _FIGURE = re.compile(
     rf"|(?P<pct>{_NUM}\s?%)"  # 73.1%
     rf"|(?P<dec>\d*\.\d+)(?![\w.])"  # 0.47, .015
     rf")",
-    re.I)
+    re.I,
+)
 _REFERENCE = re.compile(r"(?:§|\b(?:eqs?|Eqs?|Fig|Figs|Tab|Table|App|Alg|Section|line)\.?)\s*$")
 _SETTING = re.compile(r"=|\b(?:lr|temperature|coefficient|coef|rate|weight)\b", re.I)
 _UNIT_AFTER = re.compile(r"\s*(?:min|minutes?|s\b|sec|seconds?|h\b|hours?)", re.I)
@@ -66,8 +68,8 @@ def measured_figures(markdown: str) -> list[str]:
     for m in _FIGURE.finditer(masked):
         start, end, text = m.start(), m.end(), m.group()
         before, after = markdown[:start], markdown[end:]
-        line_before = before[before.rfind("\n") + 1:][-40:]
-        paragraph_before = before[before.rfind("\n\n") + 1:][-80:]
+        line_before = before[before.rfind("\n") + 1 :][-40:]
+        paragraph_before = before[before.rfind("\n\n") + 1 :][-80:]
         if _REFERENCE.search(before[-12:]):  # 1. reference
             continue
         if _SETTING.search(line_before):  # 2. setting
@@ -86,34 +88,46 @@ def measured_figures(markdown: str) -> list[str]:
 
 def notebook_hits(nb) -> list[tuple[int, str]]:
     """(cell index, figure) for every unallowed figure in the markdown cells of ``nb``."""
-    return [(i, h) for i, cell in enumerate(nb.cells) if cell.cell_type == "markdown"
-            for h in measured_figures(cell.source)]
+    return [
+        (i, h) for i, cell in enumerate(nb.cells) if cell.cell_type == "markdown" for h in measured_figures(cell.source)
+    ]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_markdown_types_no_measured_figure(path):
     hits = notebook_hits(nbformat.read(path, as_version=4))
-    assert not hits, (f"{path.name}: measured figures typed into markdown (cell, figure): {hits}. Print them "
-                      "from the run's variables or records in a code cell, or say the shape in words.")
+    assert not hits, (
+        f"{path.name}: measured figures typed into markdown (cell, figure): {hits}. Print them "
+        "from the run's variables or records in a code cell, or say the shape in words."
+    )
 
 
 def test_guard_catches_a_planted_measured_figure():
-    nb = nbformat.v4.new_notebook(cells=[
-        nbformat.v4.new_markdown_cell("## 5. Results\n\n**What you should see**: both arms lift EM "
-                                      "from the start's 0.44 to about 0.6, and MemPO wins 73.1% of the seeds."),
-        nbformat.v4.new_code_cell("print(0.44)  # code cells may print any number"),
-        nbformat.v4.new_markdown_cell("Measured at 60 steps: 0.47 without pooling, mean P from ~0.006 to ~0.015."),
-    ])
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_markdown_cell(
+                "## 5. Results\n\n**What you should see**: both arms lift EM "
+                "from the start's 0.44 to about 0.6, and MemPO wins 73.1% of the seeds."
+            ),
+            nbformat.v4.new_code_cell("print(0.44)  # code cells may print any number"),
+            nbformat.v4.new_markdown_cell("Measured at 60 steps: 0.47 without pooling, mean P from ~0.006 to ~0.015."),
+        ]
+    )
     hits = notebook_hits(nb)
     assert {h for _, h in hits} >= {"0.44", "about 0.6", "73.1%", "0.47", "from ~0.006 to ~0.015"}, hits
     assert {i for i, _ in hits} == {0, 2}
 
 
 def test_guard_passes_settings_references_and_the_papers_numbers():
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(
-        "**Time** on 2 CPU cores: SMOKE ~2 min; lab mode ~17 minutes.\n"
-        "1. A 1.2M-parameter Llama, not Qwen2.5-7B; lr 3e-4, rollouts at T = 0.5, alpha = 0.5, flaw rate 0.65.\n"
-        "2. As §3.2 and App. B.7 say (eq. 4, Fig. 3, Tab. 2); the paper reports 67.6% fewer tokens (paper: 1.0).\n"
-        "3. Math and code are not prose: $p = 0.47$, $$\\beta = 0.001$$, `kl_coef=0.001`, `0.64`.\n"
-        "4. Compare RL with SFT from 1 to 16 questions.")])
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_markdown_cell(
+                "**Time** on 2 CPU cores: SMOKE ~2 min; lab mode ~17 minutes.\n"
+                "1. A 1.2M-parameter Llama, not Qwen2.5-7B; lr 3e-4, rollouts at T = 0.5, alpha = 0.5, flaw rate 0.65.\n"
+                "2. As §3.2 and App. B.7 say (eq. 4, Fig. 3, Tab. 2); the paper reports 67.6% fewer tokens (paper: 1.0).\n"
+                "3. Math and code are not prose: $p = 0.47$, $$\\beta = 0.001$$, `kl_coef=0.001`, `0.64`.\n"
+                "4. Compare RL with SFT from 1 to 16 questions."
+            )
+        ]
+    )
     assert notebook_hits(nb) == []

@@ -6,6 +6,7 @@ EXPECTATIONS, and its executed cells against the committed outputs of cells tagg
 ``nbval-check-output`` (nbtools.output_check_problems, nbval's ``--nbval-lax`` check). ``make
 test-nbval`` still runs nbval itself, which executes every notebook again.
 """
+
 from __future__ import annotations
 
 import ast
@@ -39,50 +40,115 @@ from memkit.course.results import CLAIMS, NOT_REPRODUCED, NOT_RUN, REPRODUCED, T
 # Entries for notebooks still being written are the agreed targets; their authors align the
 # record names (memkit.course.nb.record(name, value)) with these keys or edit them here.
 EXPECTATIONS: dict[str, dict] = {
-    "00_tour": {"n_calls_min": 15, "html_calls_missing_eq": 0, "oracle_em_min": 0.95, "invalid_without_reason_eq": 0,
-                "tiny_invalid_rate_min": 0.25, "parser_rejects_malformed_eq": True, "memt_teacher_f1_min": 0.95,
-                "memt_store_memories_min": 4, "memt_tokens_ratio_full_max": 0.7,
-                "solution_1_react_last_context_16_min": 2049, "solution_1_mem1_last_context_16_max": 2048,
-                "solution_2_react_extra_calls_eq": 0, "solution_2_min_memory_extra_calls_min": 1,
-                "solution_3_prune_breaks_prefix_eq": True, "solution_3_pruned_records_min": 1,
-                "solution_4_worst_category_eq": "multi-hop", "solution_4_f1_drop_min": 0.1},
-    "01_rollouts_and_memory_cost": {"oracle_em_min": 0.95, "peak_ratio_16_max": 0.3, "tt_ratio_16_max": 0.5,
-                                    "dependency_ratio_16_max": 0.9, "react_peak_growth_min": 8,
-                                    "memory_peak_growth_max": 4, "fig3_react_growth_min": 5,
-                                    "fig3_memsearcher_growth_max": 2, "solution_1_information_share_min": 0.5,
-                                    "solution_1_peak_shrink_k_docs_1_close": (0.57, 0.1),
-                                    "solution_2_tooth_ratio_min": 1.2, "solution_3_causal_minus_paper_max": 0.0,
-                                    "solution_4_react_em_16_eq": 1.0, "solution_4_max_memory_em_16_max": 0.99},
-    "02_mem1_masked_trajectories": {"sft_loss_ratio_max": 0.9, "exact_mask_logprob_gap_max": 2e-5,
-                                    "separate_logprob_gap_max": 2e-5, "mem1_mask_calls12_logprob_gap_max": 1e-5,
-                                    "mem1_mask_logprob_gap_min": 0.05, "float01_mask_logit_diff_min": 0.4,
-                                    "correct_mask_logit_diff_max": 1e-5, "tokens_ratio_mask_8_max": 0.65,
-                                    "tokens_ratio_exact_8_max": 0.7, "step_params_moved_min": 3e-5,
-                                    "step_logp_change_rewarded_min": 6e-4,
-                                    "step_logp_change_unrewarded_max": -0.026, "oracle_em_k8_min": 0.95,
-                                    "oracle_peak_ratio_8_over_2_min": 1.5, "solution_1_gap_mask_min": 3.5e-3,
-                                    "solution_2_positions_only_gap_min": 1e-3,
-                                    "solution_2_positions_and_attention_gap_max": 1e-5,
-                                    "solution_3_eager_bool_logit_diff_min": 0.4, "solution_5_ppo_adv_max_min": 0.1},
-    "03_memsearcher_multicontext_grpo": {"advantage_copy_err_max": 1e-6, "reward_cases_ok_eq": True,
-                                         "conversation_prefix_ok_eq": True, "conversation_logprob_gap_max": 1e-4,
-                                         "fig3_react_growth_min": 5, "fig3_memsearcher_growth_max": 2,
-                                         "one_step_params_moved_min": 3e-5, "one_step_objective_gain_min": 0.01,
-                                         "one_step_dlogp_gap_min": 0.02, "headroom_by_hand_gap_max": 1e-9,
-                                         "rl_trained_tokens_min": 30},
-    "04_mempo_memory_reward": {"p_hand_vs_batched_gap_max": 1e-6, "n_probes_min": 4, "r_m_is_p_minus_bias_eq": True,
-                               "memories_scored_min": 3, "credit_by_hand_gap_max": 1e-5, "group_memories_min": 12,
-                               "arm_steps_eq": [2, 2], "params_moved_mempo_min": 1e-6, "probe_share_max_max": 0.9,
-                               "ablation_rows_eq": 4, "table2_rows_eq": 3},
-    "05_memact_dcpo": {"segments_end_at_prunes_eq": True, "segments_per_traj_min": 2, "segment_gap_max_max": 1e-4,
-                       "mask_gap_after_prune_min": 1e-2, "distinct_first_eq": 4, "dcpo_by_hand_gap_max": 1e-5,
-                       "loss_by_hand_gap_max": 1e-5, "arm_steps_eq": [2, 2, 2], "arms_table_rows_eq": 5,
-                       "params_moved_dcpo_min": 1e-6},
-    "06_memt_tree_backprop": {"tree_nodes_min": 6, "perform_by_hand_gap_max": 1e-9, "advantage_by_hand_gap_max": 1e-5,
-                              "tree_logprob_gap_max": 1e-4, "tree_tokens_ratio_max": 0.5, "mot_rule_gap_max": 1e-5,
-                              "hindsight_ops_min": 5, "hindsight_kept_min": 1, "arms_eq": 4,
-                              "rollout_tokens_min_min": 1, "cons_pool_ops_min": 20, "cons_kept_ops_min": 10,
-                              "solution_3_share_trained_max": 0.99},
+    "00_tour": {
+        "n_calls_min": 15,
+        "html_calls_missing_eq": 0,
+        "oracle_em_min": 0.95,
+        "invalid_without_reason_eq": 0,
+        "tiny_invalid_rate_min": 0.25,
+        "parser_rejects_malformed_eq": True,
+        "memt_teacher_f1_min": 0.95,
+        "memt_store_memories_min": 4,
+        "memt_tokens_ratio_full_max": 0.7,
+        "solution_1_react_last_context_16_min": 2049,
+        "solution_1_mem1_last_context_16_max": 2048,
+        "solution_2_react_extra_calls_eq": 0,
+        "solution_2_min_memory_extra_calls_min": 1,
+        "solution_3_prune_breaks_prefix_eq": True,
+        "solution_3_pruned_records_min": 1,
+        "solution_4_worst_category_eq": "multi-hop",
+        "solution_4_f1_drop_min": 0.1,
+    },
+    "01_rollouts_and_memory_cost": {
+        "oracle_em_min": 0.95,
+        "peak_ratio_16_max": 0.3,
+        "tt_ratio_16_max": 0.5,
+        "dependency_ratio_16_max": 0.9,
+        "react_peak_growth_min": 8,
+        "memory_peak_growth_max": 4,
+        "fig3_react_growth_min": 5,
+        "fig3_memsearcher_growth_max": 2,
+        "solution_1_information_share_min": 0.5,
+        "solution_1_peak_shrink_k_docs_1_close": (0.57, 0.1),
+        "solution_2_tooth_ratio_min": 1.2,
+        "solution_3_causal_minus_paper_max": 0.0,
+        "solution_4_react_em_16_eq": 1.0,
+        "solution_4_max_memory_em_16_max": 0.99,
+    },
+    "02_mem1_masked_trajectories": {
+        "sft_loss_ratio_max": 0.9,
+        "exact_mask_logprob_gap_max": 2e-5,
+        "separate_logprob_gap_max": 2e-5,
+        "mem1_mask_calls12_logprob_gap_max": 1e-5,
+        "mem1_mask_logprob_gap_min": 0.05,
+        "float01_mask_logit_diff_min": 0.4,
+        "correct_mask_logit_diff_max": 1e-5,
+        "tokens_ratio_mask_8_max": 0.65,
+        "tokens_ratio_exact_8_max": 0.7,
+        "step_params_moved_min": 3e-5,
+        "step_logp_change_rewarded_min": 6e-4,
+        "step_logp_change_unrewarded_max": -0.026,
+        "oracle_em_k8_min": 0.95,
+        "oracle_peak_ratio_8_over_2_min": 1.5,
+        "solution_1_gap_mask_min": 3.5e-3,
+        "solution_2_positions_only_gap_min": 1e-3,
+        "solution_2_positions_and_attention_gap_max": 1e-5,
+        "solution_3_eager_bool_logit_diff_min": 0.4,
+        "solution_5_ppo_adv_max_min": 0.1,
+    },
+    "03_memsearcher_multicontext_grpo": {
+        "advantage_copy_err_max": 1e-6,
+        "reward_cases_ok_eq": True,
+        "conversation_prefix_ok_eq": True,
+        "conversation_logprob_gap_max": 1e-4,
+        "fig3_react_growth_min": 5,
+        "fig3_memsearcher_growth_max": 2,
+        "one_step_params_moved_min": 3e-5,
+        "one_step_objective_gain_min": 0.01,
+        "one_step_dlogp_gap_min": 0.02,
+        "headroom_by_hand_gap_max": 1e-9,
+        "rl_trained_tokens_min": 30,
+    },
+    "04_mempo_memory_reward": {
+        "p_hand_vs_batched_gap_max": 1e-6,
+        "n_probes_min": 4,
+        "r_m_is_p_minus_bias_eq": True,
+        "memories_scored_min": 3,
+        "credit_by_hand_gap_max": 1e-5,
+        "group_memories_min": 12,
+        "arm_steps_eq": [2, 2],
+        "params_moved_mempo_min": 1e-6,
+        "probe_share_max_max": 0.9,
+        "ablation_rows_eq": 4,
+        "table2_rows_eq": 3,
+    },
+    "05_memact_dcpo": {
+        "segments_end_at_prunes_eq": True,
+        "segments_per_traj_min": 2,
+        "segment_gap_max_max": 1e-4,
+        "mask_gap_after_prune_min": 1e-2,
+        "distinct_first_eq": 4,
+        "dcpo_by_hand_gap_max": 1e-5,
+        "loss_by_hand_gap_max": 1e-5,
+        "arm_steps_eq": [2, 2, 2],
+        "arms_table_rows_eq": 5,
+        "params_moved_dcpo_min": 1e-6,
+    },
+    "06_memt_tree_backprop": {
+        "tree_nodes_min": 6,
+        "perform_by_hand_gap_max": 1e-9,
+        "advantage_by_hand_gap_max": 1e-5,
+        "tree_logprob_gap_max": 1e-4,
+        "tree_tokens_ratio_max": 0.5,
+        "mot_rule_gap_max": 1e-5,
+        "hindsight_ops_min": 5,
+        "hindsight_kept_min": 1,
+        "arms_eq": 4,
+        "rollout_tokens_min_min": 1,
+        "cons_pool_ops_min": 20,
+        "cons_kept_ops_min": 10,
+        "solution_3_share_trained_max": 0.99,
+    },
 }
 
 REQUIRED = {"SMOKE", "MODEL", "SEED", "OUT_DIR"}
@@ -107,51 +173,65 @@ def test_parameters_cell(path):
     missing = REQUIRED - set(declared)
     assert not missing, f"{path.name}: parameters cell must declare {sorted(missing)}"
     assert ast.literal_eval(declared["SMOKE"]) is True, (
-        f"{path.name}: commit SMOKE = True so nbval and the browser check stay fast")
+        f"{path.name}: commit SMOKE = True so nbval and the browser check stay fast"
+    )
     # papermill parses the cell with its own line grammar: a line it cannot read (e.g. a quote
     # in a comment) is dropped from `papermill --help-notebook` with only a warning.
     inferred = set(papermill.inspect_notebook(str(path)))
     unread = set(declared) - inferred
-    assert not unread, (f"{path.name}: papermill cannot parse the parameters line(s) of {sorted(unread)}; "
-                        "keep each on one line as NAME = value  # comment, without quotes in the comment")
+    assert not unread, (
+        f"{path.name}: papermill cannot parse the parameters line(s) of {sorted(unread)}; "
+        "keep each on one line as NAME = value  # comment, without quotes in the comment"
+    )
 
 
 @pytest.mark.parametrize("path", _nb_params())
 def test_no_committed_outputs(path):
     nb = nbformat.read(str(path), as_version=4)
     bad = code_cells_with_outputs(nb)
-    assert not bad, (f"{path.name}: code cells {bad} carry outputs; clear them "
-                     "(jupyter nbconvert --clear-output --inplace) or tag the cell nbval-check-output")
+    assert not bad, (
+        f"{path.name}: code cells {bad} carry outputs; clear them "
+        "(jupyter nbconvert --clear-output --inplace) or tag the cell nbval-check-output"
+    )
 
 
 @pytest.mark.parametrize("path", _nb_params())
 def test_kernelspec_is_python3(path):
     ks = nbformat.read(str(path), as_version=4).metadata.get("kernelspec", {})
     assert ks.get("name", "python3") == "python3", (
-        f"{path.name}: kernelspec {ks.get('name')!r}; use 'python3' so every runner picks this env")
+        f"{path.name}: kernelspec {ks.get('name')!r}; use 'python3' so every runner picks this env"
+    )
 
 
 @pytest.mark.parametrize("path", _nb_params())
 def test_has_expectations(path):
     exp = EXPECTATIONS.get(path.stem)
-    assert exp, (f"{path.name} has no entry in EXPECTATIONS (tests/course/test_notebooks.py): add the "
-                 "recorded numbers its smoke run must reach")
+    assert exp, (
+        f"{path.name} has no entry in EXPECTATIONS (tests/course/test_notebooks.py): add the "
+        "recorded numbers its smoke run must reach"
+    )
     bad = [p for p in check_expectations({}, exp) if "must end in" in p]
     assert not bad, bad
 
 
 #: a markdown block reads as run log when it reports particular runs: a date, a machine letter, a
 #: commit hash, a "before -> after" figure, "measured ... 0.x", a seed range, "~0.6" / "+0.04" results
-RUN_LOG = re.compile(r"\b20\d\d-\d\d-\d\d\b|\bmachine [A-H]\b|\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7}\b"
-                     r"|\d\s*(->|→)\s*\**\d|\b[Mm]easured\b[^\n]*\d\.\d|\bseeds? \d+-\d+\b"
-                     r"|(?:\babout|~)\s*[+-]?0\.\d|(?<![\w$^{])[+-]0\.\d\d")
+RUN_LOG = re.compile(
+    r"\b20\d\d-\d\d-\d\d\b|\bmachine [A-H]\b|\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7}\b"
+    r"|\d\s*(->|→)\s*\**\d|\b[Mm]easured\b[^\n]*\d\.\d|\bseeds? \d+-\d+\b"
+    r"|(?:\babout|~)\s*[+-]?0\.\d|(?<![\w$^{])[+-]0\.\d\d"
+)
 RUN_LOG_MAX_SHARE = 0.15  # issue "A course, not only a kit": run log at most 15% of the markdown
 
 
 def run_log_share(nb) -> tuple[float, list[str]]:
     """Share of the markdown characters in blocks (paragraphs, list items) that read as run log."""
-    blocks = [b for c in nb.cells if c.cell_type == "markdown"
-              for b in re.split(r"\n\s*\n|\n(?=\s*(?:\d+\.|[-*])\s)", c.source)]
+    blocks = [
+        b
+        for c in nb.cells
+        if c.cell_type == "markdown"
+        for b in re.split(r"\n\s*\n|\n(?=\s*(?:\d+\.|[-*])\s)", c.source)
+    ]
     log = [b for b in blocks if RUN_LOG.search(b)]
     return sum(map(len, log)) / max(sum(map(len, blocks)), 1), log
 
@@ -159,15 +239,19 @@ def run_log_share(nb) -> tuple[float, list[str]]:
 @pytest.mark.parametrize("path", _nb_params())
 def test_markdown_is_mostly_teaching(path):
     share, log = run_log_share(nbformat.read(path, as_version=4))
-    assert share <= RUN_LOG_MAX_SHARE, (f"{path.name}: {share:.0%} of the markdown is run log (max "
-                                        f"{RUN_LOG_MAX_SHARE:.0%}); move it to docs/findings.md: "
-                                        + " | ".join(b[:80] for b in log))
+    assert share <= RUN_LOG_MAX_SHARE, (
+        f"{path.name}: {share:.0%} of the markdown is run log (max "
+        f"{RUN_LOG_MAX_SHARE:.0%}); move it to docs/findings.md: " + " | ".join(b[:80] for b in log)
+    )
 
 
 def test_run_log_share_catches_a_run_history(tmp_path):
-    nb = nbformat.v4.new_notebook(cells=[
-        nbformat.v4.new_markdown_cell("## 1. Packing\n\nEach call is one row; the mask hides the rest."),
-        nbformat.v4.new_markdown_cell("**Measured** on machine D (2026-11-27): EM 0.37 -> 0.67 over seeds 0-2.")])
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_markdown_cell("## 1. Packing\n\nEach call is one row; the mask hides the rest."),
+            nbformat.v4.new_markdown_cell("**Measured** on machine D (2026-11-27): EM 0.37 -> 0.67 over seeds 0-2."),
+        ]
+    )
     share, log = run_log_share(nb)
     assert 0.5 < share < 1 and len(log) == 1
 
@@ -179,21 +263,32 @@ def test_notebook_smoke_run(path, out_dir, tmp_path):
     exp = EXPECTATIONS.get(path.stem)
     if not exp:
         pytest.fail(f"{path.name} has no EXPECTATIONS entry; add one in tests/course/test_notebooks.py")
-    records = run_notebook(path, {"SMOKE": True, "MODEL": "tiny", "SEED": 0,
-                                  "OUT_DIR": str(out_dir)}, tmp_path / "executed")
+    records = run_notebook(
+        path, {"SMOKE": True, "MODEL": "tiny", "SEED": 0, "OUT_DIR": str(out_dir)}, tmp_path / "executed"
+    )
     problems = check_expectations(records, exp) + output_check_problems(path, tmp_path / "executed" / path.name)
     assert not problems, f"{path.name}:\n  " + "\n  ".join(problems)
     # every claim docs/results.md judges on this notebook finds the records it reads
-    unjudged = [r["says"] for r in judge_all({path.stem: records}) if r["notebook"] == path.stem and r["status"] == NOT_RUN]
+    unjudged = [
+        r["says"] for r in judge_all({path.stem: records}) if r["notebook"] == path.stem and r["status"] == NOT_RUN
+    ]
     assert not unjudged, f"{path.name} does not record what these claims read (memkit.course.results): {unjudged}"
 
 
 # ------------------------------------------------------------------ harness: static (fast)
 def test_declared_parameters_counts_cells(tmp_path):
-    good = make_notebook(tmp_path / "good.ipynb", ["x = 1"],
-                         parameters='SMOKE = True\nMODEL: str = "tiny"\nSEED, OTHER = 0, 1\nOUT_DIR = "o"')
-    assert declared_parameters(good) == {"SMOKE": "True", "MODEL": '"tiny"', "SEED": "0",
-                                        "OTHER": "1", "OUT_DIR": '"o"'}
+    good = make_notebook(
+        tmp_path / "good.ipynb",
+        ["x = 1"],
+        parameters='SMOKE = True\nMODEL: str = "tiny"\nSEED, OTHER = 0, 1\nOUT_DIR = "o"',
+    )
+    assert declared_parameters(good) == {
+        "SMOKE": "True",
+        "MODEL": '"tiny"',
+        "SEED": "0",
+        "OTHER": "1",
+        "OUT_DIR": '"o"',
+    }
     none = make_notebook(tmp_path / "none.ipynb", ["x = 1"], parameters=None)
     with pytest.raises(ValueError, match="exactly one code cell tagged 'parameters', found 0"):
         declared_parameters(none)
@@ -215,8 +310,11 @@ def test_output_check_catches_a_changed_output(tmp_path):
     """The smoke run's output check (nbval's, on the same execution) fails when a tagged cell's
     output changes, passes when it is as committed, and ignores untagged cells and papermill's
     injected-parameters cell."""
-    p = make_notebook(tmp_path / "o.ipynb", ["print('a'); print('b')", "1 + 1", "3 * 3"],
-                      tags={0: ["nbval-check-output"], 1: ["nbval-check-output"]})
+    p = make_notebook(
+        tmp_path / "o.ipynb",
+        ["print('a'); print('b')", "1 + 1", "3 * 3"],
+        tags={0: ["nbval-check-output"], 1: ["nbval-check-output"]},
+    )
     nb = nbformat.read(str(p), as_version=4)
     nb.cells[1].outputs = [nbformat.v4.new_output("stream", name="stdout", text="a\nb\n")]
     nb.cells[2].outputs = [nbformat.v4.new_output("execute_result", {"text/plain": "2"}, execution_count=1)]
@@ -231,17 +329,29 @@ def test_output_check_catches_a_changed_output(tmp_path):
 
 def test_check_expectations_fails_when_it_should():
     rec = {"em": 0.5, "ratio": 0.2, "name": "tiny", "bad": float("nan")}
-    assert check_expectations(rec, {"em_min": 0.4, "ratio_max": 0.3, "name_eq": "tiny",
-                                    "em_close": (0.52, 0.05)}) == []
-    probs = check_expectations(rec, {"em_min": 0.9, "ratio_max": 0.1, "name_eq": "x", "gone_min": 1,
-                                     "bad_min": 0, "em": 1, "em_close": (0.6, 0.01)})
+    assert check_expectations(rec, {"em_min": 0.4, "ratio_max": 0.3, "name_eq": "tiny", "em_close": (0.52, 0.05)}) == []
+    probs = check_expectations(
+        rec,
+        {
+            "em_min": 0.9,
+            "ratio_max": 0.1,
+            "name_eq": "x",
+            "gone_min": 1,
+            "bad_min": 0,
+            "em": 1,
+            "em_close": (0.6, 0.01),
+        },
+    )
     assert len(probs) == 7, probs
     assert check_expectations(rec, {}) != []
 
 
 def test_run_notebook_refuses_undeclared_parameter(tmp_path):
-    p = make_notebook(tmp_path / "small.ipynb", ["import memkit.course.nb as nb; nb.record('x', SEED)"],
-                      parameters="SMOKE = True\nSEED = 0\n")
+    p = make_notebook(
+        tmp_path / "small.ipynb",
+        ["import memkit.course.nb as nb; nb.record('x', SEED)"],
+        parameters="SMOKE = True\nSEED = 0\n",
+    )
     with pytest.raises(ValueError, match=r"does not declare parameter\(s\) \['LR', 'MODEL'\]"):
         run_notebook(p, {"SEED": 1, "MODEL": "tiny", "LR": 0.1}, tmp_path / "exec")
     assert not (tmp_path / "exec" / "small.ipynb").exists()  # refused before running anything
@@ -349,16 +459,17 @@ def test_run_notebook_uses_this_python_and_injects(tmp_path, out_dir):
 def test_reproduce_reports_failure_and_continues(tmp_path, out_dir):
     nbs = tmp_path / "nbs"
     make_notebook(nbs / "00_ok.ipynb", [RECORDER])
-    make_notebook(nbs / "01_fails.ipynb", ["import memkit.course.nb as nb; nb.record('before', 1.5)",
-                                           "raise ZeroDivisionError('no luck')"])
-    make_notebook(nbs / "02_minimal.ipynb", ["import memkit.course.nb as nb; nb.record('seed', SEED)"],
-                  parameters="SEED = 0\n")  # declares only SEED: only SEED is injected
+    make_notebook(
+        nbs / "01_fails.ipynb",
+        ["import memkit.course.nb as nb; nb.record('before', 1.5)", "raise ZeroDivisionError('no luck')"],
+    )
+    make_notebook(
+        nbs / "02_minimal.ipynb", ["import memkit.course.nb as nb; nb.record('seed', SEED)"], parameters="SEED = 0\n"
+    )  # declares only SEED: only SEED is injected
     out = io.StringIO()
-    run = reproduce(smoke=True, model="m1", out_root=tmp_path / "runs", seed=3,
-                    notebooks_dir=nbs, stream=out)
+    run = reproduce(smoke=True, model="m1", out_root=tmp_path / "runs", seed=3, notebooks_dir=nbs, stream=out)
     lines = [ln for ln in out.getvalue().splitlines() if " running (" not in ln]
-    assert [ln.split()[1:3] for ln in lines[1:4]] == [["00_ok", "ok"], ["01_fails", "FAILED"],
-                                                      ["02_minimal", "ok"]]
+    assert [ln.split()[1:3] for ln in lines[1:4]] == [["00_ok", "ok"], ["01_fails", "FAILED"], ["02_minimal", "ok"]]
     assert "ZeroDivisionError: no luck" in lines[2]
     report = (run / "REPORT.md").read_text()
     assert "2/3 notebooks ok" in report and "| 01_fails | FAILED |" in report
@@ -397,13 +508,20 @@ def test_reproduce_names_the_checkpoints_each_notebook_trained(tmp_path, monkeyp
     (cache / "sft" / "old" / "memkit.json").write_text("{}")
     monkeypatch.setenv("MEMKIT_CACHE", str(cache))  # the kernel inherits it
     nbs = tmp_path / "nbs"
-    make_notebook(nbs / "00_trains.ipynb", [
-        "from memkit.core.io import cache_dir\nd = cache_dir() / 'sft' / 'new'\nd.mkdir(parents=True)\n"
-        "(d / 'memkit.json').write_text('{}')"])
+    make_notebook(
+        nbs / "00_trains.ipynb",
+        [
+            "from memkit.core.io import cache_dir\nd = cache_dir() / 'sft' / 'new'\nd.mkdir(parents=True)\n"
+            "(d / 'memkit.json').write_text('{}')"
+        ],
+    )
     make_notebook(nbs / "01_reads.ipynb", ["x = 1"])
     run = reproduce(smoke=True, out_root=tmp_path / "runs", notebooks_dir=nbs, stream=io.StringIO())
-    rows = {ln.split(" | ")[0].strip("| "): ln for ln in (run / "REPORT.md").read_text().splitlines()
-            if ln.startswith("| 0")}
+    rows = {
+        ln.split(" | ")[0].strip("| "): ln
+        for ln in (run / "REPORT.md").read_text().splitlines()
+        if ln.startswith("| 0")
+    }
     assert "`sft/new`" in rows["00_trains"] and "old" not in rows["00_trains"]
     assert rows["01_reads"].rstrip().endswith("| - |")
     summary = json.loads((run / "summary.json").read_text())
@@ -414,15 +532,25 @@ def test_results_page_judges_claims_on_a_reproduce_run(tmp_path):
     """A run whose notebooks record what the Mem-T claims read: RESULTS.md judges them (a gain inside
     the seed spread is not reproduced), the other claims say "not run", `memkit results` rewrites it."""
     nbs = tmp_path / "nbs"
-    make_notebook(nbs / "06_memt_tree_backprop.ipynb", [
-        "import memkit.course.nb as nb\n"
-        "nb.record_all({'f1_start': 0.30, 'f1_MoT-GRPO': 0.36, 'f1_MoT-GRPO_std': 0.01, 'f1_GRPO': 0.35,\n"
-        "               'f1_GRPO_std': 0.02, 'f1_w/o A_intra': 0.35, 'f1_w/o A_intra_std': 0.005,\n"
-        "               'f1_w/o A_inter': 0.30, 'f1_w/o A_inter_std': 0.005, 'cons_f1_start': 0.2,\n"
-        "               'cons_f1_hindsight SFT': 0.25, 'cons_f1_hindsight SFT_std': 0.02,\n"
-        "               'cons_f1_w/o hindsight': 0.24, 'cons_f1_w/o hindsight_std': 0.02})"])
-    run = reproduce(smoke=False, model="tiny", out_root=tmp_path / "runs", notebooks_dir=nbs,
-                    results=tmp_path / "docs" / "results.md", stream=io.StringIO())
+    make_notebook(
+        nbs / "06_memt_tree_backprop.ipynb",
+        [
+            "import memkit.course.nb as nb\n"
+            "nb.record_all({'f1_start': 0.30, 'f1_MoT-GRPO': 0.36, 'f1_MoT-GRPO_std': 0.01, 'f1_GRPO': 0.35,\n"
+            "               'f1_GRPO_std': 0.02, 'f1_w/o A_intra': 0.35, 'f1_w/o A_intra_std': 0.005,\n"
+            "               'f1_w/o A_inter': 0.30, 'f1_w/o A_inter_std': 0.005, 'cons_f1_start': 0.2,\n"
+            "               'cons_f1_hindsight SFT': 0.25, 'cons_f1_hindsight SFT_std': 0.02,\n"
+            "               'cons_f1_w/o hindsight': 0.24, 'cons_f1_w/o hindsight_std': 0.02})"
+        ],
+    )
+    run = reproduce(
+        smoke=False,
+        model="tiny",
+        out_root=tmp_path / "runs",
+        notebooks_dir=nbs,
+        results=tmp_path / "docs" / "results.md",
+        stream=io.StringIO(),
+    )
     page = (tmp_path / "docs" / "results.md").read_text()
     assert page == (run / "RESULTS.md").read_text()
     rows = {ln.split(" | ")[2]: ln for ln in page.splitlines() if ln.startswith("| Mem-T")}
@@ -436,27 +564,59 @@ def test_results_page_judges_claims_on_a_reproduce_run(tmp_path):
     out = tmp_path / "again.md"
     assert main(["results", str(run), "--out", str(out)]) == 0 and out.read_text() == page
     assert main(["results", str(tmp_path / "nope")]) == 2  # not a run: one line, exit 2
-    verdicts = {r["says"]: r["status"] for r in judge_all({"04_mempo_memory_reward": {
-        "em_mempo": 0.5, "em_grpo": 0.4, "em_mempo_std": 0.06, "em_grpo_std": 0.05}})}
+    verdicts = {
+        r["says"]: r["status"]
+        for r in judge_all(
+            {"04_mempo_memory_reward": {"em_mempo": 0.5, "em_grpo": 0.4, "em_mempo_std": 0.06, "em_grpo_std": 0.05}}
+        )
+    }
     assert verdicts[next(k for k in verdicts if "vanilla GRPO" in k)] == NOT_REPRODUCED  # 0.1 < 0.11
-    verdicts = {r["says"]: r["status"] for r in judge_all({"04_mempo_memory_reward": {
-        "em_mempo": 0.5, "em_grpo": 0.4, "em_mempo_std": 0.04, "em_grpo_std": 0.05}})}
+    verdicts = {
+        r["says"]: r["status"]
+        for r in judge_all(
+            {"04_mempo_memory_reward": {"em_mempo": 0.5, "em_grpo": 0.4, "em_mempo_std": 0.04, "em_grpo_std": 0.05}}
+        )
+    }
     assert verdicts[next(k for k in verdicts if "vanilla GRPO" in k)] == REPRODUCED
     # one seed (make reproduce's default): its stds are 0, the gain is judged against the lab's 3-seed spread
     one_seed = {"n_seeds": 1, "em_mempo": 0.45, "em_grpo": 0.40, "em_mempo_std": 0.0, "em_grpo_std": 0.0}
     row = next(r for r in judge_all({"04_mempo_memory_reward": one_seed}) if "vanilla GRPO" in r["says"])
-    assert row["status"] == NOT_REPRODUCED and f"3-seed spread docs/findings.md measured {THREE_SEED_SPREAD['em_mempo', 'em_grpo']:.3f}" in row["measured"]
-    row = next(r for r in judge_all({"04_mempo_memory_reward": {**one_seed, "em_mempo": 0.50}}) if "vanilla GRPO" in r["says"])
+    assert (
+        row["status"] == NOT_REPRODUCED
+        and f"3-seed spread docs/findings.md measured {THREE_SEED_SPREAD['em_mempo', 'em_grpo']:.3f}" in row["measured"]
+    )
+    row = next(
+        r for r in judge_all({"04_mempo_memory_reward": {**one_seed, "em_mempo": 0.50}}) if "vanilla GRPO" in r["says"]
+    )
     assert row["status"] == REPRODUCED  # +0.10 > 0.052
     for grpo_last, status in ((0.15, REPRODUCED), (0.25, NOT_REPRODUCED)):  # Fig. 4 needs GRPO's curve to fall too
-        verdicts = {r["says"]: r["status"] for r in judge_all({"04_mempo_memory_reward": {
-            "mem_p_train_first_mempo": 0.1, "mem_p_train_last_mempo": 0.3,
-            "mem_p_train_first_grpo": 0.2, "mem_p_train_last_grpo": grpo_last}})}
+        verdicts = {
+            r["says"]: r["status"]
+            for r in judge_all(
+                {
+                    "04_mempo_memory_reward": {
+                        "mem_p_train_first_mempo": 0.1,
+                        "mem_p_train_last_mempo": 0.3,
+                        "mem_p_train_first_grpo": 0.2,
+                        "mem_p_train_last_grpo": grpo_last,
+                    }
+                }
+            )
+        }
         assert verdicts[next(k for k in verdicts if "GRPO's falls" in k)] == status
     # a SMOKE run judges what scripted policies show, never a learning claim
-    smoke = {r["says"]: r for r in judge_all({"00_tour": {"memt_tokens_ratio_full": 0.3, "_smoke": True},
-                                              "06_memt_tree_backprop": {"f1_MoT-GRPO": 0.9, "f1_start": 0.1,
-                                                                        "_smoke": True}})}
+    smoke = {
+        r["says"]: r
+        for r in judge_all(
+            {
+                "00_tour": {"memt_tokens_ratio_full": 0.3, "_smoke": True},
+                "06_memt_tree_backprop": {"f1_MoT-GRPO": 0.9, "f1_start": 0.1, "_smoke": True},
+            }
+        )
+    }
     assert smoke[next(k for k in smoke if "Pareto" in k)]["status"] == REPRODUCED
-    assert all(r["status"] == NOT_RUN and "SMOKE" in r["measured"] for r in smoke.values()
-               if r["notebook"] == "06_memt_tree_backprop")
+    assert all(
+        r["status"] == NOT_RUN and "SMOKE" in r["measured"]
+        for r in smoke.values()
+        if r["notebook"] == "06_memt_tree_backprop"
+    )

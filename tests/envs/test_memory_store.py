@@ -7,6 +7,7 @@ UPDATE and DELETE touch only what they name, sources merge as an order-preservin
 failed operations change nothing, search returns what a freshly built BM25 index returns (so
 a stale index can't leak a deleted or outdated memory), and evolution is deterministic.
 """
+
 from __future__ import annotations
 
 import copy
@@ -21,8 +22,28 @@ from memkit.world.schema import Passage
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 # ---- strategies ---------------------------------------------------------------------------
-WORDS = ["kofak", "puksek", "lives", "in", "the", "river", "blue", "moon", "train", "alice", "bob",
-         "paints", "a", "of", "music", "garden", "Kofak", "LIVES", "dog", "cat"]
+WORDS = [
+    "kofak",
+    "puksek",
+    "lives",
+    "in",
+    "the",
+    "river",
+    "blue",
+    "moon",
+    "train",
+    "alice",
+    "bob",
+    "paints",
+    "a",
+    "of",
+    "music",
+    "garden",
+    "Kofak",
+    "LIVES",
+    "dog",
+    "cat",
+]
 NAMES = ["Alice", "alice", " Bob ", "bob", "Carol", "Kofak", ""]
 
 word_text = st.lists(st.sampled_from(WORDS), max_size=6).map(" ".join)
@@ -41,8 +62,15 @@ ref = st.one_of(
 query = st.one_of(word_text, st.sampled_from(["", "   ", "kofak lives", "blue moon", "the"]))
 
 op = st.one_of(
-    st.tuples(st.just("add"), mtype, text, sources, st.sampled_from(["", "t1"]), st.sampled_from(["", "s"]),
-              st.sampled_from(["", "e"])),
+    st.tuples(
+        st.just("add"),
+        mtype,
+        text,
+        sources,
+        st.sampled_from(["", "t1"]),
+        st.sampled_from(["", "s"]),
+        st.sampled_from(["", "e"]),
+    ),
     st.tuples(st.just("update"), ref, text, sources, opt_time, opt_time, opt_time),
     st.tuples(st.just("delete"), ref),
     st.tuples(st.just("ignore"), st.text(max_size=5)),
@@ -91,10 +119,16 @@ class Model:
 
     def update(self, mid, text, srcs, turn_time=None, start_time=None, end_time=None) -> Memory:
         old = self.items[mid]
-        new = Memory(mid, old.type, str(text), _uniq((*old.sources, *srcs)),
-                     old.turn_time if turn_time is None else turn_time,
-                     old.start_time if start_time is None else start_time,
-                     old.end_time if end_time is None else end_time, old.version + 1)
+        new = Memory(
+            mid,
+            old.type,
+            str(text),
+            _uniq((*old.sources, *srcs)),
+            old.turn_time if turn_time is None else turn_time,
+            old.start_time if start_time is None else start_time,
+            old.end_time if end_time is None else end_time,
+            old.version + 1,
+        )
         self.items[mid] = new
         self.log_len += 1
         return new
@@ -146,8 +180,9 @@ def check_agrees(store: MemoryStore, model: Model):
 
 
 def vars_of(m: Memory) -> dict:
-    return {f: getattr(m, f) for f in ("id", "type", "text", "sources", "turn_time", "start_time", "end_time",
-                                       "version")}
+    return {
+        f: getattr(m, f) for f in ("id", "type", "text", "sources", "turn_time", "start_time", "end_time", "version")
+    }
 
 
 def run_ops(store: MemoryStore, model: Model, seq, calls: list | None = None):
@@ -188,7 +223,8 @@ def run_ops(store: MemoryStore, model: Model, seq, calls: list | None = None):
                 assert len(set(new.sources)) == len(new.sources)
                 assert list(store.items) == list(before)  # keeps its place
                 assert {k: v for k, v in store.items.items() if k != mid} == {
-                    k: v for k, v in before.items() if k != mid}
+                    k: v for k, v in before.items() if k != mid
+                }
             else:
                 gone = store.delete(mid)
                 assert gone == model.delete(mid) == before[mid]
@@ -211,7 +247,8 @@ def run_ops(store: MemoryStore, model: Model, seq, calls: list | None = None):
                 assert mid == target
                 model.update(mid, f"{name}: {profile}", srcs, turn_time=tt or None)  # "" keeps the old time
                 assert {k: v for k, v in store.items.items() if k != mid} == {
-                    k: v for k, v in before.items() if k != mid}
+                    k: v for k, v in before.items() if k != mid
+                }
         elif kind == "summary":
             _, content, srcs, tt = o
             call = ("set_summary", (content, srcs), dict(turn_time=tt))
@@ -240,8 +277,11 @@ def replay(calls) -> MemoryStore:
     return s
 
 
-PROBES = [(t, q, k) for t in ("fact", "persona", "summary") for q, k in (("kofak lives", 3), ("blue moon", 5),
-                                                                           ("the river", 1))]
+PROBES = [
+    (t, q, k)
+    for t in ("fact", "persona", "summary")
+    for q, k in (("kofak lives", 3), ("blue moon", 5), ("the river", 1))
+]
 
 
 # ---- property tests -----------------------------------------------------------------------

@@ -1,4 +1,5 @@
 """Mem-T part 1: conversation streams, the store in rollouts, the teacher, malformed outputs, scores, CLI."""
+
 from __future__ import annotations
 
 import random
@@ -60,9 +61,14 @@ def test_quoting_teacher_answers_from_the_line_it_quotes(world):
 
     convs = make_conversations(world, 3, seed=100, size="smoke")
     plain, quoting = run(convs), run(convs, OracleConfig(quote_source=True))
-    assert [t.reward for t in plain] == [t.reward for t in quoting] and [t.answer for t in plain] == [t.answer for t in quoting]
-    finishes = [(t.calls[-1], t.calls[-2].observation_text if len(t.calls) > 1 else "") for t in quoting
-                if '"finish"' in t.calls[-1].output_text]
+    assert [t.reward for t in plain] == [t.reward for t in quoting] and [t.answer for t in plain] == [
+        t.answer for t in quoting
+    ]
+    finishes = [
+        (t.calls[-1], t.calls[-2].observation_text if len(t.calls) > 1 else "")
+        for t in quoting
+        if '"finish"' in t.calls[-1].output_text
+    ]
     assert len(finishes) >= 20
     quoted = 0
     for call, obs in finishes:
@@ -159,18 +165,33 @@ class Garbler:
     """The teacher, but a share of its outputs replaced by malformed or wrong tool calls."""
 
     BAD = {
-        "form": ['<tool_call>{"name": "create_fact", "arguments": {"fact": "x", "source": ["D99:1"]}}</tool_call>',
-                 "<tool_call>" + "[" * 3000 + "</tool_call>", tool_call("update_persona", name=5, profile=[1]),
-                 tool_call("create_fact", fact="x", start_time=[1], source=7),
-                 '<tool_call>{"name": "create_fact", "arguments": ', "<tool_call>not json</tool_call>",
-                 tool_call("delete_item", id="f1"), "", tool_call("create_fact", fact="")],
-        "evolve": [tool_call("update_item", id="f999", document="x"), tool_call("delete_item", id="p1"),
-                   tool_call("update_item", id="f1", document="x", start_time=5, end_time={"a": 1}),
-                   "<tool_call>" + "{" * 3000 + "</tool_call>",
-                   tool_call("add_item", document="a") + tool_call("add_item", document="b"), "<tool_call>{}</tool_call>",
-                   tool_call("update_item", document="no id")],
-        "act": [tool_call("search_nowhere", query="x"), "<tool_call>[1, 2]</tool_call>", "plain text answer",
-                tool_call("search_facts", query=["x"], top_k="all"), "<tool_call>" + "[" * 3000 + "</tool_call>"],
+        "form": [
+            '<tool_call>{"name": "create_fact", "arguments": {"fact": "x", "source": ["D99:1"]}}</tool_call>',
+            "<tool_call>" + "[" * 3000 + "</tool_call>",
+            tool_call("update_persona", name=5, profile=[1]),
+            tool_call("create_fact", fact="x", start_time=[1], source=7),
+            '<tool_call>{"name": "create_fact", "arguments": ',
+            "<tool_call>not json</tool_call>",
+            tool_call("delete_item", id="f1"),
+            "",
+            tool_call("create_fact", fact=""),
+        ],
+        "evolve": [
+            tool_call("update_item", id="f999", document="x"),
+            tool_call("delete_item", id="p1"),
+            tool_call("update_item", id="f1", document="x", start_time=5, end_time={"a": 1}),
+            "<tool_call>" + "{" * 3000 + "</tool_call>",
+            tool_call("add_item", document="a") + tool_call("add_item", document="b"),
+            "<tool_call>{}</tool_call>",
+            tool_call("update_item", document="no id"),
+        ],
+        "act": [
+            tool_call("search_nowhere", query="x"),
+            "<tool_call>[1, 2]</tool_call>",
+            "plain text answer",
+            tool_call("search_facts", query=["x"], top_k="all"),
+            "<tool_call>" + "[" * 3000 + "</tool_call>",
+        ],
     }
 
     def __init__(self, method, rate: float, seed: int = 0):
@@ -212,9 +233,11 @@ class Junk:
     ADD, one search, a wrong answer. The evidence metrics must see that nothing reached memory."""
 
     def generate_calls(self, states, specs, contexts):
-        texts = {"form": tool_call("create_fact", fact="blah blah", start_time="", end_time=""),
-                 "evolve": tool_call("add_item", document="blah blah"),
-                 "act": tool_call("search_facts", query="blah")}
+        texts = {
+            "form": tool_call("create_fact", fact="blah blah", start_time="", end_time=""),
+            "evolve": tool_call("add_item", document="blah blah"),
+            "act": tool_call("search_facts", query="blah"),
+        }
         out = []
         for st, spec in zip(states, specs):
             text = texts[spec.role]

@@ -3,6 +3,7 @@
 The pool is one conversation built by the teacher with noise and the questions' trees grown by
 the noisy teacher (as in tests/rl/test_mot.py); the SFT runs start from a fresh tiny model.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -134,6 +135,8 @@ def test_a_pool_scores_every_operation_of_every_conversation():
     assert len(pool.trajs) == 2 and len(pool.scores) == len(pool.ops)
     assert {op["conv"] for op in pool.ops} == {0, 1}
     for i, traj in enumerate(pool.trajs):  # each conversation's ops, in order, with its own calls
-        assert [{k: v for k, v in op.items() if k != "conv"} for op in pool.ops if op["conv"] == i] == construction_ops(traj)
+        assert [{k: v for k, v in op.items() if k != "conv"} for op in pool.ops if op["conv"] == i] == construction_ops(
+            traj
+        )
     assert any(s != 0 for s in pool.scores)
     assert op_examples(pool, hindsight_filter(pool.ops, pool.scores), kit().tokenizer)

@@ -1,5 +1,6 @@
 """Accuracy and efficiency metrics on hand-computed cases, hand-built trajectories and, for
 the action counts, real oracle rollouts of every method (``fixtures.traces``)."""
+
 import random
 
 import pytest
@@ -78,9 +79,18 @@ def test_score_multi_hand_cases():
 
 # -------------------------------------------------------------------------- efficiency
 def call(turn, n_ctx, n_out, system=0, role="act", spans=None, text="", char_spans=None, seconds=0.0):
-    return Call(turn=turn, role=role, context_ids=[5] * n_ctx, output_ids=[7] * n_out, logprobs=[0.0] * n_out,
-                context_spans={"system": [(0, system)]} if system else {}, output_spans=spans or {},
-                output_text=text, output_char_spans=char_spans or {}, seconds=seconds)
+    return Call(
+        turn=turn,
+        role=role,
+        context_ids=[5] * n_ctx,
+        output_ids=[7] * n_out,
+        logprobs=[0.0] * n_out,
+        context_spans={"system": [(0, system)]} if system else {},
+        output_spans=spans or {},
+        output_text=text,
+        output_char_spans=char_spans or {},
+        seconds=seconds,
+    )
 
 
 def traj(calls, answer=None, golds=(("x",),), valid=True):
@@ -134,15 +144,23 @@ def test_dependency_vectorised_matches_loop(trajs, formula, exclude):
 
 def test_tool_calls_and_memory_actions():
     text = '<tool_call>{"name": "prune_write", "ids": [1]}</tool_call><tool_call>{"name": "search"}</tool_call>'
-    memact = call(2, 10, 10, spans={"tool_call": [(0, 5), (5, 10)]}, text=text,
-                  char_spans={"tool_call": [(0, 48), (48, len(text))]})
-    t = traj([
-        call(1, 10, 10, spans={"think": [(0, 3)], "mem": [(3, 6)], "search": [(6, 9)]}),  # MemPO turn
-        memact,
-        call(2, 10, 5, role="memory"),  # bare memory update (MemSearcher)
-        call(3, 10, 5, role="memory", spans={"memory": [(0, 5)]}),
-        call(4, 10, 5, spans={"answer": [(0, 5)]}),
-    ])
+    memact = call(
+        2,
+        10,
+        10,
+        spans={"tool_call": [(0, 5), (5, 10)]},
+        text=text,
+        char_spans={"tool_call": [(0, 48), (48, len(text))]},
+    )
+    t = traj(
+        [
+            call(1, 10, 10, spans={"think": [(0, 3)], "mem": [(3, 6)], "search": [(6, 9)]}),  # MemPO turn
+            memact,
+            call(2, 10, 5, role="memory"),  # bare memory update (MemSearcher)
+            call(3, 10, 5, role="memory", spans={"memory": [(0, 5)]}),
+            call(4, 10, 5, spans={"answer": [(0, 5)]}),
+        ]
+    )
     assert tool_calls(t) == 2  # the search + the non-prune tool_call
     assert memory_actions(t) == 4  # <mem>, the prune_write, the bare update, <memory>
 
@@ -204,8 +222,9 @@ def test_action_counts_match_the_parsed_actions_on_real_traces(method):
 
 
 def test_summarize_and_table():
-    good = traj([call(1, 10, 4, seconds=0.5), call(2, 20, 2, seconds=0.25)], answer="Paris; 1999",
-                golds=[["paris"], ["1999"]])
+    good = traj(
+        [call(1, 10, 4, seconds=0.5), call(2, 20, 2, seconds=0.25)], answer="Paris; 1999", golds=[["paris"], ["1999"]]
+    )
     half = traj([call(1, 40, 6)], answer="Paris; 2000", golds=[["paris"], ["1999"]])
     bad = traj([call(1, 5, 1)], answer=None, golds=[["x"]], valid=False)
     s = summarize([good, half, bad])
@@ -240,7 +259,8 @@ def test_em_by_kind_by_hand():
     counted_wrong = replace(traj([], answer="Bob", golds=t2.golds), task_id="b")  # one answer for two questions
     assert em_by_kind([right, half], [t1, t2]) == {"em_1hop": 1.0, "em_bridge": 1.0, "em_comparison": 0.5}
     assert em_by_kind([right, half, counted_wrong], [t1, t2]) == pytest.approx(
-        {"em_1hop": 1.0, "em_bridge": 0.5, "em_comparison": 1 / 3})
+        {"em_1hop": 1.0, "em_bridge": 0.5, "em_comparison": 1 / 3}
+    )
     with pytest.raises(ValueError, match="answers none of the tasks"):
         em_by_kind([right], [t2])
 
@@ -249,8 +269,12 @@ def test_summarize_round_trips_through_jsonl(tmp_path):
     from memkit.core.trajectory import load_jsonl, save_jsonl
 
     rng = random.Random(3)
-    trajs = [traj([call(i + 1, rng.randint(1, 50), rng.randint(1, 20), system=1) for i in range(4)],
-                  answer="x", golds=[["x"]]) for _ in range(3)]
+    trajs = [
+        traj(
+            [call(i + 1, rng.randint(1, 50), rng.randint(1, 20), system=1) for i in range(4)], answer="x", golds=[["x"]]
+        )
+        for _ in range(3)
+    ]
     save_jsonl(trajs, tmp_path / "t.jsonl")
     assert summarize(load_jsonl(tmp_path / "t.jsonl")) == summarize(trajs)
 
@@ -285,8 +309,15 @@ def role_trajs(draw):
         calls = []
         for i in range(draw(st.integers(0, 7))):
             n_ctx = draw(st.integers(0, 80)) * draw(st.sampled_from([0, 1, 1, 1]))
-            calls.append(call(i + 1, n_ctx, draw(st.integers(0, 9)), system=draw(st.integers(0, n_ctx)),
-                              role=draw(st.sampled_from(["act", "memory"]))))
+            calls.append(
+                call(
+                    i + 1,
+                    n_ctx,
+                    draw(st.integers(0, 9)),
+                    system=draw(st.integers(0, n_ctx)),
+                    role=draw(st.sampled_from(["act", "memory"])),
+                )
+            )
         out.append(traj(calls))
     return out
 

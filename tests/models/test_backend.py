@@ -4,6 +4,7 @@ weights after every update and after a resume.
 
 The test engine keeps its own copy of the weights, as vLLM does, so a missed sync is visible: it
 would sample from a stale policy. A backend that ignores sync_weights shows the check can fail."""
+
 from __future__ import annotations
 
 import copy
@@ -48,9 +49,25 @@ def kit():
 
 
 def _cfg(out=None, **over) -> TrainConfig:
-    kw = dict(algo="ppo", method="mem1", init="tiny", steps=2, tasks_per_step=2, n_samples=2, micro_batch_size=2,
-              lr=1e-3, entropy_coef=0.01, warmup_steps=1, eval_every=0, max_turns=2, objectives=(1,),
-              n_train_tasks=64, save_every=1, keep_checkpoints=1, out_dir=str(out) if out else None)
+    kw = dict(
+        algo="ppo",
+        method="mem1",
+        init="tiny",
+        steps=2,
+        tasks_per_step=2,
+        n_samples=2,
+        micro_batch_size=2,
+        lr=1e-3,
+        entropy_coef=0.01,
+        warmup_steps=1,
+        eval_every=0,
+        max_turns=2,
+        objectives=(1,),
+        n_train_tasks=64,
+        save_every=1,
+        keep_checkpoints=1,
+        out_dir=str(out) if out else None,
+    )
     kw.update(over)
     return TrainConfig.from_flags(**kw)
 

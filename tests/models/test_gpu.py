@@ -4,6 +4,7 @@ Skipped without CUDA (CI has none); run on a GPU machine with ``pytest tests/mod
 TF32 is turned off so float32 matmuls on the GPU round like the CPU's, and the comparisons
 can use float32 tolerances.
 """
+
 from __future__ import annotations
 
 import json
@@ -73,8 +74,10 @@ def test_cuda_generation_records_the_logprobs_a_fresh_forward_gives():
         for p in model.parameters():
             if p.dim() == 2:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-    prompts = [tok.encode(t, add_special_tokens=False) for t in ("alice", "bob was born in kelmora in 1950.",
-                                                                 "the city of kelmora brontex was born")]
+    prompts = [
+        tok.encode(t, add_special_tokens=False)
+        for t in ("alice", "bob was born in kelmora in 1950.", "the city of kelmora brontex was born")
+    ]
     cpu_greedy = HFBackend(model, tok).generate(prompts, 12, temperature=0)
     gpu_model = model.to("cuda")
     be = HFBackend(gpu_model, tok)
@@ -102,7 +105,9 @@ def test_cuda_training_run_learns_logs_and_checkpoints(kit, tmp_path, precision)
     assert len(rows) == 2 and all(math.isfinite(r[m]) for r in rows for m in ("kl", "entropy", "vf_loss"))
     loaded = load_policy(str(res.path / "policy"))
     key = "model.embed_tokens.weight"
-    assert torch.equal(loaded.model.state_dict()[key], res.model.state_dict()[key].detach().cpu().to(loaded.model.dtype))
+    assert torch.equal(
+        loaded.model.state_dict()[key], res.model.state_dict()[key].detach().cpu().to(loaded.model.dtype)
+    )
 
 
 # ---- the real-model check: one device call (`issues` 54), numbers to $MEMKIT_GPU_REPORT ----------------
@@ -117,9 +122,16 @@ def _qwen_shaped(name: str):
     from memkit.models.plan import resolve_arch
 
     a = resolve_arch(name)
-    cfg = Qwen2Config(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.intermediate,
-                      num_hidden_layers=a.layers, num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
-                      tie_word_embeddings=a.tied, max_position_embeddings=32768)
+    cfg = Qwen2Config(
+        vocab_size=a.vocab,
+        hidden_size=a.hidden,
+        intermediate_size=a.intermediate,
+        num_hidden_layers=a.layers,
+        num_attention_heads=a.heads,
+        num_key_value_heads=a.kv_heads,
+        tie_word_embeddings=a.tied,
+        max_position_embeddings=32768,
+    )
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     with torch.device("cuda"):
@@ -141,7 +153,9 @@ def _long_trajectories(n: int, context: int, output: int, vocab: int):
     for i in range(n):
         ids = torch.randint(10, vocab, (context + output,), generator=g).tolist()
         call = Call(turn=0, role="act", context_ids=ids[:context], output_ids=ids[context:], logprobs=[-3.0] * output)
-        out.append(Trajectory(task_id=f"t{i // 2}", method="mem1", calls=[call], group_index=i % 2, reward=float(i % 2)))
+        out.append(
+            Trajectory(task_id=f"t{i // 2}", method="mem1", calls=[call], group_index=i % 2, reward=float(i % 2))
+        )
     return out
 
 
@@ -165,9 +179,22 @@ def test_bf16_lora_grpo_step_on_a_qwen_shaped_model_against_the_plan(name, check
     torch.cuda.reset_peak_memory_stats()
     model, arch = _qwen_shaped(name)
     model = apply_lora(model, LoraSpec(r=16, alpha=32))
-    cfg = TrainConfig.from_flags(method="mem1", init="tiny", algo="grpo", packing="separate", lora=True, kl_coef=0.001,
-                                 micro_batch_size=1, mini_batches=1, ppo_epochs=1, lr=1e-4, out_dir="", device="cuda",
-                                 gradient_checkpointing=checkpointing, log_entropy=False)
+    cfg = TrainConfig.from_flags(
+        method="mem1",
+        init="tiny",
+        algo="grpo",
+        packing="separate",
+        lora=True,
+        kl_coef=0.001,
+        micro_batch_size=1,
+        mini_batches=1,
+        ppo_epochs=1,
+        lr=1e-4,
+        out_dir="",
+        device="cuda",
+        gradient_checkpointing=checkpointing,
+        log_entropy=False,
+    )
     learner = Learner(cfg, model, dw.Tok(), accelerator=Accelerator())
     trajs = _long_trajectories(4, 3584, 512, arch.vocab)
     before = {n: p.detach().clone() for n, p in learner.policy.named_parameters() if p.requires_grad}
@@ -179,10 +206,20 @@ def test_bf16_lora_grpo_step_on_a_qwen_shaped_model_against_the_plan(name, check
     peak = torch.cuda.max_memory_allocated()
     moved = sum(not torch.equal(before[n], p.detach()) for n, p in learner.policy.named_parameters() if p.requires_grad)
     # the update runs the LM head on the 512 response tokens only (memkit.models.decoder_and_head)
-    planned = terms(arch, Setup(dtype="bf16", lora=True, lora_r=16), 1, 4096, 0.0, checkpointing, head_tokens=512)["total"]
-    row = {"model": name, "checkpointing": checkpointing, "peak_gb": peak / 2**30, "planned_gb": planned / 2**30,
-           "ratio": peak / planned, "tokens_per_s": stats["tokens_processed"] / seconds, "seconds": seconds,
-           "adapters_moved": moved, "gpu": torch.cuda.get_device_name()}
+    planned = terms(arch, Setup(dtype="bf16", lora=True, lora_r=16), 1, 4096, 0.0, checkpointing, head_tokens=512)[
+        "total"
+    ]
+    row = {
+        "model": name,
+        "checkpointing": checkpointing,
+        "peak_gb": peak / 2**30,
+        "planned_gb": planned / 2**30,
+        "ratio": peak / planned,
+        "tokens_per_s": stats["tokens_processed"] / seconds,
+        "seconds": seconds,
+        "adapters_moved": moved,
+        "gpu": torch.cuda.get_device_name(),
+    }
     print(json.dumps(row))
     if os.environ.get("MEMKIT_GPU_REPORT"):
         with open(os.environ["MEMKIT_GPU_REPORT"], "a") as f:

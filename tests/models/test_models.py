@@ -1,4 +1,5 @@
 """memkit.models: tokenizer, tiny model, decoding loop, load_policy (no hub, CPU, < 60 s)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -24,14 +25,18 @@ from memkit.models import (
 from memkit.models.tokenizer import DEFAULT_VOCAB, TOKENIZER_SCHEME
 
 WORDS = "alice bob kelmora brontex was born in works for the city of company film directed by studied at".split()
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 def _texts(seed=0, n=400):
     rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(12)) + f" {rng.randint(1900, 2000)}. <think>x</think>"
-            for _ in range(n)]
+    return [
+        " ".join(rng.choice(WORDS) for _ in range(12)) + f" {rng.randint(1900, 2000)}. <think>x</think>"
+        for _ in range(n)
+    ]
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
@@ -57,8 +62,12 @@ def model(tok):
 
 @pytest.fixture(scope="module")
 def prompts(tok):
-    texts = ["alice", "bob was born in kelmora in 1950. <think>", "the city of",
-             "<search> company film directed by studied at works for the city of kelmora brontex was born"]
+    texts = [
+        "alice",
+        "bob was born in kelmora in 1950. <think>",
+        "the city of",
+        "<search> company film directed by studied at works for the city of kelmora brontex was born",
+    ]
     out = [tok.encode(t, add_special_tokens=False) for t in texts]
     assert len({len(p) for p in out}) == len(out)  # mixed lengths -> real left padding
     return out
@@ -72,7 +81,9 @@ def test_a_word_has_one_spelling_after_a_space_a_tag_or_at_the_start(tok):
         enc = tok.encode(text, add_special_tokens=False)
         assert any(enc[i : i + len(name)] == name for i in range(len(enc))), text
     # a space between two words is not a token of its own (it rides on the next word)
-    assert len(tok.encode("alice was born", add_special_tokens=False)) < len(tok.encode("alice.was.born", add_special_tokens=False))
+    assert len(tok.encode("alice was born", add_special_tokens=False)) < len(
+        tok.encode("alice.was.born", add_special_tokens=False)
+    )
 
 
 def test_tags_are_single_non_special_tokens_and_round_trip(tok, tmp_path):
@@ -89,6 +100,7 @@ def test_tags_are_single_non_special_tokens_and_round_trip(tok, tmp_path):
     assert tok.decode([tok.eos_token_id], skip_special_tokens=True) == ""
     tok.save_pretrained(tmp_path)
     from transformers import AutoTokenizer
+
     back = AutoTokenizer.from_pretrained(tmp_path)
     assert back.encode(s, add_special_tokens=False) == enc
 
@@ -233,7 +245,7 @@ def test_shared_prefix_prefill_equals_one_prompt_at_a_time(model, tok, prompts):
     batched = be.generate(rows, 12, temperature=0)
     from memkit.models.kv import prefix_groups
 
-    (P, members), = prefix_groups(rows, be.min_shared_prefix)
+    ((P, members),) = prefix_groups(rows, be.min_shared_prefix)
     assert sorted(members) == list(range(6)) and P >= len(head)
     assert be.stats.prefill_tokens == sum(map(len, rows)) - (len(members) - 1) * P
     off = HFBackend(model, tok)
@@ -271,7 +283,7 @@ def test_stop_strings_truncate_right_after_completing_token(model, tok, prompts)
     for f, o in zip(free, outs):
         if o.finish == "stop":
             assert "o" in o.text and "o" not in tok.decode(o.ids[:-1], skip_special_tokens=True)
-            assert o.ids == f.ids[:len(o.ids)]  # a prefix of the unstopped greedy output
+            assert o.ids == f.ids[: len(o.ids)]  # a prefix of the unstopped greedy output
         else:  # ran to the limit, or chose EOS, without ever writing the stop string
             assert o.ids == f.ids and o.finish == f.finish and "o" not in o.text
 
@@ -323,8 +335,10 @@ def test_per_row_streams_make_sampling_batch_invariant(model, tok, prompts):
             assert max(abs(a - b) for a, b in zip(o.logprobs, ref.logprobs)) < 1e-4
             assert torch.equal(torch.rand(1, generator=g), next_draw)  # the stream advanced exactly as alone
     assert alone[0][0].finish == "eos" and len(alone[0][0].ids) == 1
-    shared = [be.generate([prompts[1]] + extra, 15, temperature=1.0, generator=torch.Generator().manual_seed(5))[0].ids
-              for extra in ([], prompts[2:])]
+    shared = [
+        be.generate([prompts[1]] + extra, 15, temperature=1.0, generator=torch.Generator().manual_seed(5))[0].ids
+        for extra in ([], prompts[2:])
+    ]
     assert shared[0] != shared[1]
     with pytest.raises(ValueError, match="one per prompt"):
         be.generate(prompts, 4, generator=streams([0, 1]))
@@ -455,8 +469,9 @@ def test_chat_wrap_puts_segments_in_a_user_turn(tok):
     segs = [Segment("question", "Who? "), Segment("memory", "<mem>a</mem>")]
     out = wrap(segs)
     assert [s.kind for s in out] == ["chat", "question", "memory", "chat"]
-    expect = chat_tok.apply_chat_template([{"role": "user", "content": "Who? <mem>a</mem>"}], tokenize=False,
-                                          add_generation_prompt=True)
+    expect = chat_tok.apply_chat_template(
+        [{"role": "user", "content": "Who? <mem>a</mem>"}], tokenize=False, add_generation_prompt=True
+    )
     assert "".join(s.text for s in out) == expect
     assert out[-1].text.endswith("assistant\n")
 
@@ -496,7 +511,10 @@ def test_rollouts_with_sample_seeds_repeat_alone_what_they_did_in_the_batch():
     seeds = [11, 12, 13, 21, 22, 23, 31, 32, 33]
     kw = dict(policy=policy, temperature=1.0, max_turns=2)
     batched = rollout("mem1", tasks, kit, n=3, sample_seeds=seeds, **kw)
-    alone = [rollout("mem1", [t], kit, n=1, sample_seeds=[s], **kw)[0] for t, s in zip([t for t in tasks for _ in range(3)], seeds)]
+    alone = [
+        rollout("mem1", [t], kit, n=1, sample_seeds=[s], **kw)[0]
+        for t, s in zip([t for t in tasks for _ in range(3)], seeds)
+    ]
     for b, a in zip(batched, alone):
         assert [c.output_ids for c in b.calls] == [c.output_ids for c in a.calls]
         assert [c.context_ids for c in b.calls] == [c.context_ids for c in a.calls]

@@ -7,6 +7,7 @@ the live ones through forward and backward, measured with ``saved_tensors_hooks`
 ``TOLERANCE``; the KV cache with the cache a forward returns. The CLI prints a table, ``--json`` a dict,
 and bad input exits 2 with one line naming the fix.
 """
+
 from __future__ import annotations
 
 import json
@@ -75,8 +76,15 @@ def _random_model(kind: str, **kw):
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[kind]
-    cfg = config_cls(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
-                     num_key_value_heads=2, vocab_size=500, **kw)
+    cfg = config_cls(
+        hidden_size=64,
+        intermediate_size=176,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=500,
+        **kw,
+    )
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     return model_cls(cfg)
@@ -100,9 +108,14 @@ def _check_activations(model, setup, batch, seq, checkpointing, label):
 
 
 # ---- parameter counts --------------------------------------------------------------------------------
-@pytest.mark.parametrize("kind,kw", [("qwen2", {"tie_word_embeddings": False}),
-                                     ("qwen2", {"tie_word_embeddings": True}),
-                                     ("llama", {"attention_bias": True, "mlp_bias": True})])
+@pytest.mark.parametrize(
+    "kind,kw",
+    [
+        ("qwen2", {"tie_word_embeddings": False}),
+        ("qwen2", {"tie_word_embeddings": True}),
+        ("llama", {"attention_bias": True, "mlp_bias": True}),
+    ],
+)
 def test_param_count_equals_random_models(kind, kw):
     model = _random_model(kind, **kw)
     assert param_count(arch_from_config(model.config)) == sum(p.numel() for p in model.parameters())
@@ -120,8 +133,9 @@ def test_presets_match_published_sizes():
 
 
 # ---- weights, gradients, AdamW state -------------------------------------------------------------------
-@pytest.mark.parametrize("dtype,lora", [("fp32", None), ("fp32", "attention"), ("fp32", "all-linear"),
-                                        ("bf16", None), ("bf16", "attention")])
+@pytest.mark.parametrize(
+    "dtype,lora", [("fp32", None), ("fp32", "attention"), ("fp32", "all-linear"), ("bf16", None), ("bf16", "attention")]
+)
 def test_weight_gradient_optimizer_bytes_equal_tensors(dtype, lora):
     """fp32: all three exact. bf16: weights and gradients exact; the AdamW term assumes fp32 moments (+ fp32
     master weights in full FT), which torch.optim.AdamW keeps only for fp32 parameters: checked under LoRA
@@ -186,7 +200,7 @@ def test_smollm2_params_and_activations():
 # ---- the largest micro-batch -------------------------------------------------------------------------
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_max_micro_batch_is_the_largest_that_fits(checkpointing):
-    arch, setup, budget, kv = PRESETS["qwen2.5-3b"], Setup(lora=True), 79 * 2 ** 30, 2e9
+    arch, setup, budget, kv = PRESETS["qwen2.5-3b"], Setup(lora=True), 79 * 2**30, 2e9
     best = max_micro_batch(arch, setup, 4096, kv, checkpointing, budget)
     assert best >= 1
     assert terms(arch, setup, best, 4096, kv, checkpointing)["total"] <= budget
@@ -205,8 +219,17 @@ def test_full_7b_on_one_gpu_names_the_optimizer_and_fits_sharded():
 def test_cli_prints_a_table(capsys):
     assert main(["plan", "--model", "qwen2.5-7b", "--lora", "--micro-batch", "1", "--seq-len", "4096"]) == 0
     out = capsys.readouterr().out
-    for label in ("weights", "gradients", "optimizer (AdamW)", "reference model", "activations (layers)",
-                  "logits", "KV cache", "total", "largest micro-batch"):
+    for label in (
+        "weights",
+        "gradients",
+        "optimizer (AdamW)",
+        "reference model",
+        "activations (layers)",
+        "logits",
+        "KV cache",
+        "total",
+        "largest micro-batch",
+    ):
         assert label in out, out
     assert "no ckpt" in out and "ckpt" in out and "LoRA r=16" in out
 
@@ -219,10 +242,15 @@ def test_cli_json_and_lever(capsys):
     assert "dominates: try --lora" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv,words", [(["--model", "qwen9-1t"], ["unknown model", "qwen2.5-7b"]),
-                                        (["--model", "qwen2.5-7b", "--gpu-mem", "-5"], ["--gpu-mem", "> 0"]),
-                                        (["--model", "qwen2.5-7b", "--zero", "3"], ["--gpus"]),
-                                        (["--model", "qwen2.5-7b", "--lora-r", "8"], ["add --lora"])])
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        (["--model", "qwen9-1t"], ["unknown model", "qwen2.5-7b"]),
+        (["--model", "qwen2.5-7b", "--gpu-mem", "-5"], ["--gpu-mem", "> 0"]),
+        (["--model", "qwen2.5-7b", "--zero", "3"], ["--gpus"]),
+        (["--model", "qwen2.5-7b", "--lora-r", "8"], ["add --lora"]),
+    ],
+)
 def test_cli_bad_input_exits_2(capsys, argv, words):
     assert main(["plan", *argv]) == 2
     err = capsys.readouterr().err

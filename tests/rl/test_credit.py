@@ -4,6 +4,7 @@ Trajectories come from the rollout engine (the scripted oracle through the real 
 and tokenizer: ``tests/fixtures/traces.py``); only their rewards are re-drawn, so groups have
 spread. Every registered rule is checked against its loop reference on every packing.
 """
+
 from __future__ import annotations
 
 import random
@@ -45,9 +46,15 @@ def _credit_batch(trajs, mode, units=None, seed=0, with_values=False) -> CreditB
     if with_values:
         g = torch.Generator().manual_seed(seed)
         values = torch.randn(batch.input_ids.shape, generator=g) * batch.loss_mask
-    return CreditBatch(batch=batch, units=units, unit_traj=torch.tensor(unit_traj),
-                       rewards=torch.tensor([t.reward for t in trajs]), group_ids=[t.task_id for t in trajs],
-                       values=values, trajectories=trajs)
+    return CreditBatch(
+        batch=batch,
+        units=units,
+        unit_traj=torch.tensor(unit_traj),
+        rewards=torch.tensor([t.reward for t in trajs]),
+        group_ids=[t.task_id for t in trajs],
+        values=values,
+        trajectories=trajs,
+    )
 
 
 @pytest.mark.parametrize("method", ["mem1", "memsearcher"])
@@ -151,8 +158,12 @@ def test_rl_package_compares_no_method_names():
     from memkit.agents import METHODS
 
     pat = re.compile(r"==\s*[\"'](%s)[\"']" % "|".join(METHODS))
-    hits = [f"{p.name}:{i}" for p in pathlib.Path(memkit.rl.__file__).parent.glob("*.py")
-            for i, line in enumerate(p.read_text().splitlines(), 1) if pat.search(line)]
+    hits = [
+        f"{p.name}:{i}"
+        for p in pathlib.Path(memkit.rl.__file__).parent.glob("*.py")
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if pat.search(line)
+    ]
     assert not hits, hits
 
 
@@ -215,7 +226,7 @@ def test_fork_continues_children_from_a_shared_prefix_and_merges_into_a_tree():
         assert [tree.calls[i].output_ids for i in path] == [c.output_ids for c in ch.calls]
         assert [tree.calls[i].context_ids for i in path] == [c.context_ids for c in ch.calls]
         for i in path:
-            assert all(j in path[:path.index(i)] for _, _, j, _ in tree.calls[i].context_refs)
+            assert all(j in path[: path.index(i)] for _, _, j, _ in tree.calls[i].context_refs)
     for ch in chains:  # each chain alone is still a proper linear trajectory
         assert [c.parent for c in ch.calls] == [None] + list(range(len(ch.calls) - 1))
 
@@ -292,7 +303,6 @@ def test_exact_packings_equal_per_call_recompute_on_real_rollouts(method):
         assert gap["n_tokens"] > 0 and gap["max_abs"] < 1e-4, (mode, gap["max_abs"])
 
 
-
 def test_gae_refuses_a_unit_that_is_not_a_chain():
     _, tree = _tree()
     tree.reward = 1.0
@@ -336,7 +346,7 @@ def test_whitening_with_global_moments_is_the_formula_the_update_used_before():
     x, m = torch.randn(64, 50, generator=g), (torch.rand(64, 50, generator=g) > 0.3).float()
     s1, s2, n = masked_moments(x, m)
     mean = s1 / max(n, 1.0)
-    var = (s2 - n * mean ** 2) / max(n - 1.0, 1.0)
+    var = (s2 - n * mean**2) / max(n - 1.0, 1.0)
     old = (x - mean) * m / math.sqrt(max(var, 0.0) + 1e-8)
     assert torch.equal(masked_whiten(x, m, mean_var=moments_to_mean_var(s1, s2, n)), old)
 
@@ -348,8 +358,17 @@ def _learner(credit, **over):
     from memkit.rl.config import TrainConfig
     from memkit.rl.update import Learner
 
-    cfg = TrainConfig.from_flags(method="memsearcher", init="tiny", credit=credit, packing="separate", lr=1e-3, kl_coef=0.0,
-                      micro_batch_size=64, out_dir="", **over)
+    cfg = TrainConfig.from_flags(
+        method="memsearcher",
+        init="tiny",
+        credit=credit,
+        packing="separate",
+        lr=1e-3,
+        kl_coef=0.0,
+        micro_batch_size=64,
+        out_dir="",
+        **over,
+    )
     return Learner(cfg, build_tiny(kit().tokenizer, seed=0), kit().tokenizer, accelerator=Accelerator(cpu=True))
 
 

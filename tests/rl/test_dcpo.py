@@ -5,6 +5,7 @@ Trajectories are the scripted oracle's through the rollout engine (``tests/fixtu
 so contexts, records and prunes are what a training run holds; log-probs are compared under the
 tiny Llama on the kit's tokenizer.
 """
+
 from __future__ import annotations
 
 import random
@@ -70,7 +71,7 @@ def test_segments_end_at_each_prune_and_partition_the_calls():
         assert len(segs) == len(_pruned(t)) + 1
         for s in segs:  # a fixed prefix: each call's context extends the previous one's
             for a, b in zip(s, s[1:]):
-                assert t.calls[b].context_ids[:t.calls[a].n_context] == t.calls[a].context_ids
+                assert t.calls[b].context_ids[: t.calls[a].n_context] == t.calls[a].context_ids
 
 
 def test_segments_of_other_formats():
@@ -139,7 +140,7 @@ def test_sampler_equals_its_loop_reference(seed):
         assert len({i for i, _ in got[:n_first]}) == n_first  # distinct trajectories first
         per = {i: [j for t, j in got if t == i] for i in live}
         for i, js in per.items():  # no repeat before a trajectory's segments are all taken
-            assert len(set(js[:counts[i]])) == len(js[:counts[i]])
+            assert len(set(js[: counts[i]])) == len(js[: counts[i]])
 
 
 def test_dcpo_units_draw_n_seg_per_prompt_and_repeat_with_the_seed():
@@ -163,9 +164,15 @@ def _cb(trajs, units) -> CreditBatch:
     unit_traj = torch.tensor([index[id(u.traj)] for u in units])
     trained = torch.zeros(len(trajs), dtype=torch.bool)
     trained[unit_traj] = True
-    return CreditBatch(batch=pack(units, "mem1_exact"), units=units, unit_traj=unit_traj,
-                       rewards=torch.tensor([t.reward for t in trajs]), group_ids=[t.task_id for t in trajs],
-                       trajectories=trajs, trained=trained)
+    return CreditBatch(
+        batch=pack(units, "mem1_exact"),
+        units=units,
+        unit_traj=unit_traj,
+        rewards=torch.tensor([t.reward for t in trajs]),
+        group_ids=[t.task_id for t in trajs],
+        trajectories=trajs,
+        trained=trained,
+    )
 
 
 @pytest.mark.parametrize("stats", ["all", "sampled"])
@@ -214,8 +221,16 @@ def test_the_learner_trains_dcpo_segments():
     from memkit.rl.config import TrainConfig
     from memkit.rl.update import Learner, _units_seed
 
-    cfg = TrainConfig.from_flags(method="memact", init="tiny", lr=1e-3, kl_coef=0.0, micro_batch_size=64, out_dir="",
-                      dcpo=DCPOConfig(segments=4), agg="seq-mean-token-mean")
+    cfg = TrainConfig.from_flags(
+        method="memact",
+        init="tiny",
+        lr=1e-3,
+        kl_coef=0.0,
+        micro_batch_size=64,
+        out_dir="",
+        dcpo=DCPOConfig(segments=4),
+        agg="seq-mean-token-mean",
+    )
     assert cfg.resolved_credit() == "dcpo" and cfg.resolved_packing() == "mem1_exact"
     learner = Learner(cfg, build_tiny(kit().tokenizer, seed=0), kit().tokenizer, accelerator=Accelerator(cpu=True))
     before = [p.detach().clone() for p in learner.policy.parameters()]
@@ -275,16 +290,24 @@ def test_off_schedule_prunes_are_invalid_turns():
     task = oracle_tasks(2, 3, 11)[0]
     env = kit().env_for(3)
     search, prune = "<think>t</think><search>x</search>", "<think>t</think><prune>r1</prune><note>facts</note>"
-    cases = [(dict(schedule="window"), [search, prune], "no prune tool under the sliding window"),
-             (dict(schedule="fixed", interval=3), [search, prune], "off the fixed schedule (every 3 calls)")]
+    cases = [
+        (dict(schedule="window"), [search, prune], "no prune tool under the sliding window"),
+        (dict(schedule="fixed", interval=3), [search, prune], "off the fixed schedule (every 3 calls)"),
+    ]
     for kw, texts, reason in cases:
         m = get_method("memact", **kw)
         traj = run_rollouts(m, [task], env, Scripted(texts), kit().tokenizer, RolloutConfig(max_turns=4))[0]
         assert not traj.valid and reason in traj.reason and traj.reward == -0.1
     # a due call's output continues the forced opening: "r1, r2</prune><note>...</note>" is a Prune&Write
     m = get_method("memact", schedule="fixed", interval=2)
-    traj = run_rollouts(m, [task], env, Scripted([search, "r1</prune><note>facts</note>", search]), kit().tokenizer,
-                        RolloutConfig(max_turns=3))[0]
+    traj = run_rollouts(
+        m,
+        [task],
+        env,
+        Scripted([search, "r1</prune><note>facts</note>", search]),
+        kit().tokenizer,
+        RolloutConfig(max_turns=3),
+    )[0]
     assert traj.info["pruned_ids"][:2] == [[], ["r1"]] and traj.calls[1].valid
     with pytest.raises(ValueError, match="schedule"):
         get_method("memact", schedule="sometimes")

@@ -2,6 +2,7 @@
 flex BlockMask stand for exactly the packed 2D mask (loop references, cell by cell), and the
 log-probs and gradients through them equal the dense masked path and per-call recomputation,
 on real oracle rollouts (tests/fixtures/traces.py) packed in every mode."""
+
 from __future__ import annotations
 
 import pytest
@@ -75,12 +76,12 @@ def test_flex_block_mask_is_the_dense_mask_cell_by_cell(mode):
     for b in range(B):
         for qb in range(n):
             q = qb * 128 + ar[:, None]
-            for kb in bm.full_kv_indices[b, 0, qb, :bm.full_kv_num_blocks[b, 0, qb]].tolist():
-                rebuilt[b, qb * 128:(qb + 1) * 128, kb * 128:(kb + 1) * 128] = True
-            for kb in bm.kv_indices[b, 0, qb, :bm.kv_num_blocks[b, 0, qb]].tolist():
+            for kb in bm.full_kv_indices[b, 0, qb, : bm.full_kv_num_blocks[b, 0, qb]].tolist():
+                rebuilt[b, qb * 128 : (qb + 1) * 128, kb * 128 : (kb + 1) * 128] = True
+            for kb in bm.kv_indices[b, 0, qb, : bm.kv_num_blocks[b, 0, qb]].tolist():
                 k = kb * 128 + ar[None, :]
                 cells = bm.mask_mod(torch.tensor(b), torch.tensor(0), q, k)
-                rebuilt[b, qb * 128:(qb + 1) * 128, kb * 128:(kb + 1) * 128] = cells
+                rebuilt[b, qb * 128 : (qb + 1) * 128, kb * 128 : (kb + 1) * 128] = cells
     assert torch.equal(rebuilt[:, :L, :L], mask[:, 0])
     assert not rebuilt[:, L:].any() and not rebuilt[:, :, L:].any()
 
@@ -92,7 +93,8 @@ def test_block_attention_equals_masked_sdpa_with_grouped_heads():
     q = torch.randn(B, 6, L, 8, generator=g)
     k, v = (torch.randn(B, 2, L, 8, generator=g) for _ in range(2))  # 3 query heads per key head
     dense = torch.nn.functional.scaled_dot_product_attention(
-        q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), attn_mask=mask, scale=0.3).transpose(1, 2)
+        q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), attn_mask=mask, scale=0.3
+    ).transpose(1, 2)
     out = block_attention(q, k, v, block_plan(mask, 32, 3), scale=0.3)
     assert out.shape == (B, L, 6, 8)
     assert float((out - dense).abs().max()) < 1e-5
@@ -108,8 +110,10 @@ def _logps_and_grads(model, batch, path):
     return logp.detach().cpu(), grads.cpu()
 
 
-@pytest.mark.parametrize("method,k,mode", [("mem1", 4, "mem1_mask"), ("mem1", 4, "mem1_exact"),
-                                           ("memsearcher", 2, "mem1_exact"), ("mem1", 2, "separate")])
+@pytest.mark.parametrize(
+    "method,k,mode",
+    [("mem1", 4, "mem1_mask"), ("mem1", 4, "mem1_exact"), ("memsearcher", 2, "mem1_exact"), ("mem1", 2, "separate")],
+)
 def test_blocks_logprobs_and_gradients_equal_the_dense_path(model, method, k, mode):
     batch = pack(_trajs(method, k), mode, kit().tokenizer.pad_token_id)
     lp_dense, g_dense = _logps_and_grads(model, batch, "dense")
@@ -144,8 +148,9 @@ def test_packed_attention_passes_separate_rows_and_refuses_flex_backward_on_cpu(
         TrainConfig.from_flags(attention="sparse").validate()
 
 
-@pytest.mark.parametrize("algo,packing", [("ppo", "mem1_exact"),
-                                          pytest.param("grpo", "mem1_mask", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "algo,packing", [("ppo", "mem1_exact"), pytest.param("grpo", "mem1_mask", marks=pytest.mark.slow)]
+)
 def test_learner_update_is_the_same_with_blocks_and_dense(algo, packing):
     """The whole update (old, reference and critic forwards, loss, backward) on real rollouts:
     the same gradients and statistics along either attention path."""
@@ -154,9 +159,21 @@ def test_learner_update_is_the_same_with_blocks_and_dense(algo, packing):
         t.reward = float(i % 2)
     out = {}
     for path in ("dense", "blocks"):
-        cfg = TrainConfig.from_flags(method="mem1", algo=algo, packing=packing, init="tiny", device="cpu", attention=path,
-                          n_samples=2, lr=1e-3, eval_every=0, save_every=0, out_dir="", kl_coef=0.01,
-                          recompute_old_logprobs=True)
+        cfg = TrainConfig.from_flags(
+            method="mem1",
+            algo=algo,
+            packing=packing,
+            init="tiny",
+            device="cpu",
+            attention=path,
+            n_samples=2,
+            lr=1e-3,
+            eval_every=0,
+            save_every=0,
+            out_dir="",
+            kl_coef=0.01,
+            recompute_old_logprobs=True,
+        )
         learner = Learner(cfg, fresh_tiny(kit(), 0).model, kit().tokenizer)
         learner.keep_grads = True
         stats = learner.update(trajs)

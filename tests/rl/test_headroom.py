@@ -1,4 +1,5 @@
 """Exploration headroom (memkit.rl.headroom): hand-counted slots, bad input, the oracle's zero."""
+
 from __future__ import annotations
 
 import math
@@ -19,8 +20,12 @@ A, B = [["x"], ["y"]], [["p"], ["r"]]
 
 def test_headroom_hand_counted():
     greedy = [_t("A", "x; z", A), _t("B", "p; r", B, valid=False)]  # A: slot 1 right; B: invalid
-    samples = [_t("A", "x; y", A), _t("A", "q; z", A),  # A slot 1: 1/2, slot 2: 1/2
-               _t("B", "p; r", B), _t("B", "p; q", B)]  # B slot 1: 2/2, slot 2: 1/2
+    samples = [
+        _t("A", "x; y", A),
+        _t("A", "q; z", A),  # A slot 1: 1/2, slot 2: 1/2
+        _t("B", "p; r", B),
+        _t("B", "p; q", B),
+    ]  # B slot 1: 2/2, slot 2: 1/2
     h = exploration_headroom(greedy, samples)
     assert (h["slots"], h["greedy_wrong"], h["wrong_reachable"], h["n_samples"]) == (4, 3, 3, 2)
     assert h["greedy_em"] == pytest.approx(0.25)

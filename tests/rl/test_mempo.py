@@ -5,6 +5,7 @@ so the ``<mem>`` spans, contexts and golds are what a training run holds; the mo
 the tiny Llama on the kit's tokenizer. Batched P equals one forward per probe; the credit rule
 equals its loop reference; pooling and the bias term are checked on hand-computed numbers.
 """
+
 from __future__ import annotations
 
 import math
@@ -58,9 +59,14 @@ def _copies(n_copies: int = 2, seed: int = 0) -> list[Trajectory]:
 
 def _cb(trajs, mode="separate") -> CreditBatch:
     units = [TrainingUnit.of(t) for t in trajs]
-    return CreditBatch(batch=pack(units, mode), units=units, unit_traj=torch.arange(len(trajs)),
-                       rewards=torch.tensor([t.reward for t in trajs]), group_ids=[t.task_id for t in trajs],
-                       trajectories=trajs)
+    return CreditBatch(
+        batch=pack(units, mode),
+        units=units,
+        unit_traj=torch.arange(len(trajs)),
+        rewards=torch.tensor([t.reward for t in trajs]),
+        group_ids=[t.task_id for t in trajs],
+        trajectories=trajs,
+    )
 
 
 # ------------------------------------------------------------------------------ P[ans | .] (eq. 5)
@@ -92,20 +98,21 @@ def test_probe_contexts_are_the_policys_own_tokens():
             call = traj.calls[p.call]
             assert tok.decode(p.answer_ids) == gold
             for q, g in enumerate(traj.golds):  # each question's tokens decode to its gold
-                assert tok.decode([a for a, s in zip(p.answer_ids, p.answer_slots) if s == q]).replace(" ", "") \
-                    == g[0].replace(" ", "")
+                assert tok.decode([a for a, s in zip(p.answer_ids, p.answer_slots) if s == q]).replace(" ", "") == g[
+                    0
+                ].replace(" ", "")
             if p.kind == "mem":  # the question context, then exactly the <mem> tokens the call wrote
                 s, e = memory_span(call)
                 n = traj.calls[0].n_context
                 assert p.context_ids[:n] == traj.calls[0].context_ids
-                assert p.context_ids[n:n + e - s] == call.output_ids[s:e]
-                assert tok.decode(p.context_ids[n:n + e - s]).startswith("<mem>")
-                assert tok.decode(p.context_ids[n + e - s:]) == opener
+                assert p.context_ids[n : n + e - s] == call.output_ids[s:e]
+                assert tok.decode(p.context_ids[n : n + e - s]).startswith("<mem>")
+                assert tok.decode(p.context_ids[n + e - s :]) == opener
             else:  # the bias: an empty memory after the call's context (call) or the question (previous)
                 head = call if bias == "call" else traj.calls[0]
                 assert bias == "call" or p.call == 0
-                assert p.context_ids[:head.n_context] == head.context_ids
-                assert tok.decode(p.context_ids[head.n_context:]) == "<mem>\n</mem>" + opener
+                assert p.context_ids[: head.n_context] == head.context_ids
+                assert tok.decode(p.context_ids[head.n_context :]) == "<mem>\n</mem>" + opener
     literal = memory_probes([traj], tok, opener="answer", answer_tags=True)[0]
     assert tok.decode(literal.context_ids).endswith("</mem>\n<answer>\n")
     assert tok.decode(literal.answer_ids) == gold + "\n</answer>"
@@ -120,7 +127,7 @@ def test_per_slot_score_is_the_mean_of_each_questions_geometric_mean(model):
     probe = memory_probes(list(oracle_traces("mempo", 2, 3, 11)), kit().tokenizer, answer_tags=True)[-1]
     ids = torch.tensor([probe.context_ids + probe.answer_ids])
     with torch.no_grad():
-        logp = torch.log_softmax(model(input_ids=ids).logits[0, len(probe.context_ids) - 1:-1], -1)
+        logp = torch.log_softmax(model(input_ids=ids).logits[0, len(probe.context_ids) - 1 : -1], -1)
     lp = logp[torch.arange(len(probe.answer_ids)), torch.tensor(probe.answer_ids)]
     slots = torch.tensor(probe.answer_slots)
     by_hand = (lp[slots == 0].mean().exp() + lp[slots == 1].mean().exp()) / 2
@@ -140,8 +147,11 @@ def test_score_memories_sets_r_m_as_the_bias_corrected_probability(model, bias):
         i, t = r["traj"], r["call"]
         assert r["p_mem"] == pytest.approx(ref[i, t, "mem"], abs=1e-6)
         prev = previous_memory(trajs[i], t)
-        bias_ref = {"none": 0.0, "call": ref.get((i, t, "bias")),
-                    "previous": ref[i, prev, "mem"] if prev is not None else ref.get((i, t, "bias"))}[bias]
+        bias_ref = {
+            "none": 0.0,
+            "call": ref.get((i, t, "bias")),
+            "previous": ref[i, prev, "mem"] if prev is not None else ref.get((i, t, "bias")),
+        }[bias]
         assert r["p_bias"] == pytest.approx(bias_ref, abs=1e-6)
         assert trajs[i].calls[t].reward == pytest.approx(r["p_mem"] - r["p_bias"])
     if bias == "previous":  # R_M telescopes: the memories of a chain add up to P[last] - P[empty memory]
@@ -183,9 +193,16 @@ def _hand_case():
     return trajs
 
 
-@pytest.mark.parametrize("norm,expected", [
-    ("pooled", (-0.3 / math.sqrt(0.2 / 3), 0.1 / math.sqrt(0.2 / 3), -0.1 / math.sqrt(0.2 / 3), 0.3 / math.sqrt(0.2 / 3))),
-    ("per_step", (-1 / math.sqrt(2), -1 / math.sqrt(2), 1 / math.sqrt(2), 1 / math.sqrt(2)))])
+@pytest.mark.parametrize(
+    "norm,expected",
+    [
+        (
+            "pooled",
+            (-0.3 / math.sqrt(0.2 / 3), 0.1 / math.sqrt(0.2 / 3), -0.1 / math.sqrt(0.2 / 3), 0.3 / math.sqrt(0.2 / 3)),
+        ),
+        ("per_step", (-1 / math.sqrt(2), -1 / math.sqrt(2), 1 / math.sqrt(2), 1 / math.sqrt(2))),
+    ],
+)
 def test_pooling_on_a_hand_checked_case(norm, expected):
     """Pooled (eq. 6-8): mean 0.4 and std sqrt(0.2/3) over all four memories. Per step: turn 1
     is (0.1, 0.3), turn 2 (0.5, 0.7), each mean +- 0.1 with std sqrt(0.02)."""
@@ -201,7 +218,7 @@ def test_pooling_on_a_hand_checked_case(norm, expected):
         i, c = int(b.unit_index[row]), int(b.call_index[row])
         s, e = memory_span(trajs[i].calls[c])
         n_ctx = trajs[i].calls[c].n_context
-        out = adv[row, n_ctx:n_ctx + trajs[i].calls[c].n_output]
+        out = adv[row, n_ctx : n_ctx + trajs[i].calls[c].n_output]
         assert torch.allclose(out[s:e], torch.full((e - s,), a_t[i] + expected[2 * i + c]), atol=1e-4)
         rest = torch.cat([out[:s], out[e:]])
         assert torch.allclose(rest, torch.full_like(rest, a_t[i]), atol=1e-5)
@@ -237,8 +254,9 @@ def test_learner_scores_memories_and_trains_them(model):
 
     def run(credit):
         trajs = _copies(2, 1)
-        cfg = TrainConfig.from_flags(method="mempo", init="tiny", credit=credit, lr=1e-3, kl_coef=0.0, out_dir="",
-                          recompute_old_logprobs=True)
+        cfg = TrainConfig.from_flags(
+            method="mempo", init="tiny", credit=credit, lr=1e-3, kl_coef=0.0, out_dir="", recompute_old_logprobs=True
+        )
         learner = Learner(cfg, fresh_tiny(kit(), seed=3).model, kit().tokenizer, accelerator=Accelerator(cpu=True))
         stats = learner.update(trajs)
         return stats, {k: v.detach().clone() for k, v in learner.policy.state_dict().items()}, trajs

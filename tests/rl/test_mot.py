@@ -3,6 +3,7 @@
 Trees come from :func:`memkit.rollout.trees.grow_trees` on a built conversation, with a noisy
 teacher (wasted searches, wrong answers, bridge questions cut short) so branches differ.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -47,8 +48,10 @@ def forest(seed: int = 0, trees: int = 3, rounds: int = 2, pivots: int = 2):
     policy = OraclePolicy(method, tok, NOISY, seed=seed)
     (built,) = build_memories(method, [conv], policy, tok, CFG)
     sources = built.memory["store"].sources_of()
-    grown = [(qa, grow_trees(method, built, qi, policy, tok, TreeConfig(trees, rounds, pivots, seed), CFG))
-             for qi, qa in enumerate(conv.qa)]
+    grown = [
+        (qa, grow_trees(method, built, qi, policy, tok, TreeConfig(trees, rounds, pivots, seed), CFG))
+        for qi, qa in enumerate(conv.qa)
+    ]
     return built, conv, sources, grown
 
 
@@ -71,7 +74,10 @@ def test_node_rewards_equal_their_loop_reference_and_back_up_the_mean():
     _, _, sources, grown = forest()
     for qa, qt in grown:
         for tree in qt.trees:
-            fast, slow = node_rewards(tree, qa.evidence, sources, 0.5), node_rewards_loop(tree, qa.evidence, sources, 0.5)
+            fast, slow = (
+                node_rewards(tree, qa.evidence, sources, 0.5),
+                node_rewards_loop(tree, qa.evidence, sources, 0.5),
+            )
             assert fast.keys() == slow.keys()
             for i in fast:
                 assert fast[i] == pytest.approx(slow[i], abs=1e-12)
@@ -84,8 +90,11 @@ def test_node_rewards_equal_their_loop_reference_and_back_up_the_mean():
                 assert r == pytest.approx((0.5 * evid + perform) if tree.calls[i].valid else 0.0)
 
 
-@pytest.mark.parametrize("cfg", [MoTConfig(), MoTConfig(combine="sequential"), MoTConfig(intra=False),
-                                 MoTConfig(inter=False)], ids=["sum", "sequential", "no-intra", "no-inter"])
+@pytest.mark.parametrize(
+    "cfg",
+    [MoTConfig(), MoTConfig(combine="sequential"), MoTConfig(intra=False), MoTConfig(inter=False)],
+    ids=["sum", "sequential", "no-intra", "no-inter"],
+)
 def test_tree_advantages_equal_their_loop_reference(cfg):
     _, _, sources, grown = forest()
     for qa, qt in grown:
@@ -122,8 +131,14 @@ def _scored_forest():
 def test_mot_credit_rule_equals_its_loop_reference_on_packed_trees(mode):
     _, _, _, _, trees, groups = _scored_forest()
     units = mot_units(trees, None, 0)
-    cb = CreditBatch(batch=pack(units, mode), units=units, unit_traj=torch.arange(len(trees)),
-                     rewards=torch.zeros(len(trees)), group_ids=groups, trajectories=trees)
+    cb = CreditBatch(
+        batch=pack(units, mode),
+        units=units,
+        unit_traj=torch.arange(len(trees)),
+        rewards=torch.zeros(len(trees)),
+        group_ids=groups,
+        trajectories=trees,
+    )
     rule = get_credit("mot")
     cfg = TrainConfig(method="memt", credit="mot")
     adv, _ = rule.fn(cb, cfg)
@@ -173,10 +188,17 @@ def test_hindsight_scores_and_filter_on_a_hand_checkable_case():
             hit += op["memory"] in seen
         assert s == pytest.approx(gate + 0.1 * hit / len(leaves))
     # the filter: top 50% per op type by score, invalid ops never kept
-    fake = [{"op": "add_item", "valid": True}, {"op": "add_item", "valid": True}, {"op": "add_item", "valid": False},
-            {"op": "add_item", "valid": True}, {"op": "ignore_item", "valid": True}, {"op": "ignore_item", "valid": True}]
-    assert hindsight_filter(fake, [0.1, 0.9, 5.0, 0.5, -1.0, 2.0]) == [1, 3, 5] or \
-        hindsight_filter(fake, [0.1, 0.9, 5.0, 0.5, -1.0, 2.0]) == [1, 5]
+    fake = [
+        {"op": "add_item", "valid": True},
+        {"op": "add_item", "valid": True},
+        {"op": "add_item", "valid": False},
+        {"op": "add_item", "valid": True},
+        {"op": "ignore_item", "valid": True},
+        {"op": "ignore_item", "valid": True},
+    ]
+    assert hindsight_filter(fake, [0.1, 0.9, 5.0, 0.5, -1.0, 2.0]) == [1, 3, 5] or hindsight_filter(
+        fake, [0.1, 0.9, 5.0, 0.5, -1.0, 2.0]
+    ) == [1, 5]
     assert hindsight_filter(fake, [0.1, 0.9, 5.0, 0.5, -1.0, 2.0], keep=1.0) == [0, 1, 3, 4, 5]
 
 
@@ -216,8 +238,9 @@ def test_a_learner_update_on_scored_trees_moves_the_policy():
 
     _, _, _, _, trees, _ = _scored_forest()
     model = fresh_tiny(kit(), seed=1).model
-    cfg = TrainConfig.from_flags(method="memt", lr=1e-3, warmup_steps=0, kl_coef=0.0, mini_batches=1, micro_batch_size=3,
-                      seed=0).validate()
+    cfg = TrainConfig.from_flags(
+        method="memt", lr=1e-3, warmup_steps=0, kl_coef=0.0, mini_batches=1, micro_batch_size=3, seed=0
+    ).validate()
     assert (cfg.resolved_credit(), cfg.resolved_packing()) == ("mot", "mem1_exact")
     learner = Learner(cfg, model, kit().tokenizer)
     before = [p.detach().clone() for p in model.parameters()]
@@ -237,6 +260,7 @@ def test_a_forest_of_queries_grows_the_trees_each_query_grows_alone():
     together = grow_forest(method, [(built, 0), (built, 3)], steady, tok, TreeConfig(3, 2, 2, 0), CFG)
     for a, b in zip(alone, together):
         assert a.task_id == b.task_id
-        assert [[(c.output_text, c.parent) for c in t.calls] for t in a.trees] == \
-            [[(c.output_text, c.parent) for c in t.calls] for t in b.trees]
+        assert [[(c.output_text, c.parent) for c in t.calls] for t in a.trees] == [
+            [(c.output_text, c.parent) for c in t.calls] for t in b.trees
+        ]
         assert [len(c) for c in a.chains] == [len(c) for c in b.chains]

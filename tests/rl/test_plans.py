@@ -1,6 +1,7 @@
 """One trainer for all five papers (memkit.rl.plans): each method declares its rollout plan and the
 Trainer runs it. Mem-T's plan grows MoT-GRPO's operation trees (or the GRPO baseline's chains) over
 teacher-built stores; ``memkit train --method memt`` runs that step end to end."""
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,19 @@ def _memt_trainer(kit, **over):
     from memkit.lab.policies import fresh_tiny
     from memkit.rl.trainer import Trainer
 
-    kw = dict(method="memt", init="tiny", packing="mem1_exact", steps=1, tasks_per_step=2, n_samples=2,
-              n_train_tasks=2, eval_tasks=1, mot=MoTConfig(rounds=1, pivots=1), eval_every=0, micro_batch_size=4)
+    kw = dict(
+        method="memt",
+        init="tiny",
+        packing="mem1_exact",
+        steps=1,
+        tasks_per_step=2,
+        n_samples=2,
+        n_train_tasks=2,
+        eval_tasks=1,
+        mot=MoTConfig(rounds=1, pivots=1),
+        eval_every=0,
+        micro_batch_size=4,
+    )
     cfg = TrainConfig.from_flags(**{**kw, **over})
     return Trainer(cfg, fresh_tiny(kit, 0).model, kit.tokenizer, memt_wrap(kit), kit)
 
@@ -63,8 +75,17 @@ def test_wiki_methods_keep_the_chain_plan(kit):
     from memkit.lab.policies import fresh_tiny
     from memkit.rl.trainer import Trainer
 
-    cfg = TrainConfig.from_flags(method="mem1", init="tiny", steps=1, tasks_per_step=2, n_samples=2, max_turns=2,
-                      objectives=(1,), n_train_tasks=8, eval_every=0)
+    cfg = TrainConfig.from_flags(
+        method="mem1",
+        init="tiny",
+        steps=1,
+        tasks_per_step=2,
+        n_samples=2,
+        max_turns=2,
+        objectives=(1,),
+        n_train_tasks=8,
+        eval_every=0,
+    )
     loaded = fresh_tiny(kit, 0)
     t = Trainer(cfg, loaded.model, loaded.tokenizer, loaded.wrap, kit)
     assert isinstance(t.plan, ChainPlan) and t.plan.tasks(t, 3) == t.step_tasks(3)
@@ -76,9 +97,32 @@ def test_cli_train_memt_runs_the_mot_grpo_step(tmp_path, capsys):
     from memkit.cli import main
 
     out = tmp_path / "memt"
-    rc = main(["train", "--method", "memt", "--init", "tiny", "--steps", "1", "--tasks-per-step", "2", "--n", "2",
-               "--n-train-tasks", "2", "--eval-tasks", "1", "--eval-every", "1", "--no-eval-at-start",
-               "--mot-pivots", "1", "--out", str(out)])
+    rc = main(
+        [
+            "train",
+            "--method",
+            "memt",
+            "--init",
+            "tiny",
+            "--steps",
+            "1",
+            "--tasks-per-step",
+            "2",
+            "--n",
+            "2",
+            "--n-train-tasks",
+            "2",
+            "--eval-tasks",
+            "1",
+            "--eval-every",
+            "1",
+            "--no-eval-at-start",
+            "--mot-pivots",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     step = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     assert step["step"] == 1 and step["trained_tokens"] > 0 and "leaf_reward" in step

@@ -1,5 +1,6 @@
 """memkit.rl core: losses, advantages, packing. Vectorised kernels vs loop references across
 seeds; packed log-probs vs per-call recomputation on a random-init tiny Llama."""
+
 from __future__ import annotations
 
 import math
@@ -44,8 +45,10 @@ def test_aggregate_modes_differ_and_reject_unknown():
         L.aggregate(v, m, "token-sum")
 
 
-@pytest.mark.parametrize("clip_high,clip_c,mode", [(None, None, "token-mean"), (0.28, None, "seq-mean-token-mean"),
-                                                   (None, 3.0, "seq-mean-token-sum")])
+@pytest.mark.parametrize(
+    "clip_high,clip_c,mode",
+    [(None, None, "token-mean"), (0.28, None, "seq-mean-token-mean"), (None, 3.0, "seq-mean-token-sum")],
+)
 def test_ppo_clip_matches_loop(clip_high, clip_c, mode):
     for s in SEEDS:
         x, mask, _ = _batch(s)
@@ -108,7 +111,8 @@ def test_entropy_matches_loop_and_uniform():
     for s in SEEDS:
         logits = torch.randn(3, 5, 11, generator=torch.Generator().manual_seed(s), dtype=torch.float64) * 3
         assert L.entropy_from_logits(logits).flatten().tolist() == pytest.approx(
-            L.entropy_from_logits_loop(logits), abs=1e-5)
+            L.entropy_from_logits_loop(logits), abs=1e-5
+        )
     assert float(L.entropy_from_logits(torch.zeros(7))) == pytest.approx(math.log(7), abs=1e-6)
 
 
@@ -122,7 +126,8 @@ def test_grpo_matches_loop_across_seeds():
         r = torch.cat([r, torch.tensor([0.7])])
         for norm in (True, False):
             assert adv.grpo_advantages(r, gid, norm_std=norm).tolist() == pytest.approx(
-                adv.grpo_advantages_loop(r, gid, norm_std=norm), abs=1e-5)
+                adv.grpo_advantages_loop(r, gid, norm_std=norm), abs=1e-5
+            )
         assert adv.grpo_advantages(r, torch.tensor([hash(x) % 7 for x in gid])).shape == (n + 1,)
 
 
@@ -188,10 +193,18 @@ def test_masked_whiten():
 # ============================================================================ packing
 def _model(impl="sdpa", init=0.02):
     from transformers import LlamaConfig, LlamaForCausalLM
+
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      initializer_range=init)
+    cfg = LlamaConfig(
+        vocab_size=100,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        initializer_range=init,
+    )
     cfg._attn_implementation = impl
     return LlamaForCausalLM(cfg).eval()
 
@@ -217,14 +230,24 @@ def mem1_traj(seed, n_calls=4, chat=None, P=7):
         ctx, refs = list(prompt), []
         if t:
             p = calls[-1]
-            refs.append((len(ctx), len(ctx) + p.n_output, t - 1, "output")); ctx += p.output_ids
+            refs.append((len(ctx), len(ctx) + p.n_output, t - 1, "output"))
+            ctx += p.output_ids
             refs.append((len(ctx), len(ctx) + len(p.observation_ids), t - 1, "observation"))
             ctx += p.observation_ids
             ctx += list(chat or [])
         out = take(3 + (seed + t) % 4)
         lp = torch.rand(len(out), generator=g).log().tolist()
-        calls.append(Call(turn=t, role="act", context_ids=ctx, output_ids=out, logprobs=lp, context_refs=refs,
-                          observation_ids=take(3 + t % 2) if t < n_calls - 1 else []))
+        calls.append(
+            Call(
+                turn=t,
+                role="act",
+                context_ids=ctx,
+                output_ids=out,
+                logprobs=lp,
+                context_refs=refs,
+                observation_ids=take(3 + t % 2) if t < n_calls - 1 else [],
+            )
+        )
     return Trajectory(task_id=f"t{seed}", method="mem1", calls=calls, reward=float(seed % 2))
 
 
@@ -235,8 +258,17 @@ def react_traj(seed, n_calls=3):
     ctx, refs, calls = take(5), [], []
     for t in range(n_calls):
         out, obs = take(4), take(3)
-        calls.append(Call(turn=t, role="act", context_ids=list(ctx), output_ids=out, logprobs=[-1.0] * 4,
-                          context_refs=list(refs), observation_ids=obs))
+        calls.append(
+            Call(
+                turn=t,
+                role="act",
+                context_ids=list(ctx),
+                output_ids=out,
+                logprobs=[-1.0] * 4,
+                context_refs=list(refs),
+                observation_ids=obs,
+            )
+        )
         refs += [(len(ctx), len(ctx) + 4, t, "output"), (len(ctx) + 4, len(ctx) + 7, t, "observation")]
         ctx += out + obs
     return Trajectory(task_id="r", method="react", calls=calls)
@@ -294,7 +326,9 @@ def test_mem1_mask_gap_is_measured(sdpa_model, capsys):
         out[init] = (gap["max_abs"], gap["mean_abs"], exact)
     with capsys.disabled():
         for init, (mx, mean, ex) in out.items():
-            print(f"\n[mem1 gap] init_std={init}: mem1_mask max|dlogp|={mx:.4g} mean={mean:.3g}; mem1_exact max={ex:.2g}")
+            print(
+                f"\n[mem1 gap] init_std={init}: mem1_mask max|dlogp|={mx:.4g} mean={mean:.3g}; mem1_exact max={ex:.2g}"
+            )
 
 
 @pytest.mark.parametrize("mode", ["separate", "mem1_mask", "mem1_exact"])
@@ -362,8 +396,12 @@ def test_packed_fields_align_with_calls(mode):
 def test_tokens_processed():
     sep, mask, exact = (pack(TRAJS, m) for m in ("separate", "mem1_mask", "mem1_exact"))
     assert sep.n_tokens == sum(c.n_total for tr in TRAJS for c in tr.calls)
-    stitched = sum(len(tr.calls[0].context_ids) + sum(c.n_output + len(c.observation_ids) for c in tr.calls)
-                   + sum(c.n_context - c.context_refs[-1][1] for c in tr.calls[1:]) for tr in TRAJS)
+    stitched = sum(
+        len(tr.calls[0].context_ids)
+        + sum(c.n_output + len(c.observation_ids) for c in tr.calls)
+        + sum(c.n_context - c.context_refs[-1][1] for c in tr.calls[1:])
+        for tr in TRAJS
+    )
     assert mask.n_tokens == stitched
     # exact duplicates each state from call 3 on (out_1's copy equals the generated one)
     assert exact.n_tokens == stitched + sum(c.n_output for tr in TRAJS for c in tr.calls[1:-1])
@@ -413,6 +451,7 @@ def test_padded_tokens_and_attention_cells():
 @pytest.mark.parametrize("mode", ["separate", "mem1_mask", "mem1_exact"])
 def test_row_pieces_tile_rows_and_name_mem1_blocks(mode):
     from memkit.rl.packing import row_pieces
+
     b, segs = pack(TRAJS, mode), row_pieces(TRAJS, mode)
     assert len(segs) == b.input_ids.shape[0]
     for row, runs in enumerate(segs):
@@ -420,8 +459,8 @@ def test_row_pieces_tile_rows_and_name_mem1_blocks(mode):
         assert all(x.end == y.start and x.start < x.end for x, y in zip(runs, runs[1:]))
         tr = TRAJS[int(b.unit_index[row])]
         for s in runs:
-            ids = b.input_ids[row, s.start:s.end].tolist()
-            cid = b.call_ids[row, s.start:s.end]
+            ids = b.input_ids[row, s.start : s.end].tolist()
+            cid = b.call_ids[row, s.start : s.end]
             if s.kind == "output":
                 assert bool((cid == s.call).all()) and ids == tr.calls[s.call].output_ids
             else:
@@ -431,11 +470,13 @@ def test_row_pieces_tile_rows_and_name_mem1_blocks(mode):
             if s.kind == "observation":
                 assert ids == tr.calls[s.call].observation_ids
             if s.kind == "prompt":
-                assert ids == tr.calls[0].context_ids[:len(ids)]
+                assert ids == tr.calls[0].context_ids[: len(ids)]
     labels = [s.label for s in segs[0]]
-    expect = {"separate": ["q", "S1A1"],
-              "mem1_mask": ["q", "S1A1", "O1", "S2A2", "O2", "S3A3", "O3", "S4A4"],
-              "mem1_exact": ["q", "S1A1", "O1", "S2A2", "[S2A2]'", "O2", "S3A3", "[S3A3]'", "O3", "S4A4"]}[mode]
+    expect = {
+        "separate": ["q", "S1A1"],
+        "mem1_mask": ["q", "S1A1", "O1", "S2A2", "O2", "S3A3", "O3", "S4A4"],
+        "mem1_exact": ["q", "S1A1", "O1", "S2A2", "[S2A2]'", "O2", "S3A3", "[S3A3]'", "O3", "S4A4"],
+    }[mode]
     assert labels == expect
     if mode == "separate":
         assert [s.label for s in segs[2]] == ["q", "[S2A2]'", "O2", "S3A3"]
@@ -447,6 +488,7 @@ def test_mask_form_logit_gap(impl, sdpa_model):
     """The 0/1-float pitfall as a number: float01 moves the logits a lot on both backends, a
     bool mask only on eager (added as +1/+0), an additive 0/-inf mask never."""
     from memkit.rl.packed_forward import mask_form_logit_gap, mask_in_form
+
     model = sdpa_model if impl == "sdpa" else _model("eager")
     b = pack(TRAJS, "mem1_exact")
     gap = {f: mask_form_logit_gap(model, b, f) for f in ("bool", "additive", "float01")}
@@ -465,6 +507,7 @@ def test_mask_form_logit_gap(impl, sdpa_model):
 def test_plot_mask_and_viewer_name_row_pieces():
     from memkit.rl.packing import row_pieces
     from memkit.viz.mask import MaskViewer, plot_mask
+
     b, segs = pack(TRAJS, "mem1_exact"), row_pieces(TRAJS, "mem1_exact")
     n = int(b.lengths[0])
     fig = plot_mask(b.attention_mask[0, 0, :n, :n], pieces=segs[0])

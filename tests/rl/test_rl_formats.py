@@ -7,6 +7,7 @@ trees from ``tests/rl/test_mot.py``) and every call records the log-probs of the
 the packed forward must give back the recorded log-probs, and one ``Learner.update`` with the
 format's credit rule must raise the advantage-weighted log-prob: no-op or mis-aligned updates fail.
 """
+
 from __future__ import annotations
 
 import copy
@@ -86,9 +87,19 @@ def _cfg(fmt: str, packing: str):
     from memkit.rl.config import TrainConfig
 
     method, credit = FORMATS[fmt]
-    return TrainConfig.from_flags(method=method, credit=credit, packing=packing, algo="ppo" if get_credit(credit).needs_values
-                       else "grpo", init="tiny", lr=1e-4, kl_coef=0.0, micro_batch_size=64, dcpo=DCPOConfig(segments=4),
-                       out_dir="", seed=0).validate()
+    return TrainConfig.from_flags(
+        method=method,
+        credit=credit,
+        packing=packing,
+        algo="ppo" if get_credit(credit).needs_values else "grpo",
+        init="tiny",
+        lr=1e-4,
+        kl_coef=0.0,
+        micro_batch_size=64,
+        dcpo=DCPOConfig(segments=4),
+        out_dir="",
+        seed=0,
+    ).validate()
 
 
 def _units(cfg, trajs) -> list[TrainingUnit]:
@@ -183,8 +194,9 @@ def test_one_update_raises_the_advantage_weighted_logprob(fmt, packing, monkeypa
     before = [p.detach().clone() for p in learner.policy.parameters()]
     seen = []  # what the update trained on: each micro-batch's units and experience (batch, mask, old, adv)
     experience = learner._experience
-    monkeypatch.setattr(learner, "_experience", lambda units, *a, **k: seen.append((units, experience(units, *a, **k)))
-                        or seen[-1][1])
+    monkeypatch.setattr(
+        learner, "_experience", lambda units, *a, **k: seen.append((units, experience(units, *a, **k))) or seen[-1][1]
+    )
     stats = learner.update(trajs)
 
     assert stats["trained_tokens"] > 100

@@ -1,5 +1,6 @@
 """RL trainer: exact gradient accumulation, 2 processes == 1 process, exact resume, GAE over
 any packing, loop and CLI smoke runs on a random-init tiny policy (no learning asserted)."""
+
 from __future__ import annotations
 
 import json
@@ -83,10 +84,15 @@ def _update(learner, trajs, conditioned: dict | None = None) -> tuple[dict, dict
 
 
 # ============================================================================ exactness of the update
-@pytest.mark.parametrize("algo,packing,agg", [("grpo", "mem1_mask", "token-mean"),
-                                              ("grpo", "separate", "seq-mean-token-mean"),
-                                              ("ppo", "mem1_exact", "token-mean"),
-                                              ("ppo", "separate", "seq-mean-token-sum")])
+@pytest.mark.parametrize(
+    "algo,packing,agg",
+    [
+        ("grpo", "mem1_mask", "token-mean"),
+        ("grpo", "separate", "seq-mean-token-mean"),
+        ("ppo", "mem1_exact", "token-mean"),
+        ("ppo", "separate", "seq-mean-token-sum"),
+    ],
+)
 def test_gradient_accumulation_is_exact(algo, packing, agg):
     """4 micro-batches x 2 trajectories == 1 batch of 8: same gradients and same update."""
     trajs = dw.trajectories(range(4))  # 4 tasks x 2 samples, 1-4 calls each: uneven token counts
@@ -100,8 +106,9 @@ def test_gradient_accumulation_is_exact(algo, packing, agg):
     assert max(float((one[k] - init[k]).abs().max()) for k in init) > 1e-4  # the update moved the weights
 
 
-@pytest.mark.parametrize("algo,packing", [("grpo", "separate"), ("ppo", "separate"), ("ppo", "mem1_exact"),
-                                          ("grpo", "mem1_mask")])
+@pytest.mark.parametrize(
+    "algo,packing", [("grpo", "separate"), ("ppo", "separate"), ("ppo", "mem1_exact"), ("grpo", "mem1_mask")]
+)
 def test_row_groups_give_the_same_update(algo, packing):
     """Each micro-batch's rows forwarded in length groups (``TrainConfig.runtime.row_groups``), each cut to
     its longest row: fewer padded slots, and the update of one forward padded to the longest row."""
@@ -168,8 +175,9 @@ def test_update_scores_the_policy_at_the_sampling_temperature(packing):
                 if i:
                     prev = t.calls[i - 1]
                     call.context_ids = t.calls[0].context_ids + prev.output_ids + prev.observation_ids
-                out = backend.generate([call.context_ids], max_new_tokens=call.n_output, temperature=0.6,
-                                       generator=gen)[0]
+                out = backend.generate(
+                    [call.context_ids], max_new_tokens=call.n_output, temperature=0.6, generator=gen
+                )[0]
                 call.output_ids, call.logprobs = out.ids, out.logprobs
             trajs.append(t)
     conditioned = {}
@@ -221,7 +229,9 @@ def test_loss_weights_reproduce_aggregate_over_split_rows():
     m[2] = 0  # a row with nothing trained
     for agg in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"):
         n_tok, n_rows = float(m.sum()), float((m.sum(-1) > 0).sum())
-        split = sum(float((loss_weights(m[a:b], agg, n_tok, n_rows) * v[a:b]).sum()) for a, b in ((0, 1), (1, 4), (4, 6)))
+        split = sum(
+            float((loss_weights(m[a:b], agg, n_tok, n_rows) * v[a:b]).sum()) for a, b in ((0, 1), (1, 4), (4, 6))
+        )
         assert split == pytest.approx(float(aggregate(v, m, agg)), abs=1e-12)
 
 
@@ -230,8 +240,19 @@ def test_two_processes_match_one_process(tmp_path):
     """torchrun 2 x gloo (Accelerator(cpu=True)), tasks split 3/2 between processes (one empty
     micro-batch), 2 PPO epochs: same parameters and gradients as one process on all of it."""
     worker = Path(__file__).parents[1] / "dist_worker.py"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(worker.parent.parent), str(worker.parent)]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(worker), str(tmp_path)]
+    env = dict(
+        os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(worker.parent.parent), str(worker.parent)])
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(worker),
+        str(tmp_path),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     if proc.returncode != 0:  # one retry for the launcher, not the numbers: a rank once aborted in gloo's
         first = proc.stderr[-1500:]  # thread teardown in CI ("terminate called without an active exception")
@@ -282,10 +303,27 @@ def kit():
 
 
 def _loop_cfg(out: Path, steps: int, **over) -> TrainConfig:
-    kw = dict(algo="ppo", method="mem1", init="tiny", steps=steps, tasks_per_step=2, n_samples=2, micro_batch_size=2,
-              lr=1e-3, entropy_coef=0.01, warmup_steps=3, save_every=2, eval_every=2, eval_tasks=2,
-              keep_checkpoints=1, max_turns=2, objectives=(1,), eval_objectives=(1,), n_train_tasks=64,
-              out_dir=str(out))  # short episodes from a small pool: what the loop does, not what it learns
+    kw = dict(
+        algo="ppo",
+        method="mem1",
+        init="tiny",
+        steps=steps,
+        tasks_per_step=2,
+        n_samples=2,
+        micro_batch_size=2,
+        lr=1e-3,
+        entropy_coef=0.01,
+        warmup_steps=3,
+        save_every=2,
+        eval_every=2,
+        eval_tasks=2,
+        keep_checkpoints=1,
+        max_turns=2,
+        objectives=(1,),
+        eval_objectives=(1,),
+        n_train_tasks=64,
+        out_dir=str(out),
+    )  # short episodes from a small pool: what the loop does, not what it learns
     kw.update(over)
     return TrainConfig.from_flags(**kw)
 
@@ -321,8 +359,17 @@ def test_resume_continues_exactly(kit, tmp_path):
     run = tmp_path / "b"
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 4
     assert len((run / "metrics.csv").read_text().splitlines()) == 5
-    assert {"reward_mean", "em", "kl", "entropy", "clip_frac", "peak_tokens", "tokens_processed", "seconds",
-            "vf_loss"} <= set(json.loads((run / "metrics.jsonl").read_text().splitlines()[-1]))
+    assert {
+        "reward_mean",
+        "em",
+        "kl",
+        "entropy",
+        "clip_frac",
+        "peak_tokens",
+        "tokens_processed",
+        "seconds",
+        "vf_loss",
+    } <= set(json.loads((run / "metrics.jsonl").read_text().splitlines()[-1]))
     ckpts = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert ckpts == ["latest", "step-000004"] and b.path == run / "checkpoints" / "step-000004"
     # the policy loads from its own dir, the checkpoint, the run's checkpoints/ or the run itself
@@ -396,8 +443,9 @@ def test_eval_seed_picks_the_evaluation_tasks(kit, tmp_path, monkeypatch):
     seen, rollout = [], Trainer.rollout
     monkeypatch.setattr(Trainer, "rollout", lambda self, tasks, *a: seen.append(tasks) or rollout(self, tasks, *a))
     for eval_seed in (1000, 3000):
-        cfg = _loop_cfg(tmp_path / str(eval_seed), 1, eval_tasks=2, eval_seed=eval_seed,
-                        eval_objectives=(2,)).validate()
+        cfg = _loop_cfg(
+            tmp_path / str(eval_seed), 1, eval_tasks=2, eval_seed=eval_seed, eval_objectives=(2,)
+        ).validate()
         Trainer(cfg, build_tiny(kit.tokenizer, seed=0), kit.tokenizer, kit=kit).evaluate()
     test = [t.prompt for t in make_tasks(kit.world, n=50, k=2, seed=1002, split="test")]
     assert [t.prompt for t in seen[0]] == test[:2]
@@ -415,17 +463,55 @@ def test_cli_train_lora_grpo_smoke(kit, tmp_path, capsys):
     from memkit.cli import main
 
     out = tmp_path / "run"
-    rc = main(["train", "--algo", "grpo", "--method", "memsearcher", "--init", "tiny", "--lora", "--steps", "1",
-               "--tasks-per-step", "2", "--n", "2", "--eval-every", "1", "--eval-tasks", "2", "--out", str(out),
-               "--device", "cpu", "--temperature", "0.5", "--mini-batches", "2", "--method-kwargs", '{"reward_metric": "em"}',
-               "--max-turns", "2", "--objectives", "1", "--eval-objectives", "1"])
+    rc = main(
+        [
+            "train",
+            "--algo",
+            "grpo",
+            "--method",
+            "memsearcher",
+            "--init",
+            "tiny",
+            "--lora",
+            "--steps",
+            "1",
+            "--tasks-per-step",
+            "2",
+            "--n",
+            "2",
+            "--eval-every",
+            "1",
+            "--eval-tasks",
+            "2",
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+            "--temperature",
+            "0.5",
+            "--mini-batches",
+            "2",
+            "--method-kwargs",
+            '{"reward_metric": "em"}',
+            "--max-turns",
+            "2",
+            "--objectives",
+            "1",
+            "--eval-objectives",
+            "1",
+        ]
+    )
     text = capsys.readouterr().out
     assert rc == 0, text
     assert "step    1" in text and (out / "metrics.csv").is_file() and (out / "eval.jsonl").is_file()
     ckpt = out / "checkpoints" / "step-000001"
     assert (ckpt / "policy" / "adapter_config.json").is_file()
     config = json.loads((ckpt / "memkit.json").read_text())["config"]
-    assert (config["temperature"], config["mini_batches"], config["max_turns"]) == (0.5, 2, 2)  # the flags reach the run
+    assert (config["temperature"], config["mini_batches"], config["max_turns"]) == (
+        0.5,
+        2,
+        2,
+    )  # the flags reach the run
     assert config["method_kwargs"] == {"reward_metric": "em"}
 
 
@@ -441,11 +527,16 @@ def test_validate_checks_every_field_with_choices_from_its_metadata():
         if "choices" in f.metadata:
             checked.append((f.name, replace(base, **{f.name: "nope"})))
         elif dataclasses.is_dataclass(inner := getattr(base, f.name)):
-            checked += [(f"{f.name}.{g.name}", replace(base, **{f.name: replace(inner, **{g.name: "nope"})}))
-                        for g in fields(inner) if "choices" in g.metadata]
+            checked += [
+                (f"{f.name}.{g.name}", replace(base, **{f.name: replace(inner, **{g.name: "nope"})}))
+                for g in fields(inner)
+                if "choices" in g.metadata
+            ]
     assert len(checked) >= 18
     for name, cfg in checked:
-        with pytest.raises(ValueError, match=rf"TrainConfig\.{re.escape(name)}='nope'( \(flag --[a-z-]+\))?: choose one of "):
+        with pytest.raises(
+            ValueError, match=rf"TrainConfig\.{re.escape(name)}='nope'( \(flag --[a-z-]+\))?: choose one of "
+        ):
             cfg.validate()
     with pytest.raises(ValueError, match="test is evaluation's"):  # a field's hint rides along
         TrainConfig(question_split="test").validate()
@@ -454,14 +545,18 @@ def test_validate_checks_every_field_with_choices_from_its_metadata():
 def test_bad_inputs_name_the_fix(tmp_path, capsys, monkeypatch):
     from memkit.cli import main
 
-    monkeypatch.setenv("MEMKIT_CACHE", str(tmp_path / "empty-cache"))  # no SFT'd model, whatever the caller's cache holds
+    monkeypatch.setenv(
+        "MEMKIT_CACHE", str(tmp_path / "empty-cache")
+    )  # no SFT'd model, whatever the caller's cache holds
     with pytest.raises(ValueError, match="choose one of"):
         TrainConfig(algo="dpo").validate()
     with pytest.raises(ValueError, match="n_samples"):
         TrainConfig(n_samples=1).validate()
     with pytest.raises(ValueError, match="unknown TrainConfig fields"):
         TrainConfig.from_dict({"algo": "grpo", "lr_actor": 1.0})
-    with pytest.raises(ValueError, match=r"method_kwargs.*unexpected keyword argument 'reward'.*memkit.agents.memsearcher"):
+    with pytest.raises(
+        ValueError, match=r"method_kwargs.*unexpected keyword argument 'reward'.*memkit.agents.memsearcher"
+    ):
         TrainConfig(method="memsearcher", method_kwargs={"reward": "em"}).validate()
     with pytest.raises(ValueError, match="method_kwargs.*reward_metric must be one of"):
         TrainConfig(method="memsearcher", method_kwargs={"reward_metric": "bleu"}).validate()
@@ -487,7 +582,10 @@ def test_train_rolls_out_with_the_prompt_sft_used(kit, tmp_path, monkeypatch):
     method = get_method("mem1")
     segs = method.next_call(method.new_state(make_tasks(kit.world, n=1, k=2, seed=3)[0])).segments
     text = lambda wrap: "".join(s.text for s in (wrap(segs) if wrap else segs))  # noqa: E731
-    compact, paper = text(prompt_wrap("mem1", kit.tokenizer, None, "auto")), text(prompt_wrap("mem1", kit.tokenizer, None, "paper"))
+    compact, paper = (
+        text(prompt_wrap("mem1", kit.tokenizer, None, "auto")),
+        text(prompt_wrap("mem1", kit.tokenizer, None, "paper")),
+    )
     assert compact.startswith("Format: mem1") and len(compact) < len(paper) / 2
     with pytest.raises(ValueError, match="prompt must be one of"):
         prompt_wrap("mem1", kit.tokenizer, None, "short")
@@ -537,7 +635,13 @@ def test_readme_train_commands_parse_to_the_notebooks_settings():
     assert (mem1.packing, mem1.tasks_per_step, mem1.n_samples, mem1.mini_batches) == ("mem1_exact", 8, 4, 1)
     assert (mem1.lr, mem1.temperature, mem1.eval.objectives) == (3e-4, 0.5, (1, 2, 4, 8, 16))
     assert "EVAL_KS = (1, 2, 4, 8, 16)" in nb02 and mem1.eval.every >= mem1.steps  # evaluated at the start and end
-    assert (ms.algo, ms.packing, ms.agg, ms.tasks_per_step, ms.n_samples) == ("grpo", "separate", "seq-mean-token-mean", 8, 5)
+    assert (ms.algo, ms.packing, ms.agg, ms.tasks_per_step, ms.n_samples) == (
+        "grpo",
+        "separate",
+        "seq-mean-token-mean",
+        8,
+        5,
+    )
     assert (ms.lr, ms.temperature, ms.eval.seed, ms.eval.every) == (3e-4, 0.5, 3000, 10)
     # the lab's 5 minutes of RL from the lab's SFT recipe (memkit.lab.recipes), which tiny-sft:flaw-fe names
     from memkit.lab.recipes import LAB_RL_MINUTES, lab_sft_config
@@ -545,16 +649,26 @@ def test_readme_train_commands_parse_to_the_notebooks_settings():
     assert mem1.steps == ms.steps == 300 and mem1.max_seconds == ms.max_seconds == LAB_RL_MINUTES * 60
     assert mem1.init == ms.init == mp.init == "tiny-sft:flaw-fe"
     # notebook 04's arms: MemPO's own credit rule (the baseline is --credit grpo), its per-step sizes
-    nb04 = "".join("".join(c["source"]) for c in json.loads(
-        (nb_path.parent / "04_mempo_memory_reward.ipynb").read_text())["cells"] if c["cell_type"] == "code")
+    nb04 = "".join(
+        "".join(c["source"])
+        for c in json.loads((nb_path.parent / "04_mempo_memory_reward.ipynb").read_text())["cells"]
+        if c["cell_type"] == "code"
+    )
     assert mp.resolved_credit() == "mempo" and 'dict(credit="grpo"' in nb04 and 'dict(credit="mempo")' in nb04
     assert (mp.tasks_per_step, mp.n_samples, mp.lr, mp.temperature, mp.objectives) == (8, 4, 3e-4, 0.5, (2,))
     assert "tasks_per_step=mnb.smoke_scale(SMOKE, 2, 8)" in nb04 and "n_samples=mnb.smoke_scale(SMOKE, 2, 4)" in nb04
     # notebook 05's arms: DCPO's credit and packing, eq. 5-6's per-segment aggregation, 2-question evals
-    nb05 = "".join("".join(c["source"]) for c in json.loads(
-        (nb_path.parent / "05_memact_dcpo.ipynb").read_text())["cells"] if c["cell_type"] == "code")
+    nb05 = "".join(
+        "".join(c["source"])
+        for c in json.loads((nb_path.parent / "05_memact_dcpo.ipynb").read_text())["cells"]
+        if c["cell_type"] == "code"
+    )
     assert (ma.resolved_credit(), ma.resolved_packing(), ma.agg, ma.eval.objectives) == (
-        "dcpo", "mem1_exact", "seq-mean-token-mean", (2,))
+        "dcpo",
+        "mem1_exact",
+        "seq-mean-token-mean",
+        (2,),
+    )
     assert (ma.tasks_per_step, ma.n_samples, ma.lr, ma.temperature, ma.objectives) == (8, 4, 3e-4, 0.5, (2,))
     assert 'agg="seq-mean-token-mean"' in nb05 and "KS = (2,)" in nb05 and ma.init == "tiny-sft:flaw-fe"
     for method in ("mem1", "memsearcher", "mempo", "memact"):
@@ -571,19 +685,60 @@ def test_from_dict_folds_the_flat_knobs_of_older_checkpoints():
     from memkit.core.fields import flat_names
 
     old = {flat: path for path, flat, _ in flat_names(TrainConfig)}  # an older checkpoint's keys  (one knob per name)
-    assert len(old) == len(list(flat_names(TrainConfig))) and {"eval_every", "kl_coef", "attention", "lora", "lora_r", "gamma", "critic_lr",
-                               "keep_checkpoints", "mem_reward_bias", "mot_alpha", "dcpo_segments"} <= set(old)
+    assert len(old) == len(list(flat_names(TrainConfig))) and {
+        "eval_every",
+        "kl_coef",
+        "attention",
+        "lora",
+        "lora_r",
+        "gamma",
+        "critic_lr",
+        "keep_checkpoints",
+        "mem_reward_bias",
+        "mot_alpha",
+        "dcpo_segments",
+    } <= set(old)
     flat = {k: v for k, v in TrainConfig().to_dict().items() if not isinstance(v, dict) or k == "method_kwargs"}
-    cfg = TrainConfig.from_dict({**flat, "mem_reward_bias": "none", "dcpo_segments": 3, "mot_alpha": 0.8, "eval_every": 5,
-                                 "kl_coef": 0.0, "attention": "dense", "lora": True, "lora_r": 4, "gamma": 0.9,
-                                 "keep_checkpoints": 3, "eval_objectives": [1, 2]})
-    assert (cfg.mem_reward.bias, cfg.dcpo.segments, cfg.mot.alpha, cfg.eval.every, cfg.kl.coef) == ("none", 3, 0.8, 5, 0.0)
-    assert (cfg.runtime.attention, cfg.lora.enabled, cfg.lora.r, cfg.critic.gamma, cfg.save.keep) == ("dense", True, 4, 0.9, 3)
-    assert cfg.eval.objectives == (1, 2) and cfg.mem_reward.norm == "pooled" and cfg.lora.alpha == 32  # the rest: defaults
+    cfg = TrainConfig.from_dict(
+        {
+            **flat,
+            "mem_reward_bias": "none",
+            "dcpo_segments": 3,
+            "mot_alpha": 0.8,
+            "eval_every": 5,
+            "kl_coef": 0.0,
+            "attention": "dense",
+            "lora": True,
+            "lora_r": 4,
+            "gamma": 0.9,
+            "keep_checkpoints": 3,
+            "eval_objectives": [1, 2],
+        }
+    )
+    assert (cfg.mem_reward.bias, cfg.dcpo.segments, cfg.mot.alpha, cfg.eval.every, cfg.kl.coef) == (
+        "none",
+        3,
+        0.8,
+        5,
+        0.0,
+    )
+    assert (cfg.runtime.attention, cfg.lora.enabled, cfg.lora.r, cfg.critic.gamma, cfg.save.keep) == (
+        "dense",
+        True,
+        4,
+        0.9,
+        3,
+    )
+    assert (
+        cfg.eval.objectives == (1, 2) and cfg.mem_reward.norm == "pooled" and cfg.lora.alpha == 32
+    )  # the rest: defaults
     assert TrainConfig.from_dict(cfg.to_dict()) == cfg
     assert cfg.with_flags(kl_coef=0.01).kl == replace(cfg.kl, coef=0.01) and cfg.kl.coef == 0.0  # a copy
     assert TrainConfig.from_flags(eval_every=0, micro_batch_size=2) == replace(
-        TrainConfig(), eval=replace(TrainConfig().eval, every=0), runtime=replace(TrainConfig().runtime, micro_batch_size=2))
+        TrainConfig(),
+        eval=replace(TrainConfig().eval, every=0),
+        runtime=replace(TrainConfig().runtime, micro_batch_size=2),
+    )
     with pytest.raises(ValueError, match=r"unknown TrainConfig fields \['mot_beta'\]"):
         TrainConfig.from_dict({"mot_beta": 1.0})
 
@@ -603,7 +758,31 @@ def test_train_config_groups_its_knobs_and_keeps_every_flag():
     train = next(a for a in parser._subparsers._group_actions[0].choices.values() if a.prog.endswith(" train"))
     offered = {s for a in train._actions for s in a.option_strings}
     assert {"--" + flat.replace("_", "-") for _, flat, _ in flat_names(TrainConfig)} <= offered
-    cfg = train_config(parser.parse_args(["train", "--method", "mem1", "--kl-coef", "0", "--attention", "dense",
-                                          "--lora", "--gamma", "0.9", "--eval-every", "3", "--keep-checkpoints", "4"]))
+    cfg = train_config(
+        parser.parse_args(
+            [
+                "train",
+                "--method",
+                "mem1",
+                "--kl-coef",
+                "0",
+                "--attention",
+                "dense",
+                "--lora",
+                "--gamma",
+                "0.9",
+                "--eval-every",
+                "3",
+                "--keep-checkpoints",
+                "4",
+            ]
+        )
+    )
     assert (cfg.kl.coef, cfg.runtime.attention, cfg.lora.enabled, cfg.critic.gamma, cfg.eval.every, cfg.save.keep) == (
-        0.0, "dense", True, 0.9, 3, 4)
+        0.0,
+        "dense",
+        True,
+        0.9,
+        3,
+        4,
+    )

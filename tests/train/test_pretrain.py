@@ -1,4 +1,5 @@
 """The pretrained tiny base: its text, that it learns, exact resume, SFT starting from it, the CLI."""
+
 import random
 from contextlib import nullcontext
 from dataclasses import asdict, replace
@@ -23,8 +24,16 @@ from memkit.train.pretrain import (
 from memkit.train.sft import SFTConfig
 
 #: A few-second run: short rows, a fixed kernel (exact resume), no wall-clock budget.
-TINY = PretrainConfig(seq_len=48, batch_size=4, steps=8, warmup=2, max_seconds=None, heldout_passages=4,
-                      cpu_attention="eager", log_every=1)
+TINY = PretrainConfig(
+    seq_len=48,
+    batch_size=4,
+    steps=8,
+    warmup=2,
+    max_seconds=None,
+    heldout_passages=4,
+    cpu_attention="eager",
+    log_every=1,
+)
 
 
 @pytest.fixture(scope="module")
@@ -148,12 +157,19 @@ def test_sft_tags_and_cache_keys_differ_per_init(tmp_path, monkeypatch):
     assert sft_tag(replace(d, init="ckpt")) == sft_tag(replace(d, init=str(tmp_path / "ckpt")))
     keys = {sft_cache_key(replace(d, init=i)) for i in ("scratch", "base", "tiny-sft:flaw-fe")}
     assert len(keys) == 3
-    legacy = {k: v for k, v in asdict(d).items() if k not in ("init", "method_kwargs", "lora", "gradient_checkpointing")}
-    legacy.update(lr=4e-3, max_len=768, warmup=200, context_weight=1.0)  # the tiny's values, before they became model-dependent
-    assert sft_cache_key(d) == config_hash(legacy)  # caches made before `init`, `method_kwargs`, `lora` keep their names
+    legacy = {
+        k: v for k, v in asdict(d).items() if k not in ("init", "method_kwargs", "lora", "gradient_checkpointing")
+    }
+    legacy.update(
+        lr=4e-3, max_len=768, warmup=200, context_weight=1.0
+    )  # the tiny's values, before they became model-dependent
+    assert sft_cache_key(d) == config_hash(
+        legacy
+    )  # caches made before `init`, `method_kwargs`, `lora` keep their names
     assert sft_cache_key(replace(d, lora=replace(d.lora, enabled=True))) != sft_cache_key(d)
-    assert sft_cache_key(replace(d, method="memact", method_kwargs={"schedule": "window"})) != \
-        sft_cache_key(replace(d, method="memact"))
+    assert sft_cache_key(replace(d, method="memact", method_kwargs={"schedule": "window"})) != sft_cache_key(
+        replace(d, method="memact")
+    )
 
 
 def test_base_path_names_the_config_but_not_how_it_is_watched(monkeypatch, tmp_path):
@@ -186,8 +202,23 @@ def test_cli_pretrain_help_and_a_short_run(capsys):
     assert e.value.code == 0 and "--max-minutes" in out and "--copy-fraction" in out and "--heldout-passages" in out
     sft = config_from_args(SFTConfig, build_parser().parse_args(["sft", "--method", "mem1", "--init", "base"]))
     assert sft.init == "base"
-    argv = ["pretrain", "--steps", "3", "--seq-len", "32", "--batch-size", "2", "--max-minutes", "0",
-            "--heldout-passages", "2", "--log-every", "1", "--cpu-attention", "eager"]
+    argv = [
+        "pretrain",
+        "--steps",
+        "3",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "2",
+        "--max-minutes",
+        "0",
+        "--heldout-passages",
+        "2",
+        "--log-every",
+        "1",
+        "--cpu-attention",
+        "eager",
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "step      2" in out and "base: " in out and "held-out perplexity" in out and "--init " in out

@@ -1,4 +1,5 @@
 """Behaviour cloning: the loss masks, the loss against a per-example loop, learning, checkpoints."""
+
 import math
 
 import pytest
@@ -119,7 +120,9 @@ def test_sft_steps_run_in_the_chosen_precision(tok, bf16, dtype):
     model = build_tiny(tok, seed=0)
     seen = []
     model.lm_head.register_forward_hook(lambda mod, args, out: seen.append(out.dtype))
-    hist = train_sft(model, tok, _examples(tok), SFTConfig(steps=2, batch_size=6, bf16=bf16, log_every=1), progress=False)
+    hist = train_sft(
+        model, tok, _examples(tok), SFTConfig(steps=2, batch_size=6, bf16=bf16, log_every=1), progress=False
+    )
     assert set(seen) == {dtype} and hist[0]["autocast"] == str(dtype).removeprefix("torch.")
     assert all(p.dtype == torch.float32 for p in model.parameters())  # weights and AdamW stay float32
 
@@ -164,8 +167,9 @@ def test_sft_loss_and_gradients_agree_between_the_attention_kernels(tok):
 
 def test_train_sft_fixed_cpu_attention_and_a_clear_error(tok):
     model = build_tiny(tok, seed=0)
-    hist = train_sft(model, tok, _examples(tok), SFTConfig(steps=4, batch_size=3, log_every=1, cpu_attention="sdpa"),
-                     progress=False)
+    hist = train_sft(
+        model, tok, _examples(tok), SFTConfig(steps=4, batch_size=3, log_every=1, cpu_attention="sdpa"), progress=False
+    )
     assert {r["attention"] for r in hist} == {"sdpa"}
     with pytest.raises(ValueError, match="cpu_attention='flash'.*'auto', 'eager' or 'sdpa'"):
         SFTConfig(cpu_attention="flash")
@@ -243,7 +247,6 @@ def test_lr_schedules_hold_then_decay_and_reject_unknown_names(tok):
     # (row s logs the rate of step s + 1)
     assert lrs[0] < lrs[2] < 1e-3 and all(x == pytest.approx(1e-3) for x in lrs[3:40])
     assert all(a > b for a, b in zip(lrs[39:], lrs[40:])) and lrs[-1] == 0.0
-
 
 
 def test_decoder_and_head_refuses_models_that_rescale_their_logits(tok):
@@ -326,8 +329,13 @@ def test_keep_freed_memory_takes_effect_on_this_machine():
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "MEMKIT_KEEP_FREED_MEMORY"}
-    out = subprocess.run([sys.executable, "-c", "from memkit.core.cpu import keep_freed_memory as k; print(k(), k())"],
-                         capture_output=True, text=True, timeout=60, env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", "from memkit.core.cpu import keep_freed_memory as k; print(k(), k())"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     expected = "True True" if platform.libc_ver()[0] == "glibc" else "False False"
     assert out.stdout.strip() == expected, out.stderr
 
@@ -352,16 +360,34 @@ def test_sft_variants_get_their_own_cache_tag_and_never_replace_the_default(caps
     assert sft_tag(replace(d, oracle=replace(d.oracle, show_comparison=True))) == "k1-2-n4000-s0-cmp"
     other = sft_tag(replace(d, oracle=replace(d.oracle, p_wrong_answer=0.1)))
     assert other.startswith("k1-2-n4000-s0-o") and other != "k1-2-n4000-s0-cmp"
-    assert config_from_args(SFTConfig, build_parser().parse_args(["sft", "--method", "mem1", "--show-comparison"])).oracle \
-        == replace(d.oracle, show_comparison=True)
+    assert config_from_args(
+        SFTConfig, build_parser().parse_args(["sft", "--method", "mem1", "--show-comparison"])
+    ).oracle == replace(d.oracle, show_comparison=True)
     default = sft_checkpoint_path("mem1", 0)
     existed = default.exists()
-    rc = main(["sft", "--method", "mem1", "--objectives", "1,2,3", "--n-tasks", "6", "--steps", "2",
-               "--max-minutes", "0", "--eval-tasks", "1"])
+    rc = main(
+        [
+            "sft",
+            "--method",
+            "mem1",
+            "--objectives",
+            "1,2,3",
+            "--n-tasks",
+            "6",
+            "--steps",
+            "2",
+            "--max-minutes",
+            "0",
+            "--eval-tasks",
+            "1",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0 and "--init tiny-sft:k1-2-3-n6-s0" in out and "tiny-sft:k1-2-3-n6-s0 mem1 k=2: EM" in out
     assert sft_checkpoint_path("mem1", 0, "k1-2-3-n6-s0").is_dir() and default.exists() == existed
-    assert init_spec(TrainConfig(init="tiny-sft:k1-2-3-n6-s0"), 0) == str(sft_checkpoint_path("mem1", 0, "k1-2-3-n6-s0"))
+    assert init_spec(TrainConfig(init="tiny-sft:k1-2-3-n6-s0"), 0) == str(
+        sft_checkpoint_path("mem1", 0, "k1-2-3-n6-s0")
+    )
     with pytest.raises(FileNotFoundError, match="tag 'k9-n1-s0'"):
         init_spec(TrainConfig(init="tiny-sft:k9-n1-s0"), 0)
     assert main(["sft", "--method", "mem1", "--tag", "../x", "--steps", "1"]) == 2

@@ -1,5 +1,6 @@
 """memkit.viz: trace HTML/widget and attention-mask figures, on hand-built trajectories and,
 for MemAct's pruned records, on real oracle rollouts (``fixtures.traces``)."""
+
 from __future__ import annotations
 
 import html as html_lib
@@ -30,23 +31,40 @@ def parts(*pieces):
 def make_call(turn, ctx_pieces, out_pieces, role="act", obs=None, token_spans=None, n_ctx=None):
     ctx, cspans = parts(*ctx_pieces)
     out, ospans = parts(*out_pieces)
-    return Call(turn=turn, role=role, context_ids=list(range(n_ctx if n_ctx is not None else len(ctx.split()))),
-                output_ids=list(range(len(out.split()))), logprobs=[0.0] * len(out.split()),
-                context_text=ctx, output_text=out, context_char_spans=cspans, output_char_spans=ospans,
-                context_spans=token_spans or {}, observation_text=obs)
+    return Call(
+        turn=turn,
+        role=role,
+        context_ids=list(range(n_ctx if n_ctx is not None else len(ctx.split()))),
+        output_ids=list(range(len(out.split()))),
+        logprobs=[0.0] * len(out.split()),
+        context_text=ctx,
+        output_text=out,
+        context_char_spans=cspans,
+        output_char_spans=ospans,
+        context_spans=token_spans or {},
+        observation_text=obs,
+    )
 
 
 @pytest.fixture
 def memsearcher_traj():
     q = (("system", "You are a search agent.\n"), ("question", "Q: where was Ada born?\n"))
-    c0 = make_call(0, [*q, ("memory", "Memory: (empty)\n")],
-                   [("think", "<think>need to search</think>"), ("search", "<search>Ada birthplace</search>")],
-                   obs="<information>Ada was born in London.</information>",
-                   token_spans={"system": [(0, 5)], "question": [(5, 11)], "memory": [(11, 13)]}, n_ctx=14)
-    c1 = make_call(1, [*q, ("memory", "Memory: Ada was born in London.\n"), ("information", "x")],
-                   [("answer", "<answer>London <script>alert(1)</script></answer>")])
-    return Trajectory(task_id="t1", method="memsearcher", calls=[c0, c1], answer="London",
-                      golds=[["London"]], reward=1.0)
+    c0 = make_call(
+        0,
+        [*q, ("memory", "Memory: (empty)\n")],
+        [("think", "<think>need to search</think>"), ("search", "<search>Ada birthplace</search>")],
+        obs="<information>Ada was born in London.</information>",
+        token_spans={"system": [(0, 5)], "question": [(5, 11)], "memory": [(11, 13)]},
+        n_ctx=14,
+    )
+    c1 = make_call(
+        1,
+        [*q, ("memory", "Memory: Ada was born in London.\n"), ("information", "x")],
+        [("answer", "<answer>London <script>alert(1)</script></answer>")],
+    )
+    return Trajectory(
+        task_id="t1", method="memsearcher", calls=[c0, c1], answer="London", golds=[["London"]], reward=1.0
+    )
 
 
 def memact_real_traces():
@@ -167,7 +185,7 @@ def test_memact_pruned_records_marked_on_real_rollouts():
                 assert ids and sorted(struck) == sorted(ids), (i, struck, ids)
                 assert set(ids) <= set(live)  # the records it deleted were in its context
                 assert sorted(kept) == sorted(set(live) - set(ids))
-                listed = re.search(r'pruned by this call: (.*?)</div>', page).group(1)
+                listed = re.search(r"pruned by this call: (.*?)</div>", page).group(1)
                 assert re.findall(r'<span class="mk-pruned">([^<]*)</span>', listed) == ids
             else:
                 assert 'class="mk-pruned"' not in page, i

@@ -1,4 +1,5 @@
 """The LoCoMo loader: the real schema loads, round-trips, and bad files fail naming the field."""
+
 from __future__ import annotations
 
 import copy
@@ -40,7 +41,9 @@ def test_fixture_loads():
     assert (adv.category_name, adv.answer, adv.adversarial_answer) == ("adversarial", NOT_MENTIONED, "Biscuit")
     assert set(a.extra) == {"observation", "session_summary", "event_summary"}
     assert a.extra["observation"]["session_1_observation"]["Marcus"][1] == [
-        "Marcus started running in 2022 after moving to Denver.", "D1:4"]
+        "Marcus started running in 2022 after moving to Denver.",
+        "D1:4",
+    ]
     assert a.facts == [] and all(not q.hops for q in a.qa)
 
 
@@ -84,8 +87,12 @@ def test_lenient_where_real_data_varies(tmp_path, data):
     d = data[0]
     conv = d["conversation"]
     conv["session_5"], conv["session_5_date_time"] = conv.pop("session_3"), conv.pop("session_3_date_time")  # a gap
-    conv["session_1"][2] = {"speaker": "Priya", "dia_id": "D1:3", "blip_caption": "a photo of a trail map",
-                            "img_url": ["https://example.com/x.jpg"]}  # image-only turn, no text
+    conv["session_1"][2] = {
+        "speaker": "Priya",
+        "dia_id": "D1:3",
+        "blip_caption": "a photo of a trail map",
+        "img_url": ["https://example.com/x.jpg"],
+    }  # image-only turn, no text
     d["qa"][0]["evidence"] = ["D2:1; D2:3"]  # odd evidence is kept verbatim
     d["qa"][5]["adversarial_answer"] = 7
     d["qa"][4]["answer"] = 1.5
@@ -106,6 +113,7 @@ def _pop(keys):
         for k in path:
             d = d[k]
         del d[last]
+
     return f
 
 
@@ -115,6 +123,7 @@ def _set(keys, value):
         for k in path:
             d = d[k]
         d[last] = value
+
     return f
 
 
@@ -123,32 +132,46 @@ MUTATIONS = {
     "empty speaker_b": (_set(["conversation", "speaker_b"], " "), r"conversation\.speaker_b: expected"),
     "no sample_id": (_pop(["sample_id"]), r"sample_id: expected a string, got nothing"),
     "conversation a list": (_set(["conversation"], []), r": conversation: expected an object"),
-    "no sessions": (_set(["conversation"], {"speaker_a": "A", "speaker_b": "B"}),
-                    r'conversation: expected at least one "session_N"'),
+    "no sessions": (
+        _set(["conversation"], {"speaker_a": "A", "speaker_b": "B"}),
+        r'conversation: expected at least one "session_N"',
+    ),
     "session not a list": (_set(["conversation", "session_2"], {}), r"conversation\.session_2: expected a list"),
-    "session without date_time": (_pop(["conversation", "session_2_date_time"]),
-                                  r"conversation\.session_2_date_time: expected a string"),
+    "session without date_time": (
+        _pop(["conversation", "session_2_date_time"]),
+        r"conversation\.session_2_date_time: expected a string",
+    ),
     "turn not a dict": (_set(["conversation", "session_1", 0], "hi"), r"conversation\.session_1\[0\]: expected a turn"),
-    "turn without dia_id": (_pop(["conversation", "session_2", 4, "dia_id"]),
-                            r'conversation\.session_2\[4\]\.dia_id: expected a string like "D2:5", got nothing'),
-    "dia_id not a string": (_set(["conversation", "session_2", 4, "dia_id"], None),
-                            r'conversation\.session_2\[4\]\.dia_id: expected a string like "D2:5", got None'),
-    "turn without speaker": (_pop(["conversation", "session_3", 1, "speaker"]),
-                             r"conversation\.session_3\[1\]\.speaker: expected a string"),
+    "turn without dia_id": (
+        _pop(["conversation", "session_2", 4, "dia_id"]),
+        r'conversation\.session_2\[4\]\.dia_id: expected a string like "D2:5", got nothing',
+    ),
+    "dia_id not a string": (
+        _set(["conversation", "session_2", 4, "dia_id"], None),
+        r'conversation\.session_2\[4\]\.dia_id: expected a string like "D2:5", got None',
+    ),
+    "turn without speaker": (
+        _pop(["conversation", "session_3", 1, "speaker"]),
+        r"conversation\.session_3\[1\]\.speaker: expected a string",
+    ),
     "turn without text": (_pop(["conversation", "session_1", 0, "text"]), r"conversation\.session_1\[0\]\.text"),
     "qa not a list": (_set(["qa"], {}), r": qa: expected a list"),
     "qa without question": (_pop(["qa", 2, "question"]), r"qa\[2\]\.question: expected a string"),
     "category 7": (_set(["qa", 0, "category"], 7), r"qa\[0\]\.category: expected an int in 1\.\.5"),
-    'category "2"': (_set(["qa", 1, "category"], "2"),
-                     r"qa\[1\]\.category: expected an int in 1\.\.5 \(1 multi-hop, .*\), got '2' \(str\)"),
+    'category "2"': (
+        _set(["qa", 1, "category"], "2"),
+        r"qa\[1\]\.category: expected an int in 1\.\.5 \(1 multi-hop, .*\), got '2' \(str\)",
+    ),
     "category True": (_set(["qa", 1, "category"], True), r"qa\[1\]\.category: expected an int"),
     "no category": (_pop(["qa", 1, "category"]), r"qa\[1\]\.category: expected an int"),
     "evidence not a list": (_set(["qa", 3, "evidence"], "D2:3"), r"qa\[3\]\.evidence: expected a list"),
     "evidence item not a string": (_set(["qa", 3, "evidence", 1], 3), r"qa\[3\]\.evidence\[1\]: expected a dia_id"),
     "category-1 without answer": (_pop(["qa", 3, "answer"]), r"qa\[3\]\.answer: expected a string or number"),
     "answer a list": (_set(["qa", 0, "answer"], ["Biscuit"]), r"qa\[0\]\.answer: expected a string or number"),
-    "category-5 without any answer": (_pop(["qa", 5, "adversarial_answer"]),
-                                      r'qa\[5\]\.answer: expected a string or number \(or an "adversarial_answer"\)'),
+    "category-5 without any answer": (
+        _pop(["qa", 5, "adversarial_answer"]),
+        r'qa\[5\]\.answer: expected a string or number \(or an "adversarial_answer"\)',
+    ),
 }
 
 
@@ -167,13 +190,21 @@ def test_malformed_sample_names_the_field(tmp_path, data, name):
 def test_error_names_file_sample_and_id(tmp_path, data):
     _set(["conversation", "session_2", 4, "dia_id"], None)(data[1])
     path = _write(tmp_path, data)
-    want = f"""{path}: sample 1 ('conv-102'): conversation.session_2[4].dia_id: expected a string like "D2:5", got None"""
+    want = (
+        f"""{path}: sample 1 ('conv-102'): conversation.session_2[4].dia_id: expected a string like "D2:5", got None"""
+    )
     with pytest.raises(ValueError, match=re.escape(want)):
         load_locomo(path)
 
 
-@pytest.mark.parametrize("top, match", [("a string", "got a JSON str"), (3, "got a JSON int"),
-                                        ([["not", "a", "sample"]], r"sample 0: expected a LoCoMo sample object")])
+@pytest.mark.parametrize(
+    "top, match",
+    [
+        ("a string", "got a JSON str"),
+        (3, "got a JSON int"),
+        ([["not", "a", "sample"]], r"sample 0: expected a LoCoMo sample object"),
+    ],
+)
 def test_bad_top_level(tmp_path, top, match):
     with pytest.raises(ValueError, match=match):
         load_locomo(_write(tmp_path, top))

@@ -1,4 +1,5 @@
 """Synthetic world, task composition, task/corpus IO and real-data loaders."""
+
 from __future__ import annotations
 
 import hashlib
@@ -61,8 +62,27 @@ def test_world_shape(world):
 
 
 def test_names_are_fictional_and_pronounceable(world):
-    fixed = {"The", "University", "of", "Hours", "Tide", "Garden", "Letter", "Winter", "Road", "Mirror",
-             "Harbor", "Signal", "Orchard", "Works", "Group", "Industries", "Labs", "Holdings", "Systems"}
+    fixed = {
+        "The",
+        "University",
+        "of",
+        "Hours",
+        "Tide",
+        "Garden",
+        "Letter",
+        "Winter",
+        "Road",
+        "Mirror",
+        "Harbor",
+        "Signal",
+        "Orchard",
+        "Works",
+        "Group",
+        "Industries",
+        "Labs",
+        "Holdings",
+        "Systems",
+    }
     generated = [w for w in _name_words(world) if w not in fixed]
     for w in generated:
         assert re.fullmatch(r"[A-Z][a-z]{3,11}", w), w
@@ -156,8 +176,7 @@ def test_keyword_queries_hit_their_passage_in_bm25_top3(world):
     retriever = bm25s.BM25()
     retriever.index(bm25s.tokenize(corpus, show_progress=False), show_progress=False)
     subs = [s for q in make_questions(world, 400, seed=11) for s in q.decomposition]
-    hits, _ = retriever.retrieve(bm25s.tokenize([s.query for s in subs], show_progress=False), k=3,
-                                 show_progress=False)
+    hits, _ = retriever.retrieve(bm25s.tokenize([s.query for s in subs], show_progress=False), k=3, show_progress=False)
     ok = sum(s.passage_id in [world.passages[i].id for i in row] for s, row in zip(subs, hits))
     assert len(subs) > 500 and ok / len(subs) >= 0.99
 
@@ -195,9 +214,11 @@ def test_sft_rl_and_test_splits_never_share_a_question(world, tmp_path):
     shares = {side: sum(question_split(i) == side for i in ids) / len(ids) for side in SPLITS}
     assert 0.15 < shares["test"] < 0.25 and 0.06 < shares["rl"] < 0.14 and 0.62 < shares["sft"] < 0.78
     assert question_split("comparison:film-001|film-028.release_year") == question_split(
-        "comparison:film-028|film-001.release_year")  # one question, either order
-    evaluation = [q.id for k in (1, 2, 8) for t in make_tasks(world, 50, k=k, seed=1000 + k, split="test")
-                  for q in t.questions]
+        "comparison:film-028|film-001.release_year"
+    )  # one question, either order
+    evaluation = [
+        q.id for k in (1, 2, 8) for t in make_tasks(world, 50, k=k, seed=1000 + k, split="test") for q in t.questions
+    ]
     assert {question_split(i) for i in evaluation} == {"test"}
     cloned = {q.id for t in training_tasks(world, (1, 2), 4000, seed=0) for q in t.questions}
     assert {question_split(i) for i in cloned} == {"sft"} and not cloned & set(evaluation)
@@ -214,9 +235,15 @@ def test_sft_rl_and_test_splits_never_share_a_question(world, tmp_path):
     assert {question_split(q.id) for t in load_tasks_jsonl(tmp_path / "tasks.jsonl") for q in t.questions} == {"test"}
 
 
-@pytest.mark.parametrize("kw,msg", [(dict(n=0), "positive ints"), (dict(n=2, k=0), "positive ints"),
-                                    (dict(n=2, kinds=("multihop",)), "choose from"),
-                                    (dict(n=2, split="dev"), "unknown split")])
+@pytest.mark.parametrize(
+    "kw,msg",
+    [
+        (dict(n=0), "positive ints"),
+        (dict(n=2, k=0), "positive ints"),
+        (dict(n=2, kinds=("multihop",)), "choose from"),
+        (dict(n=2, split="dev"), "unknown split"),
+    ],
+)
 def test_make_tasks_rejects_bad_arguments(world, kw, msg):
     with pytest.raises(ValueError, match=msg):
         make_tasks(world, **kw)
@@ -290,10 +317,17 @@ def test_same_seed_is_byte_identical_across_processes(tmp_path):
 
 # ---------------------------------------------------------------- real-data loaders
 def test_load_hotpotqa_json(tmp_path):
-    rows = [{"_id": "5a8b", "question": "Which magazine was started first?", "answer": "Arthur's Magazine",
-             "type": "comparison", "level": "medium",
-             "supporting_facts": [["Arthur's Magazine", 0], ["First for Women", 0], ["Arthur's Magazine", 1]],
-             "context": [["Arthur's Magazine", ["Arthur's Magazine (1844-1846) was ..."]]]}]
+    rows = [
+        {
+            "_id": "5a8b",
+            "question": "Which magazine was started first?",
+            "answer": "Arthur's Magazine",
+            "type": "comparison",
+            "level": "medium",
+            "supporting_facts": [["Arthur's Magazine", 0], ["First for Women", 0], ["Arthur's Magazine", 1]],
+            "context": [["Arthur's Magazine", ["Arthur's Magazine (1844-1846) was ..."]]],
+        }
+    ]
     path = tmp_path / "hotpot.json"
     path.write_text(json.dumps(rows * 3))
     tasks = load_hotpotqa_json(path, limit=2)
@@ -313,9 +347,10 @@ def test_load_hotpotqa_json(tmp_path):
 
 
 def test_load_flashrag_jsonl_and_parquet(tmp_path):
-    rows = [{"id": "test_0", "question": "who wrote hamlet",
-             "golden_answers": ["Shakespeare", "William Shakespeare"]},
-            {"id": "test_1", "question": "capital of france", "golden_answers": ["Paris"], "metadata": {}}]
+    rows = [
+        {"id": "test_0", "question": "who wrote hamlet", "golden_answers": ["Shakespeare", "William Shakespeare"]},
+        {"id": "test_1", "question": "capital of france", "golden_answers": ["Paris"], "metadata": {}},
+    ]
     path = tmp_path / "test.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tasks = load_flashrag_jsonl(path)
@@ -324,8 +359,10 @@ def test_load_flashrag_jsonl_and_parquet(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.Table.from_pylist([{k: r[k] for k in ("id", "question", "golden_answers")} for r in rows]),
-                   tmp_path / "test.parquet")
+    pq.write_table(
+        pa.Table.from_pylist([{k: r[k] for k in ("id", "question", "golden_answers")} for r in rows]),
+        tmp_path / "test.parquet",
+    )
     assert load_flashrag_jsonl(tmp_path / "test.parquet") == tasks
     path.write_text(json.dumps({"id": "x", "question": "q", "answer": "a"}) + "\n")
     with pytest.raises(ValueError, match="golden_answers"):
@@ -337,9 +374,11 @@ def test_load_flashrag_jsonl_and_parquet(tmp_path):
         load_flashrag_jsonl(tmp_path / "nope.jsonl")
 
 
-DPR_LINES = ("who got the first nobel prize in physics\t['Wilhelm Conrad Röntgen']\n"
-             '"who sang ""i\'ll be there"" first"\t"[\'The Jackson 5\', \'Jackson 5\']"\n'
-             "when was the eiffel tower built\t['1887', '1889']\n")
+DPR_LINES = (
+    "who got the first nobel prize in physics\t['Wilhelm Conrad Röntgen']\n"
+    '"who sang ""i\'ll be there"" first"\t"[\'The Jackson 5\', \'Jackson 5\']"\n'
+    "when was the eiffel tower built\t['1887', '1889']\n"
+)
 
 
 def test_load_dpr_topics_txt_and_jar(tmp_path):
@@ -347,8 +386,10 @@ def test_load_dpr_topics_txt_and_jar(tmp_path):
     txt.write_text(DPR_LINES, encoding="utf-8")
     tasks = load_dpr_topics(txt)
     assert [t.questions[0].text for t in tasks] == [
-        "who got the first nobel prize in physics", "who sang \"i'll be there\" first",
-        "when was the eiffel tower built"]
+        "who got the first nobel prize in physics",
+        'who sang "i\'ll be there" first',
+        "when was the eiffel tower built",
+    ]
     assert tasks[1].questions[0].answers == ["The Jackson 5", "Jackson 5"]
     assert tasks[0].id == "nq-00000" and load_dpr_topics(txt, limit=1) == tasks[:1]
     jar = tmp_path / "anserini-0.14.3-fatjar.jar"
@@ -369,14 +410,18 @@ def test_load_dpr_topics_txt_and_jar(tmp_path):
 
 
 def test_load_wiki_summaries(tmp_path):
-    data = {"Ada Lovelace": {"title": "Ada Lovelace", "extract": "Ada Lovelace was a mathematician.", "url": "u"},
-            "Empty": {"title": "Empty", "extract": "  "},
-            "Alan Turing": {"title": "Alan Turing", "extract": "Alan Turing was a computer scientist."}}
+    data = {
+        "Ada Lovelace": {"title": "Ada Lovelace", "extract": "Ada Lovelace was a mathematician.", "url": "u"},
+        "Empty": {"title": "Empty", "extract": "  "},
+        "Alan Turing": {"title": "Alan Turing", "extract": "Alan Turing was a computer scientist."},
+    }
     path = tmp_path / "summaries_en-us.json"
     path.write_text(json.dumps(data))
     ps = load_wiki_summaries(path)
-    assert ps == [Passage("wiki-00000", "Ada Lovelace", "Ada Lovelace was a mathematician."),
-                  Passage("wiki-00001", "Alan Turing", "Alan Turing was a computer scientist.")]
+    assert ps == [
+        Passage("wiki-00000", "Ada Lovelace", "Ada Lovelace was a mathematician."),
+        Passage("wiki-00001", "Alan Turing", "Alan Turing was a computer scientist."),
+    ]
     assert len(load_wiki_summaries(path, limit=1)) == 1
     path.write_text(json.dumps([1, 2]))
     with pytest.raises(ValueError, match="title -> "):

@@ -15,6 +15,7 @@ same steps. The teacher's flaw is ``forget_earlier`` in half of its slots: an UP
 "Before: ..." history that a "where did X live before" question needs, so the clone's construction
 has a flaw hindsight can see (a memory retrieved on leaves that fail).
 """
+
 from __future__ import annotations
 
 import copy
@@ -74,8 +75,14 @@ def clone_construction(kit, lab: ConstructionLab | None = None, progress: bool =
     cfg = SFTConfig(init=lab.init, steps=lab.sft_steps, max_seconds=lab.sft_seconds, seed=lab.seed, warmup=100)
     policy = sft_init(cfg, kit, progress=progress)
     convs = make_conversations(kit.world, lab.train_conversations, seed=40_000 + lab.seed, size=lab.size)
-    built = build_memories(method, convs, OraclePolicy(method, kit.tokenizer, lab.teacher, seed=lab.seed),
-                           kit.tokenizer, RolloutConfig(max_context_tokens=10**9), wrap=memt_wrap(kit))
+    built = build_memories(
+        method,
+        convs,
+        OraclePolicy(method, kit.tokenizer, lab.teacher, seed=lab.seed),
+        kit.tokenizer,
+        RolloutConfig(max_context_tokens=10**9),
+        wrap=memt_wrap(kit),
+    )
     examples = construction_examples(built, resolve_sft(cfg, pretrained=False).max_len)
     history = train_sft(policy.model, kit.tokenizer, examples, cfg, log=log, progress=progress)
     return policy.model, history, len(examples)
@@ -85,8 +92,13 @@ def ensure_construction_clone(kit, lab: ConstructionLab | None = None, progress:
     """The construction clone of ``lab`` (:func:`clone_construction`), cached by its recipe and the
     tokenizer scheme; returns the model."""
     lab = lab or ConstructionLab()
-    return cached_clone(kit, construction_clone_path(kit, lab), "construction_lab", lab,
-                        lambda: clone_construction(kit, lab, progress=progress))
+    return cached_clone(
+        kit,
+        construction_clone_path(kit, lab),
+        "construction_lab",
+        lab,
+        lambda: clone_construction(kit, lab, progress=progress),
+    )
 
 
 def construction_clone_path(kit, lab: ConstructionLab):
@@ -101,8 +113,14 @@ def construction_clone_path(kit, lab: ConstructionLab):
 def build_with(model, kit, convs, temperature: float = 0.0, seed: int = 0):
     """The stores of ``convs`` built by construction policy ``model`` (greedy by default)."""
     policy, wrap = sampler(model, kit, temperature, seed)
-    return build_memories(get_method("memt"), convs, policy, kit.tokenizer,
-                          RolloutConfig(max_context_tokens=MAX_CONTEXT_TOKENS), wrap=wrap)
+    return build_memories(
+        get_method("memt"),
+        convs,
+        policy,
+        kit.tokenizer,
+        RolloutConfig(max_context_tokens=MAX_CONTEXT_TOKENS),
+        wrap=wrap,
+    )
 
 
 # ---- hindsight pool and D*_mem ------------------------------------------------------------
@@ -118,10 +136,20 @@ class OpPool:
     scores: list[float]
 
 
-def score_pool(kit, cons_model, retr_model, convs, seed: int = 0, temperature: float = 1.0,
-               tree_cfg: TreeConfig = TreeConfig(3, 1, 2), questions: int | None = None,
-               mot: MoTConfig = MoTConfig(), lam: float = 0.1, teacher: OracleConfig | None = None,
-               reader: OracleConfig | None = None) -> OpPool:
+def score_pool(
+    kit,
+    cons_model,
+    retr_model,
+    convs,
+    seed: int = 0,
+    temperature: float = 1.0,
+    tree_cfg: TreeConfig = TreeConfig(3, 1, 2),
+    questions: int | None = None,
+    mot: MoTConfig = MoTConfig(),
+    lam: float = 0.1,
+    teacher: OracleConfig | None = None,
+    reader: OracleConfig | None = None,
+) -> OpPool:
     """Build ``convs`` with ``cons_model`` (sampled at ``temperature``; or by the scripted teacher
     with ``teacher``'s knobs, an off-policy pool), grow the retrieval policy's trees on (up to
     ``questions`` of) each conversation's questions (or the teacher's, with ``reader``'s knobs: a
@@ -131,8 +159,14 @@ def score_pool(kit, cons_model, retr_model, convs, seed: int = 0, temperature: f
     if teacher is None:
         built = build_with(cons_model, kit, convs, temperature, seed)
     else:
-        built = build_memories(method, convs, OraclePolicy(method, kit.tokenizer, teacher, seed=seed), kit.tokenizer,
-                               RolloutConfig(max_context_tokens=10**9), wrap=memt_wrap(kit))
+        built = build_memories(
+            method,
+            convs,
+            OraclePolicy(method, kit.tokenizer, teacher, seed=seed),
+            kit.tokenizer,
+            RolloutConfig(max_context_tokens=10**9),
+            wrap=memt_wrap(kit),
+        )
     if reader is None:
         policy, wrap = sampler(retr_model, kit, temperature, seed + 7)
     else:
@@ -145,8 +179,15 @@ def score_pool(kit, cons_model, retr_model, convs, seed: int = 0, temperature: f
         jobs += [(b, qi) for qi in sorted(rng.sample(range(n), min(questions or n, n)))]
     grown = []
     for at in range(0, len(jobs), QUERIES_PER_BATCH):
-        grown += grow_forest(method, jobs[at:at + QUERIES_PER_BATCH], policy, kit.tokenizer,
-                             TreeConfig(tree_cfg.trees, tree_cfg.rounds, tree_cfg.pivots, seed), cfg, wrap)
+        grown += grow_forest(
+            method,
+            jobs[at : at + QUERIES_PER_BATCH],
+            policy,
+            kit.tokenizer,
+            TreeConfig(tree_cfg.trees, tree_cfg.rounds, tree_cfg.pivots, seed),
+            cfg,
+            wrap,
+        )
     trajs, ops, scores = [], [], []
     for i, b in enumerate(built):
         qa, sources = stream_conversation(b).qa, stream_store(b).sources_of()
@@ -201,7 +242,9 @@ def op_examples(pool: OpPool, kept: list[int], tokenizer) -> list[tuple[list[int
             mask = [True] * len(c.output_ids)
         else:
             spans = tool_call_token_spans(tokenizer, c.output_ids)
-            mask = [any(spans[t][0] <= i < spans[t][1] for t in tools if t < len(spans)) for i in range(len(c.output_ids))]
+            mask = [
+                any(spans[t][0] <= i < spans[t][1] for t in tools if t < len(spans)) for i in range(len(c.output_ids))
+            ]
         out.append((c.context_ids, c.output_ids, mask))
     return out
 
@@ -212,8 +255,17 @@ def hindsight_sft(model, kit, examples, seconds: float | None, steps: int, lr: f
     model = copy.deepcopy(model)
     if not examples:
         return model.eval(), []
-    cfg = SFTConfig(init="scratch", steps=steps, max_seconds=seconds, lr=lr, warmup=10, seed=seed, context_weight=0.0,
-                    batch_size=8, log_every=10**9)
+    cfg = SFTConfig(
+        init="scratch",
+        steps=steps,
+        max_seconds=seconds,
+        lr=lr,
+        warmup=10,
+        seed=seed,
+        context_weight=0.0,
+        batch_size=8,
+        log_every=10**9,
+    )
     history = train_sft(model, kit.tokenizer, examples, cfg, progress=False)
     return model.eval(), history
 
@@ -248,31 +300,59 @@ def store_quality(kit, cons_model, retr_model, convs, seed: int = 0) -> dict:
     policy, wrap = sampler(retr_model, kit, 0.0, seed)
     cfg = RolloutConfig(max_context_tokens=MAX_CONTEXT_TOKENS)
     learned = f1_by_category(answer_questions(method, built, policy, kit.tokenizer, cfg, wrap))
-    reader = f1_by_category(answer_questions(method, built, OraclePolicy(method, kit.tokenizer), kit.tokenizer,
-                                             RolloutConfig(max_context_tokens=10**9)))
-    return {"f1": learned["overall"], "f1_multi_hop": learned.get("multi-hop", 0.0), "reader_f1": reader["overall"],
-            "reader_multi_hop": reader.get("multi-hop", 0.0), "history_rate": rate, "updates": n_updates,
-            "invalid_construction": sum(not c.valid for c in calls) / max(len(calls), 1)}
+    reader = f1_by_category(
+        answer_questions(
+            method, built, OraclePolicy(method, kit.tokenizer), kit.tokenizer, RolloutConfig(max_context_tokens=10**9)
+        )
+    )
+    return {
+        "f1": learned["overall"],
+        "f1_multi_hop": learned.get("multi-hop", 0.0),
+        "reader_f1": reader["overall"],
+        "reader_multi_hop": reader.get("multi-hop", 0.0),
+        "history_rate": rate,
+        "updates": n_updates,
+        "invalid_construction": sum(not c.valid for c in calls) / max(len(calls), 1),
+    }
 
 
 #: the construction arms of notebook 06: name -> the filter that picks D_mem
 CONSTRUCTION_ARMS = {"hindsight SFT": "hindsight", "w/o hindsight": "random"}
 
 
-def run_construction_arms(kit, cons_model, retr_model, train_convs, eval_convs, seed: int, seconds: float | None,
-                          steps: int, questions: int | None = None, keep: float = 0.5,
-                          teacher: OracleConfig | None = None) -> tuple[dict, OpPool]:
+def run_construction_arms(
+    kit,
+    cons_model,
+    retr_model,
+    train_convs,
+    eval_convs,
+    seed: int,
+    seconds: float | None,
+    steps: int,
+    questions: int | None = None,
+    keep: float = 0.5,
+    teacher: OracleConfig | None = None,
+) -> tuple[dict, OpPool]:
     """One seed of the construction ablation: score a pool (:func:`score_pool`), then per arm of
     :data:`CONSTRUCTION_ARMS` SFT on its D_mem and measure :func:`store_quality` on ``eval_convs``.
     Returns ``(rows, pool)``."""
     pool = score_pool(kit, cons_model, retr_model, train_convs, seed=seed, questions=questions, teacher=teacher)
     rows = {}
     for arm, rule in CONSTRUCTION_ARMS.items():
-        kept = hindsight_filter(pool.ops, pool.scores, keep) if rule == "hindsight" else random_filter(pool.ops, keep, seed)
-        model, history = hindsight_sft(cons_model, kit, op_examples(pool, kept, kit.tokenizer), seconds, steps, seed=seed)
-        rows[arm] = {**store_quality(kit, model, retr_model, eval_convs, seed), "kept_ops": len(kept),
-                     "kept_updates_with_history": _kept_history(pool, kept),
-                     "sft_loss": history[-1]["loss"] if history else None}
+        kept = (
+            hindsight_filter(pool.ops, pool.scores, keep)
+            if rule == "hindsight"
+            else random_filter(pool.ops, keep, seed)
+        )
+        model, history = hindsight_sft(
+            cons_model, kit, op_examples(pool, kept, kit.tokenizer), seconds, steps, seed=seed
+        )
+        rows[arm] = {
+            **store_quality(kit, model, retr_model, eval_convs, seed),
+            "kept_ops": len(kept),
+            "kept_updates_with_history": _kept_history(pool, kept),
+            "sft_loss": history[-1]["loss"] if history else None,
+        }
     return rows, pool
 
 
@@ -280,4 +360,3 @@ def _kept_history(pool: OpPool, kept: list[int]) -> float:
     """Share of the kept ``update_item`` ops whose document keeps the history."""
     ops = [pool.ops[k] for k in kept if pool.ops[k]["op"] == "update_item"]
     return _history_share([d for op in ops for d in _update_docs(pool.trajs[op["conv"]], [op["call"]])])
-

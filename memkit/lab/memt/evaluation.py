@@ -14,6 +14,7 @@ share of evidence turns it holds. Mem-T's "evidence in memory" is the share of e
 that reached a formed memory (fact, experience, persona), "evidence retrieved" the share its
 searches brought back (eq. 10's Evid).
 """
+
 from __future__ import annotations
 
 import re
@@ -32,8 +33,10 @@ CATEGORY_ORDER = ("single-hop", "multi-hop", "temporal", "open-domain", "adversa
 
 def transcript(conv: Conversation) -> str:
     """The whole conversation as the full-context baseline reads it."""
-    return "".join(f"Session on {s.date_time}:\n" + "".join(f"{t.dia_id} {t.speaker}: {t.text}\n" for t in s.turns)
-                   for s in conv.sessions)
+    return "".join(
+        f"Session on {s.date_time}:\n" + "".join(f"{t.dia_id} {t.speaker}: {t.text}\n" for t in s.turns)
+        for s in conv.sessions
+    )
 
 
 def in_context(context: str, answer: str) -> bool:
@@ -58,13 +61,15 @@ def baseline_rows(conv: Conversation, tokenizer, k: int = 5) -> list[dict]:
         chunks = "".join(f"[{turns[h.passage.id][0]}] {h.passage.text}\n" for h in hits)
         got = {h.passage.id for h in hits}
         answerable = qa.category != 5
-        rows.append({
-            "full_tokens": n_full + n(f"Question: {qa.question}\n") + n(qa.answer),
-            "full_answer_in_context": float(in_context(full, qa.answer)) if answerable else None,
-            "rag_tokens": n(RETRIEVAL_INSTRUCTION + chunks + f"Question: {qa.question}\n") + n(qa.answer),
-            "rag_answer_in_context": float(in_context(chunks, qa.answer)) if answerable else None,
-            "rag_evidence": mean(e in got for e in qa.evidence) if qa.evidence else None,
-        })
+        rows.append(
+            {
+                "full_tokens": n_full + n(f"Question: {qa.question}\n") + n(qa.answer),
+                "full_answer_in_context": float(in_context(full, qa.answer)) if answerable else None,
+                "rag_tokens": n(RETRIEVAL_INSTRUCTION + chunks + f"Question: {qa.question}\n") + n(qa.answer),
+                "rag_answer_in_context": float(in_context(chunks, qa.answer)) if answerable else None,
+                "rag_evidence": mean(e in got for e in qa.evidence) if qa.evidence else None,
+            }
+        )
     return rows
 
 
@@ -79,16 +84,26 @@ def question_rows(trajs, conversations, tokenizer, k: int = 5) -> list[dict]:
         acts = [c for c in tr.calls if c.role == "act"]
         build = [c for c in tr.calls if c.role != "act"]
         gold = qa.answer
-        rows.append({
-            "conversation": sample, "question": int(qi), "category": qa.category_name, "valid": tr.valid,
-            "f1": float(tr.reward or 0.0) if tr.valid else 0.0,
-            "bleu1": bleu1(tr.answer or "", gold) if tr.valid and qa.category != 5 else float(locomo_f1(tr.answer or "", gold, 5)) if tr.valid else 0.0,
-            "evidence_in_memory": mean(tr.info.get("evidence_in_memory") or [0.0]),
-            "evidence_retrieved": mean(tr.info.get("evidence_retrieved") or [0.0]),
-            "answer_tokens": sum(c.n_context + c.n_output for c in acts), "steps": len(acts),
-            "build_tokens": sum(c.n_context + c.n_output for c in build),
-            **b,
-        })
+        rows.append(
+            {
+                "conversation": sample,
+                "question": int(qi),
+                "category": qa.category_name,
+                "valid": tr.valid,
+                "f1": float(tr.reward or 0.0) if tr.valid else 0.0,
+                "bleu1": bleu1(tr.answer or "", gold)
+                if tr.valid and qa.category != 5
+                else float(locomo_f1(tr.answer or "", gold, 5))
+                if tr.valid
+                else 0.0,
+                "evidence_in_memory": mean(tr.info.get("evidence_in_memory") or [0.0]),
+                "evidence_retrieved": mean(tr.info.get("evidence_retrieved") or [0.0]),
+                "answer_tokens": sum(c.n_context + c.n_output for c in acts),
+                "steps": len(acts),
+                "build_tokens": sum(c.n_context + c.n_output for c in build),
+                **b,
+            }
+        )
     n_q = defaultdict(int)
     for r in rows:
         n_q[r["conversation"]] += 1
@@ -110,9 +125,20 @@ def summarize_streams(rows: list[dict]) -> list[dict]:
         if not rs:
             continue
         row = {"category": cat, "n": len(rs), "invalid": mean(not r["valid"] for r in rs)}
-        for key in ("f1", "bleu1", "evidence_in_memory", "evidence_retrieved", "steps", "answer_tokens",
-                    "amortised_tokens", "full_tokens", "rag_tokens", "full_answer_in_context",
-                    "rag_answer_in_context", "rag_evidence"):
+        for key in (
+            "f1",
+            "bleu1",
+            "evidence_in_memory",
+            "evidence_retrieved",
+            "steps",
+            "answer_tokens",
+            "amortised_tokens",
+            "full_tokens",
+            "rag_tokens",
+            "full_answer_in_context",
+            "rag_answer_in_context",
+            "rag_evidence",
+        ):
             vals = [r[key] for r in rs if r.get(key) is not None]
             row[key] = mean(vals) if vals else None
         out.append(row)
@@ -121,22 +147,42 @@ def summarize_streams(rows: list[dict]) -> list[dict]:
 
 def format_stream_table(summary: list[dict]) -> str:
     """The printed table: one row per category."""
-    cols = [("category", "category", "{}"), ("n", "n", "{}"), ("F1", "f1", "{:.3f}"), ("BLEU-1", "bleu1", "{:.3f}"),
-            ("evid.mem", "evidence_in_memory", "{:.2f}"), ("evid.ret", "evidence_retrieved", "{:.2f}"),
-            ("tok/ans", "answer_tokens", "{:.0f}"), ("+build", "amortised_tokens", "{:.0f}"),
-            ("full tok", "full_tokens", "{:.0f}"), ("RAG tok", "rag_tokens", "{:.0f}"),
-            ("full ans", "full_answer_in_context", "{:.2f}"), ("RAG ans", "rag_answer_in_context", "{:.2f}"),
-            ("invalid", "invalid", "{:.2f}")]
-    cells = [[h for h, _, _ in cols]] + [[("-" if r.get(k) is None else f.format(r[k])) for _, k, f in cols]
-                                         for r in summary]
+    cols = [
+        ("category", "category", "{}"),
+        ("n", "n", "{}"),
+        ("F1", "f1", "{:.3f}"),
+        ("BLEU-1", "bleu1", "{:.3f}"),
+        ("evid.mem", "evidence_in_memory", "{:.2f}"),
+        ("evid.ret", "evidence_retrieved", "{:.2f}"),
+        ("tok/ans", "answer_tokens", "{:.0f}"),
+        ("+build", "amortised_tokens", "{:.0f}"),
+        ("full tok", "full_tokens", "{:.0f}"),
+        ("RAG tok", "rag_tokens", "{:.0f}"),
+        ("full ans", "full_answer_in_context", "{:.2f}"),
+        ("RAG ans", "rag_answer_in_context", "{:.2f}"),
+        ("invalid", "invalid", "{:.2f}"),
+    ]
+    cells = [[h for h, _, _ in cols]] + [
+        [("-" if r.get(k) is None else f.format(r[k])) for _, k, f in cols] for r in summary
+    ]
     widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
-    return "\n".join("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
-                     for row in cells)
+    return "\n".join(
+        "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in cells
+    )
 
 
-def evaluate_streams(kit, conversations, policy: str = "oracle", temperature: float = 0.0, seed: int = 0,
-                     oracle_cfg=None, n: int = 1, method_kwargs: dict | None = None, progress: bool = False,
-                     max_context_tokens: int | None = None):
+def evaluate_streams(
+    kit,
+    conversations,
+    policy: str = "oracle",
+    temperature: float = 0.0,
+    seed: int = 0,
+    oracle_cfg=None,
+    n: int = 1,
+    method_kwargs: dict | None = None,
+    progress: bool = False,
+    max_context_tokens: int | None = None,
+):
     """Build and answer with a policy spec; returns ``(summary rows, question rows, trajectories)``."""
     from memkit.agents import get_method
     from memkit.lab.policies import resolve_policy
@@ -149,8 +195,15 @@ def evaluate_streams(kit, conversations, policy: str = "oracle", temperature: fl
         model = getattr(getattr(engine_policy, "backend", None), "model", None)
         max_context_tokens = model.config.max_position_embeddings - 256 if model is not None else 10**9
     t0 = time.perf_counter()
-    trajs = stream_rollouts(method, conversations, engine_policy, tok,
-                            RolloutConfig(n=n, max_context_tokens=max_context_tokens, seed=seed), wrap, progress)
+    trajs = stream_rollouts(
+        method,
+        conversations,
+        engine_policy,
+        tok,
+        RolloutConfig(n=n, max_context_tokens=max_context_tokens, seed=seed),
+        wrap,
+        progress,
+    )
     rows = question_rows(trajs, conversations, tok, method.top_k)
     summary = summarize_streams(rows)
     for s in summary:

@@ -11,6 +11,7 @@ lab's recipe: the clone, the arms and their sizes. One RL step, for ``queries`` 
 * ``grpo``: n independent chains per question, credit ``grpo`` over the chains' F1, n chosen so
   the two arms roll out about as many tokens (the paper's "GRPO at equal rollout tokens").
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
@@ -35,8 +36,9 @@ class MemTLab:
 
     size: str = "smoke"  # conversation size (memkit.world.streams.SIZES)
     train_conversations: int = 300  # ~7,700 teacher retrieval calls to clone
-    teacher: OracleConfig = field(default_factory=lambda: OracleConfig(flaw="stop_early", flaw_rate=0.65,
-                                                                       p_wasted_search=0.05, quote_source=True))
+    teacher: OracleConfig = field(
+        default_factory=lambda: OracleConfig(flaw="stop_early", flaw_rate=0.65, p_wasted_search=0.05, quote_source=True)
+    )
     sft_steps: int = 6000
     sft_seconds: float | None = 900.0
     seed: int = 0
@@ -58,8 +60,11 @@ def memt_wrap(kit):
 
 def clone_examples(calls, roles: tuple[str, ...], max_len: int) -> list[tuple[list[int], list[int]]]:
     """SFT examples ``(context_ids, output_ids)`` from the ``calls`` of ``roles`` that fit ``max_len``."""
-    return [(c.context_ids, c.output_ids) for c in calls
-            if c.role in roles and c.output_ids and len(c.context_ids) + len(c.output_ids) <= max_len]
+    return [
+        (c.context_ids, c.output_ids)
+        for c in calls
+        if c.role in roles and c.output_ids and len(c.context_ids) + len(c.output_ids) <= max_len
+    ]
 
 
 def retrieval_examples(trajs, max_len: int) -> list[tuple[list[int], list[int]]]:
@@ -77,8 +82,14 @@ def clone_retrieval(kit, lab: MemTLab | None = None, progress: bool = True, log=
     policy = sft_init(cfg, kit, progress=progress)
     wrap = memt_wrap(kit)
     convs = make_conversations(kit.world, lab.train_conversations, seed=10_000 + lab.seed, size=lab.size)
-    trajs = stream_rollouts(method, convs, OraclePolicy(method, kit.tokenizer, lab.teacher, seed=lab.seed),
-                            kit.tokenizer, RolloutConfig(max_context_tokens=10**9), wrap=wrap)
+    trajs = stream_rollouts(
+        method,
+        convs,
+        OraclePolicy(method, kit.tokenizer, lab.teacher, seed=lab.seed),
+        kit.tokenizer,
+        RolloutConfig(max_context_tokens=10**9),
+        wrap=wrap,
+    )
     examples = retrieval_examples(trajs, resolve_sft(cfg, pretrained=False).max_len)
     history = train_sft(policy.model, kit.tokenizer, examples, cfg, log=log, progress=progress)
     return policy.model, history, len(examples)
@@ -93,30 +104,37 @@ def f1_by_category(trajs) -> dict[str, float]:
     return out
 
 
-
-
 def sampler(model, kit, temperature: float, seed: int):
     """``(engine policy, wrap)`` for the tiny ``model``: the compact Mem-T prompt, a seeded generator."""
     import torch
 
     from memkit.models.generation import HFBackend
 
-    policy = ModelPolicy(HFBackend(model, kit.tokenizer), temperature=temperature,
-                         generator=torch.Generator().manual_seed(seed))
+    policy = ModelPolicy(
+        HFBackend(model, kit.tokenizer), temperature=temperature, generator=torch.Generator().manual_seed(seed)
+    )
     return policy, memt_wrap(kit)
 
 
 def answer_with(model, kit, built, temperature: float = 0.0, seed: int = 0, n: int = 1):
     """Every question of ``built`` answered by ``model`` (greedy by default)."""
     policy, wrap = sampler(model, kit, temperature, seed)
-    return answer_questions(get_method("memt"), built, policy, kit.tokenizer,
-                            RolloutConfig(n=n, max_context_tokens=MAX_CONTEXT_TOKENS), wrap)
+    return answer_questions(
+        get_method("memt"),
+        built,
+        policy,
+        kit.tokenizer,
+        RolloutConfig(n=n, max_context_tokens=MAX_CONTEXT_TOKENS),
+        wrap,
+    )
 
 
 def ensure_memt_clone(kit, lab: MemTLab | None = None, progress: bool = True):
     """The retrieval clone of ``lab`` (:func:`clone_retrieval`), cached by its config; returns the model."""
     lab = lab or MemTLab()
-    return cached_clone(kit, memt_clone_path(kit, lab), "memt_lab", lab, lambda: clone_retrieval(kit, lab, progress=progress))
+    return cached_clone(
+        kit, memt_clone_path(kit, lab), "memt_lab", lab, lambda: clone_retrieval(kit, lab, progress=progress)
+    )
 
 
 def memt_clone_path(kit, lab: MemTLab):
@@ -141,12 +159,29 @@ def cached_clone(kit, path, name: str, recipe, make):
 
 
 #: the arms of notebook 06: name -> (rollout arm, TrainConfig overrides)
-RETRIEVAL_ARMS = {"MoT-GRPO": ("mot", {}), "GRPO": ("grpo", {"credit": "grpo"}),
-        "w/o A_intra": ("mot", {"mot": MoTConfig(intra=False)}), "w/o A_inter": ("mot", {"mot": MoTConfig(inter=False)})}
+RETRIEVAL_ARMS = {
+    "MoT-GRPO": ("mot", {}),
+    "GRPO": ("grpo", {"credit": "grpo"}),
+    "w/o A_intra": ("mot", {"mot": MoTConfig(intra=False)}),
+    "w/o A_inter": ("mot", {"mot": MoTConfig(inter=False)}),
+}
 
 
-def run_arm(kit, start, built, eval_built, arm: str, steps: int, seed: int, lr: float = 3e-4, queries: int = 4,
-            tree_cfg: TreeConfig = TreeConfig(3, 1, 2), chains: int = 7, temperature: float = 1.0, log=None):
+def run_arm(
+    kit,
+    start,
+    built,
+    eval_built,
+    arm: str,
+    steps: int,
+    seed: int,
+    lr: float = 3e-4,
+    queries: int = 4,
+    tree_cfg: TreeConfig = TreeConfig(3, 1, 2),
+    chains: int = 7,
+    temperature: float = 1.0,
+    log=None,
+):
     """Train a copy of ``start`` for ``steps`` RL steps of arm ``arm`` (:data:`RETRIEVAL_ARMS`) through the
     :class:`~memkit.rl.trainer.Trainer` (Mem-T's :class:`~memkit.rl.plans.TreePlan` over ``built``):
     ``queries`` questions a step, ``tree_cfg.trees`` trees each (MoT-GRPO arms) or ``chains`` chains
@@ -158,18 +193,38 @@ def run_arm(kit, start, built, eval_built, arm: str, steps: int, seed: int, lr: 
     from memkit.rl.trainer import Trainer
 
     kind, over = RETRIEVAL_ARMS[arm]
-    cfg = TrainConfig(method="memt", packing="mem1_exact", lr=lr, warmup_steps=0, seed=seed, mini_batches=1,
-                      runtime=RuntimeConfig(micro_batch_size=4), steps=steps, tasks_per_step=queries, temperature=temperature,
-                      n_samples=tree_cfg.trees if kind == "mot" else chains, eval=EvalConfig(every=0),
-                      **{**over, "mot": replace(over.get("mot", MoTConfig()), rounds=tree_cfg.rounds, pivots=tree_cfg.pivots)})
+    cfg = TrainConfig(
+        method="memt",
+        packing="mem1_exact",
+        lr=lr,
+        warmup_steps=0,
+        seed=seed,
+        mini_batches=1,
+        runtime=RuntimeConfig(micro_batch_size=4),
+        steps=steps,
+        tasks_per_step=queries,
+        temperature=temperature,
+        n_samples=tree_cfg.trees if kind == "mot" else chains,
+        eval=EvalConfig(every=0),
+        **{**over, "mot": replace(over.get("mot", MoTConfig()), rounds=tree_cfg.rounds, pivots=tree_cfg.pivots)},
+    )
     plan = TreePlan(built, eval_built)
     trainer = Trainer(cfg, copy.deepcopy(start), kit.tokenizer, memt_wrap(kit), kit, plan=plan)
     rows = []
     for step in range(steps):
         r = trainer.train_step()
-        rows.append({"step": step, "arm": arm, "rollout": kind, "seed": seed, "reward": r["leaf_reward"],
-                     "rollout_tokens": r["rollout_tokens"], "rollout_s": r["seconds_rollout"],
-                     **{k: r[k] for k in ("pg_loss", "kl", "trained_tokens")}})
+        rows.append(
+            {
+                "step": step,
+                "arm": arm,
+                "rollout": kind,
+                "seed": seed,
+                "reward": r["leaf_reward"],
+                "rollout_tokens": r["rollout_tokens"],
+                "rollout_s": r["seconds_rollout"],
+                **{k: r[k] for k in ("pg_loss", "kl", "trained_tokens")},
+            }
+        )
         if log:
             log(rows[-1])
     return rows, f1_by_category(plan.answer(trainer, eval_built))

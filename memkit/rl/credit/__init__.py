@@ -5,6 +5,7 @@ beside its math and registers itself: ``mempo`` in :mod:`memkit.rl.memory_reward
 
 Importing this package loads all of them, so ``CREDIT_RULES`` and ``get_credit`` see every rule.
 """
+
 from memkit.rl import memory_reward, mot, segments  # noqa: F401,E402  register `mempo`, `mot`, `dcpo`
 from memkit.rl.credit.registry import *  # noqa: F401,F403  the registry and the generic rules
 from memkit.rl.credit.registry import __all__  # noqa: F401  the same public names

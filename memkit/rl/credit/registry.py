@@ -23,6 +23,7 @@ last three above, imported by ``memkit.rl`` so the registry always holds them). 
 other units than whole trajectories (DCPO's segments, MoT's trees) names a ``units`` function the
 update calls first.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -87,20 +88,29 @@ class CreditRule:
 CREDIT_RULES: dict[str, CreditRule] = {}
 
 
-def register_credit(name: str, loop: Callable, *, needs_values: bool = False, needs_groups: bool = True,
-                    whiten: bool = False, paper: str = "", prepare: Callable | None = None,
-                    units: Callable | None = None):
+def register_credit(
+    name: str,
+    loop: Callable,
+    *,
+    needs_values: bool = False,
+    needs_groups: bool = True,
+    whiten: bool = False,
+    paper: str = "",
+    prepare: Callable | None = None,
+    units: Callable | None = None,
+):
     """Decorator: register ``fn`` as credit rule ``name`` with its loop reference.
 
     ``prepare(trajs, learner) -> dict``: forwards the rule needs under the current policy before its
     advantages (MemPO's memory probes write ``Call.reward``); the update calls it first and logs
     what it returns. ``units(trajs, cfg, seed)``: the training units, when not whole trajectories."""
+
     def deco(fn: CreditFn) -> CreditFn:
         if name in CREDIT_RULES:
             raise ValueError(f"credit rule {name!r} is already registered")
-        CREDIT_RULES[name] = CreditRule(name, fn, loop, needs_values, needs_groups, whiten, paper,
-                                        prepare, units)
+        CREDIT_RULES[name] = CreditRule(name, fn, loop, needs_values, needs_groups, whiten, paper, prepare, units)
         return fn
+
     return deco
 
 
@@ -166,8 +176,10 @@ def multi_context_loop(cb: CreditBatch, cfg) -> list[list[float]]:
             per_call[(u_idx, call)] = a[int(cb.unit_traj[u_idx])]
     b = cb.batch
     B, L = b.loss_mask.shape
-    return [[per_call[(int(b.unit_index[r]), int(b.call_ids[r, t]))] if b.loss_mask[r, t] > 0 else 0.0
-             for t in range(L)] for r in range(B)]
+    return [
+        [per_call[(int(b.unit_index[r]), int(b.call_ids[r, t]))] if b.loss_mask[r, t] > 0 else 0.0 for t in range(L)]
+        for r in range(B)
+    ]
 
 
 # Copying A_i to every call and every call's tokens is what ``grpo`` does to every trained token of
@@ -216,8 +228,9 @@ def call_values_to_tokens(cb: CreditBatch, values: dict[tuple[int, int], float])
 
 
 # ----------------------------------------------------------------------------- gae
-def trajectory_gae(batch: PackedBatch, values: torch.Tensor, rewards: torch.Tensor, gamma: float = 1.0,
-                   lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def trajectory_gae(
+    batch: PackedBatch, values: torch.Tensor, rewards: torch.Tensor, gamma: float = 1.0, lam: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE over each unit's trained tokens in generation order, for any packing.
 
     values ``[B, L]`` (V(s_t) of each token, already read at its predicting position),
@@ -272,8 +285,14 @@ def gae_rule_loop(cb: CreditBatch, cfg):
     return adv, ret
 
 
-@register_credit("gae", gae_rule_loop, needs_values=True, needs_groups=False, whiten=True,
-                 paper="MEM1 §3.2 (PPO with a critic); Schulman et al. 2016 (GAE)")
+@register_credit(
+    "gae",
+    gae_rule_loop,
+    needs_values=True,
+    needs_groups=False,
+    whiten=True,
+    paper="MEM1 §3.2 (PPO with a critic); Schulman et al. 2016 (GAE)",
+)
 def gae_credit(cb: CreditBatch, cfg):
     """PPO credit: GAE over each unit's trained tokens, outcome reward on its last trained token.
 
@@ -287,11 +306,12 @@ def gae_credit(cb: CreditBatch, cfg):
     for unit in cb.units:  # the TD chain must follow generation: each call continues the previous one
         calls = unit.traj.calls  # (a call built by hand without a parent is taken in list order)
         if any(calls[j].parent not in (None, i) for i, j in zip(unit.calls, unit.calls[1:])):
-            raise ValueError(f"credit rule 'gae' needs each unit to be a chain (every call's parent the unit's "
-                             f"previous call); unit {unit.calls} of {unit.traj.task_id!r} is not: train tree paths "
-                             "as separate units (Trajectory.path)")
-    return trajectory_gae(cb.batch, cb.values, cb.rewards[cb.unit_traj], cfg.critic.gamma,
-                          cfg.critic.lam)
+            raise ValueError(
+                f"credit rule 'gae' needs each unit to be a chain (every call's parent the unit's "
+                f"previous call); unit {unit.calls} of {unit.traj.task_id!r} is not: train tree paths "
+                "as separate units (Trajectory.path)"
+            )
+    return trajectory_gae(cb.batch, cb.values, cb.rewards[cb.unit_traj], cfg.critic.gamma, cfg.critic.lam)
 
 
 def record_call_advantages(cb: CreditBatch, advantages: torch.Tensor) -> None:
@@ -313,7 +333,19 @@ def record_call_advantages(cb: CreditBatch, advantages: torch.Tensor) -> None:
                 unit.traj.calls[call].advantage = float(sums[k] / counts[k])
 
 
-__all__ = ["CreditBatch", "CreditRule", "CREDIT_RULES", "register_credit", "get_credit", "scored_calls",
-           "call_values_to_tokens",
-           "group_advantages", "group_advantages_loop", "grpo", "multi_context", "gae_credit", "trajectory_gae",
-           "record_call_advantages"]
+__all__ = [
+    "CreditBatch",
+    "CreditRule",
+    "CREDIT_RULES",
+    "register_credit",
+    "get_credit",
+    "scored_calls",
+    "call_values_to_tokens",
+    "group_advantages",
+    "group_advantages_loop",
+    "grpo",
+    "multi_context",
+    "gae_credit",
+    "trajectory_gae",
+    "record_call_advantages",
+]
