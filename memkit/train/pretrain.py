@@ -45,7 +45,8 @@ from memkit.core.io import atomic_dir
 from memkit.models import build_tiny
 from memkit.train.config import PretrainConfig
 from memkit.train.sft import AttentionProbe, lr_shape, save_checkpoint, sft_uses_bf16
-from memkit.world.generator import ATTR_BY_NAME, ATTRS, SUBJECT, make_world
+from memkit.world.generator import make_world
+from memkit.world.vocab import ATTR_BY_NAME, ATTRS, SUBJECT
 
 COPY_KINDS = ("extract", "lookup", "repeat")
 #: the base reads world ``world_seed + TEXT_WORLD_OFFSET``, never the task world itself

@@ -1,4 +1,4 @@
-"""Worlds and tasks: the synthetic generator, the shared task schema, and file IO/loaders.
+"""Worlds and tasks: the synthetic generator and its vocabulary, the shared task schema, and file IO/loaders.
 
 Typical use::
 
@@ -9,18 +9,7 @@ Typical use::
 """
 
 from memkit.world.conversation import CATEGORIES, Conversation, ConvQA, Session, Turn
-from memkit.world.generator import (
-    ATTRS,
-    KINDS,
-    TYPES,
-    Attr,
-    Entity,
-    World,
-    aliases,
-    make_questions,
-    make_tasks,
-    make_world,
-)
+from memkit.world.generator import KINDS, Entity, World, aliases, make_questions, make_tasks, make_world
 from memkit.world.loaders import (
     load_dpr_topics,
     load_flashrag_jsonl,
@@ -38,6 +27,7 @@ from memkit.world.schema import MULTI_OBJECTIVE_TEMPLATE, Passage, Question, Sub
 from memkit.world.splits import SPLITS, question_split
 from memkit.world.streams import SIZES, make_conversation, make_conversations
 from memkit.world.task_sets import EVAL_SEEDS, held_out_tasks, training_seed, training_tasks
+from memkit.world.vocab import ATTRS, TYPES, Attr
 
 __all__ = [
     "ATTRS",

@@ -36,7 +36,7 @@ from memkit.world import (
     tasks_to_dataset,
     world_texts,
 )
-from memkit.world.generator import _REAL
+from memkit.world.vocab import REAL_WORDS
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def test_names_are_fictional_and_pronounceable(world):
     for w in generated:
         assert re.fullmatch(r"[A-Z][a-z]{3,11}", w), w
         assert re.search(r"[aeiou]", w), w
-        assert w.lower().rstrip("s") not in _REAL and w.lower() not in _REAL
+        assert w.lower().rstrip("s") not in REAL_WORDS and w.lower() not in REAL_WORDS
     # a generated word is never shared by two names (keeps BM25 queries unambiguous)
     assert len(set(generated)) == len(generated)
 
