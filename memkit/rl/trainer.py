@@ -208,7 +208,8 @@ class Trainer(Learner):
         return self.global_sums([float(time.perf_counter() - t0 >= self.cfg.max_seconds)])[0] > 0
 
     def _rollout_stats(self, trajs) -> dict:
-        from memkit.metrics.qa import peak_tokens, summarize
+        from memkit.metrics.efficiency import peak_tokens
+        from memkit.metrics.qa import summarize
 
         n = len(trajs)
         s = summarize(trajs) if n else {"em": 0.0, "f1": 0.0}

@@ -9,22 +9,16 @@ from hypothesis import given, settings, strategies as st
 
 from memkit.agents import METHODS, get_method
 from memkit.core.trajectory import Call, Trajectory
-from memkit.metrics.qa import (
+from memkit.metrics.efficiency import (
     dependency,
     dependency_loop,
-    exact_match,
-    f1,
-    format_table,
     memory_actions,
-    normalize_answer,
     peak_tokens,
-    score_multi,
-    split_answers,
     step_peak_tokens,
-    summarize,
     tool_calls,
     total_tokens,
 )
+from memkit.metrics.qa import exact_match, f1, format_table, normalize_answer, score_multi, split_answers, summarize
 
 
 # ---------------------------------------------------------------------------- accuracy
@@ -281,7 +275,7 @@ def test_summarize_round_trips_through_jsonl(tmp_path):
 
 # ------------------------------------------------------------- context tokens per turn (MemSearcher Fig. 3)
 def test_context_tokens_per_turn_by_hand():
-    from memkit.metrics.qa import context_tokens_per_turn
+    from memkit.metrics.efficiency import context_tokens_per_turn
 
     # MemSearcher-like: act calls (ctx 30, 34) with memory updates between them; a shorter second trajectory
     a = traj([call(1, 30, 5, system=10), call(1, 50, 8, role="memory"), call(2, 34, 4, system=10)])
@@ -325,7 +319,7 @@ def role_trajs(draw):
 @settings(max_examples=60, deadline=None)
 @given(role_trajs(), st.sampled_from(["act", "memory", None]), st.sampled_from([(), ("system",)]))
 def test_context_tokens_per_turn_matches_loop(trajs, role, exclude):
-    from memkit.metrics.qa import context_tokens_per_turn, context_tokens_per_turn_loop
+    from memkit.metrics.efficiency import context_tokens_per_turn, context_tokens_per_turn_loop
 
     mean, count = context_tokens_per_turn(trajs, role=role, exclude=exclude)
     ref_mean, ref_count = context_tokens_per_turn_loop(trajs, role=role, exclude=exclude)
