@@ -10,11 +10,10 @@ makes LoCoMo hard for a memory:
 * relative times ("two days ago", "last Tuesday") that only the session date resolves;
 * persona details (hobbies) and how-to tips (experiential memory), amid small talk.
 
-Questions come in LoCoMo's categories with their evidence turn ids: single-hop (current value),
-multi-hop (the value before a change; a bridge from a pet to its owner's employer), temporal
-(the resolved date), open-domain (a hobby or a tip told in passing; LoCoMo's category 3 needs
-world knowledge, ours asks what the persona and experience memories hold), adversarial (the
-other speaker's fact, answer "not mentioned"). Sizes: :data:`SIZES`.
+This module is what is said: the lines, the events that say a fact and record it
+(:class:`~memkit.world.conversation.StreamFact`), the sessions. The questions asked of a stream,
+in LoCoMo's categories with their evidence turn ids, are :mod:`memkit.world.stream_questions`.
+Sizes: :data:`SIZES`.
 """
 
 from __future__ import annotations
@@ -22,7 +21,8 @@ from __future__ import annotations
 import datetime as dt
 import random
 
-from memkit.world.conversation import CATEGORY_IDS, NOT_MENTIONED, Conversation, ConvQA, Hop, Session, StreamFact, Turn
+from memkit.world.conversation import Conversation, Session, StreamFact, Turn
+from memkit.world.stream_questions import Speaker, stream_questions
 
 #: sessions and small-talk exchanges per session; "full" is LoCoMo-like (~19 sessions, ~300 turns)
 SIZES = {
@@ -93,23 +93,11 @@ def relative(d: dt.date, rng: random.Random) -> tuple[str, dt.date]:
     return "today", d
 
 
-class _Speaker:
-    def __init__(self, name: str):
-        self.name = name
-        self.city: list[tuple[str, str, str]] = []  # (value, date or "", dia_id) history, newest last
-        self.job: list[tuple[str, str, str]] = []
-        self.pets: list[dict] = []  # {"name", "date", "dias": [dia_ids], "old": [names]}
-        self.band: tuple[str, str] | None = None  # (band, dia_id) while liked
-        self.band_gone: set[str] = set()
-        self.hobby: tuple[str, list[str]] | None = None
-        self.tips: list[tuple[str, str, str]] = []  # (task, method, dia_id)
-
-
 class _Builder:
     def __init__(self, world, rng: random.Random, sample_id: str):
         people = rng.sample([e.name.split()[0] for e in world.of_type("person")], 2)
         self.rng, self.sample_id = rng, sample_id
-        self.a, self.b = _Speaker(people[0]), _Speaker(people[1])
+        self.a, self.b = Speaker(people[0]), Speaker(people[1])
         self.cities = [e.name for e in world.of_type("city")]
         self.companies = [e.name for e in world.of_type("company")]
         self.bands = [e.name for e in world.of_type("band")]
@@ -143,7 +131,7 @@ class _Builder:
         stamp = date.strftime("%I:%M %p").lstrip("0").lower()
         self.sessions.append(Session(index, f"{stamp} on {date.day} {date.strftime('%B')}, {date.year}", self.turns))
 
-    def say(self, who: _Speaker, text: str) -> str:
+    def say(self, who: Speaker, text: str) -> str:
         dia = f"D{self.index}:{len(self.turns) + 1}"
         self.turns.append(Turn(who.name, dia, text))
         return dia
@@ -311,111 +299,6 @@ class _Builder:
         self.fact(who, dia, "city", city, f"{who.name} lives in {city}.", change="repeat")
         return True
 
-    # ---- questions ---------------------------------------------------------------------
-    def questions(self) -> list[ConvQA]:
-        qs: list[ConvQA] = []
-
-        def add(cat, question, answer, evidence, hops, adversarial=None):
-            qs.append(ConvQA(question, answer, list(dict.fromkeys(evidence)), CATEGORY_IDS[cat], adversarial, hops))
-
-        for s in (self.a, self.b):
-            n = s.name
-            city, _, dia = s.city[-1]
-            add("single-hop", f"Where does {n} live now?", city, [dia], [Hop("fact", f"{n} lives in", city)])
-            job, _, jdia = s.job[-1]
-            add("single-hop", f"Where does {n} work now?", job, [jdia], [Hop("fact", f"{n} works at", job)])
-            if s.band:
-                add(
-                    "single-hop",
-                    f"What is {n}'s favourite band?",
-                    s.band[0],
-                    [s.band[1]],
-                    [Hop("fact", f"{n} favourite band", s.band[0])],
-                )
-            for (prev, _, pdia), (cur, when, cdia) in zip(s.city, s.city[1:]):
-                add(
-                    "temporal",
-                    f"When did {n} move to {cur}?",
-                    when,
-                    [cdia],
-                    [Hop("fact", f"{n} lives in {cur} since", when)],
-                )
-                add(
-                    "multi-hop",
-                    f"Where did {n} live before moving to {cur}?",
-                    prev,
-                    [pdia, cdia],
-                    [Hop("fact", f"{n} lives in {cur}", prev)],
-                )
-            for (_, _, _), (cur, when, cdia) in zip(s.job, s.job[1:]):
-                add(
-                    "temporal",
-                    f"When did {n} start working at {cur}?",
-                    when,
-                    [cdia],
-                    [Hop("fact", f"{n} works at {cur} since", when)],
-                )
-            for p in s.pets:
-                add(
-                    "single-hop",
-                    f"What is the name of the dog {n} adopted on {p['date']}?",
-                    p["name"],
-                    p["dias"],
-                    [Hop("fact", f"{n} adopted a dog on {p['date']}", p["name"])],
-                )
-                add(
-                    "temporal",
-                    f"When did {n} adopt {p['name']}?",
-                    p["date"],
-                    p["dias"],
-                    [Hop("fact", f"{n} adopted a dog named {p['name']}", p["date"])],
-                )
-                add(
-                    "multi-hop",
-                    f"Where does the owner of the dog named {p['name']} work now?",
-                    job,
-                    [*p["dias"], jdia],
-                    [Hop("fact", f"adopted a dog named {p['name']}", n), Hop("fact", f"{n} works at", job)],
-                )
-            if s.hobby:
-                add(
-                    "open-domain",
-                    f"What does {n} like to do at the weekend?",
-                    s.hobby[0],
-                    s.hobby[1],
-                    [Hop("persona", n, s.hobby[0])],
-                )
-            for task, method, tdia in s.tips:
-                add(
-                    "open-domain",
-                    f"What is {n}'s trick for {task}?",
-                    method,
-                    [tdia],
-                    [Hop("experience", f"trick for {task}", method)],
-                )
-        for s in (self.a, self.b):  # adversarial: what the *other* speaker said, asked of this one
-            o = self.other(s)
-            if o.pets and not s.pets:
-                add(
-                    "adversarial",
-                    f"What is the name of the dog {s.name} adopted?",
-                    NOT_MENTIONED,
-                    [o.pets[0]["dias"][0]],
-                    [Hop("fact", f"{s.name} adopted a dog", "")],
-                    adversarial=o.pets[0]["name"],
-                )
-            if o.tips and not s.tips:
-                task, method, tdia = o.tips[0]
-                add(
-                    "adversarial",
-                    f"What is {s.name}'s trick for {task}?",
-                    NOT_MENTIONED,
-                    [tdia],
-                    [Hop("experience", f"{s.name} trick for {task}", "")],
-                    adversarial=method,
-                )
-        return qs
-
 
 def session_gap(dia_id: str, index: int) -> bool:
     """A correction comes in a later session than what it corrects."""
@@ -432,7 +315,7 @@ def make_conversation(world, seed: int = 0, size: str = "smoke", sample_id: str 
     for i in range(1, SIZES[size]["sessions"] + 1):
         b.session(i, when, SIZES[size]["small_talk"])
         when += dt.timedelta(days=rng.randint(3, 14), minutes=rng.randint(-120, 120))
-    return Conversation(b.sample_id, b.a.name, b.b.name, b.sessions, b.questions(), b.facts)
+    return Conversation(b.sample_id, b.a.name, b.b.name, b.sessions, stream_questions(b.a, b.b), b.facts)
 
 
 def make_conversations(world, n: int, seed: int = 0, size: str = "smoke") -> list[Conversation]:
