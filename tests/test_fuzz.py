@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from memkit.metrics.qa import exact_match, normalize_answer, score_multi, split_answers
-from memkit.rollout.engine import tag_char_spans
+from memkit.rollout.context import tag_char_spans
 
 pytestmark = pytest.mark.fuzz
 

@@ -102,7 +102,7 @@ class Call:
 
 @dataclass(frozen=True)
 class LeafOutcome:
-    """One chain's outcome in a tree trajectory: ``memkit.rollout.engine.merge_tree`` keeps one per
+    """One chain's outcome in a tree trajectory: ``memkit.rollout.trees.merge_tree`` keeps one per
     leaf (in ``Trajectory.info["leaf_outcomes"]``, as plain dicts so traces stay JSON); read them
     with :meth:`Trajectory.leaf_outcomes`."""
 

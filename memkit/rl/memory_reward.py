@@ -53,7 +53,7 @@ from memkit.rl.credit.registry import (
 from memkit.rl.losses import token_logprobs
 from memkit.rl.packed_forward import packed_attention
 from memkit.rl.packing import pack
-from memkit.rollout.engine import token_char_ends
+from memkit.rollout.context import token_char_ends
 
 MEM_TAG = "mem"
 EMPTY_MEMORY = "<mem>\n</mem>"

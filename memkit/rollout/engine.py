@@ -17,19 +17,17 @@ from __future__ import annotations
 import copy
 import dataclasses
 import random
-import re
 import time
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 import torch
 
-from memkit.agents.base import AgentState, CallSpec, Env, Method, OracleConfig, Segment
-from memkit.core.trajectory import Call, LeafOutcome, ModelError, Trajectory
+from memkit.agents.base import AgentState, CallSpec, Env, Method, OracleConfig
+from memkit.core.trajectory import Call, ModelError, Trajectory
 from memkit.models.generation import Generation  # one output type for oracle and model policies
 from memkit.models.loading import is_chat
-
-_TAG_RE = re.compile(r"<(/?)([a-z_]+)>")
+from memkit.rollout.context import BuiltContext, ContextBuilder, char_to_token_spans, tag_char_spans, token_char_ends
 
 
 class Policy(Protocol):
@@ -77,82 +75,6 @@ class ModelPolicy:
             top_p=self.top_p,
             generator=streams if all(g is not None for g in streams) else self.generator,
         )
-
-
-def tag_char_spans(text: str) -> dict[str, list[tuple[int, int]]]:
-    """Char spans ``[start, end)`` of every ``<tag>...</tag>`` (tags included) in ``text``."""
-    spans: dict[str, list[tuple[int, int]]] = {}
-    open_at: dict[str, int] = {}
-    for m in _TAG_RE.finditer(text):
-        closing, tag = m.group(1) == "/", m.group(2)
-        if not closing:
-            open_at[tag] = m.start()
-        elif tag in open_at:
-            spans.setdefault(tag, []).append((open_at.pop(tag), m.end()))
-    for tag, start in open_at.items():  # unclosed: runs to the end (still worth colouring)
-        spans.setdefault(tag, []).append((start, len(text)))
-    return spans
-
-
-def token_char_ends(tokenizer, ids: Sequence[int]) -> list[int]:
-    """End character offset of each token in ``decode(ids)``."""
-    ends, total = [], 0
-    for t in ids:
-        total += len(tokenizer.decode([t]))
-        ends.append(total)
-    if ids and total != len(tokenizer.decode(list(ids))):  # multi-byte pieces: slow exact path
-        ends = [len(tokenizer.decode(list(ids[: i + 1]))) for i in range(len(ids))]
-    return ends
-
-
-def char_to_token_spans(char_spans, ends: list[int]) -> dict[str, list[tuple[int, int]]]:
-    """Map char spans to the token spans that cover them."""
-    import bisect
-
-    out: dict[str, list[tuple[int, int]]] = {}
-    for tag, spans in char_spans.items():
-        for s, e in spans:
-            ts = bisect.bisect_right(ends, s)
-            te = bisect.bisect_left(ends, e) + 1
-            out.setdefault(tag, []).append((ts, min(te, len(ends))))
-    return out
-
-
-class ContextBuilder:
-    """Turns a method's Segments into token ids, reusing the exact ids of referenced calls."""
-
-    def __init__(self, tokenizer, wrap: Callable[[list[Segment]], list[Segment]] | None = None):
-        self.tokenizer, self.wrap = tokenizer, wrap or (lambda segs: segs)
-        self._cache: dict[str, list[int]] = {}
-
-    def encode_text(self, text: str) -> list[int]:
-        ids = self._cache.get(text)
-        if ids is None:
-            ids = self.tokenizer.encode(text, add_special_tokens=False)
-            if len(text) < 4000:
-                self._cache[text] = ids
-        return list(ids)
-
-    def build(self, state: AgentState, spec: CallSpec):
-        ids: list[int] = []
-        token_spans: dict[str, list[tuple[int, int]]] = {}
-        char_spans: dict[str, list[tuple[int, int]]] = {}
-        refs: list[tuple[int, int, int, str]] = []
-        text_parts: list[str] = []
-        n_chars = 0
-        for seg in self.wrap(spec.segments):
-            if seg.ref is not None:
-                call = state.calls[seg.ref[0]]
-                piece = list(call.output_ids if seg.ref[1] == "output" else call.observation_ids)
-                refs.append((len(ids), len(ids) + len(piece), seg.ref[0], seg.ref[1]))
-            else:
-                piece = self.encode_text(seg.text)
-            token_spans.setdefault(seg.kind, []).append((len(ids), len(ids) + len(piece)))
-            char_spans.setdefault(seg.kind, []).append((n_chars, n_chars + len(seg.text)))
-            ids.extend(piece)
-            text_parts.append(seg.text)
-            n_chars += len(seg.text)
-        return ids, "".join(text_parts), token_spans, char_spans, refs
 
 
 @dataclass
@@ -210,11 +132,11 @@ def start_states(method: Method, tasks, cfg: RolloutConfig | None = None) -> lis
 def fork(state: AgentState, n: int, seeds: Sequence[int] | None = None) -> list[AgentState]:
     """``n`` copies of a state that continue independently from here (a tree's branching point).
 
-    The copies share the Call objects made so far (the common prefix: :func:`merge_tree` finds
-    it by identity) and get deep copies of everything a later call changes: method memory,
-    scripted-policy progress, answer and status. ``seeds`` gives each child its own sampler;
-    otherwise children sample from the policy's shared stream (a copy of the parent's own stream
-    would make every child draw the same tokens).
+    The copies share the Call objects made so far (the common prefix:
+    :func:`~memkit.rollout.trees.merge_tree` finds it by identity) and get deep copies of everything a
+    later call changes: method memory, scripted-policy progress, answer and status. ``seeds`` gives
+    each child its own sampler; otherwise children sample from the policy's shared stream (a copy of
+    the parent's own stream would make every child draw the same tokens).
     """
     if n < 1:
         raise ValueError(f"fork needs n >= 1 children, got {n}")
@@ -310,27 +232,19 @@ def advance(
             spec = method.next_call(state)
             if spec.max_new_tokens < cfg.min_new_tokens:
                 spec = dataclasses.replace(spec, max_new_tokens=cfg.min_new_tokens)
-            ids, text, tspans, cspans, refs = builder.build(state, spec)
-            if len(ids) > cfg.max_context_tokens:
-                _record_failure(
-                    state,
-                    f"context over the limit ({len(ids)} > {cfg.max_context_tokens} tokens)",
-                    ids,
-                    text,
-                    tspans,
-                    cspans,
-                    refs,
-                    spec.role,
-                )
+            ctx = builder.build(state, spec)
+            if len(ctx.ids) > cfg.max_context_tokens:
+                reason = f"context over the limit ({len(ctx.ids)} > {cfg.max_context_tokens} tokens)"
+                _record_failure(state, reason, ctx, spec.role)
                 continue
             key = (spec.role, tuple(spec.stop), spec.max_new_tokens)
-            batches.setdefault(key, []).append((state, spec, ids, text, tspans, cspans, refs))
+            batches.setdefault(key, []).append((state, spec, ctx))
         for items in batches.values():
             t0 = time.perf_counter()
-            gens = policy.generate_calls([i[0] for i in items], [i[1] for i in items], [i[2] for i in items])
+            gens = policy.generate_calls([i[0] for i in items], [i[1] for i in items], [i[2].ids for i in items])
             seconds = (time.perf_counter() - t0) / len(items)
-            for (state, spec, ids, text, tspans, cspans, refs), gen in zip(items, gens):
-                _finish_call(method, env, tokenizer, state, spec, ids, text, tspans, cspans, refs, gen, seconds)
+            for (state, spec, ctx), gen in zip(items, gens):
+                _finish_call(method, env, tokenizer, state, spec, ctx, gen, seconds)
         if bar is not None:
             bar.n = sum(s.done for s in states)
             bar.refresh()
@@ -339,60 +253,7 @@ def advance(
     return states
 
 
-def merge_tree(trajs: list[Trajectory]) -> Trajectory:
-    """One tree trajectory from chains that :func:`fork` split from a common prefix.
-
-    Calls shared by several chains (the same Call objects, as :func:`fork` leaves them) appear once; ``parent`` and the call
-    indices in ``context_refs`` are renumbered into the merged list, where every call comes after
-    its ancestors. Outcome fields (answer, reward, validity, info) stay on the chains: a tree has
-    one per leaf, so the merged trajectory keeps ``info["leaf_outcomes"]`` (per chain, in order,
-    with the index of its last call) and leaves the scalar fields empty.
-    """
-    if not trajs:
-        raise ValueError("merge_tree needs at least one trajectory")
-    if len({t.task_id for t in trajs}) != 1:
-        raise ValueError("merge_tree: chains of one tree must share a task")
-    shared = {id(c) for c in trajs[0].calls}
-    if len(trajs) > 1 and any(not shared & {id(c) for c in t.calls} for t in trajs[1:]):
-        raise ValueError(
-            "merge_tree: some chains share no call with the first; chains of one tree come from fork() "
-            "in this process (calls are matched by identity, so copies or reloaded traces do not merge)"
-        )
-    index: dict[int, int] = {}
-    calls: list[Call] = []
-    leaves = []
-    for t in trajs:
-        local = []  # index in this chain -> index in the merged list
-        for c in t.calls:
-            if id(c) not in index:
-                index[id(c)] = len(calls)
-                calls.append(
-                    dataclasses.replace(
-                        c,
-                        parent=None if c.parent is None else local[c.parent],
-                        context_refs=[(s, e, local[j], kind) for s, e, j, kind in c.context_refs],
-                    )
-                )
-            local.append(index[id(c)])
-        leaves.append(
-            dataclasses.asdict(
-                LeafOutcome(local[-1] if local else None, t.answer, t.reward, t.valid, t.reason, t.group_index)
-            )
-        )
-    first = trajs[0]
-    return Trajectory(
-        task_id=first.task_id,
-        method=first.method,
-        calls=calls,
-        group_index=first.group_index,
-        golds=first.golds,
-        reward=None,
-        valid=all(t.valid for t in trajs),
-        info={"leaf_outcomes": leaves},
-    )
-
-
-def _finish_call(method, env, tokenizer, state, spec, ids, text, tspans, cspans, refs, gen, seconds):
+def _finish_call(method, env, tokenizer, state, spec, ctx: BuiltContext, gen, seconds):
     out_char = tag_char_spans(gen.text)
     out_tok = char_to_token_spans(out_char, token_char_ends(tokenizer, gen.ids))
     parsed = method.parse(spec.prefix + gen.text, spec.role)  # a forced opening is context, not output
@@ -413,14 +274,14 @@ def _finish_call(method, env, tokenizer, state, spec, ids, text, tspans, cspans,
         Call(
             turn=state.turn,
             role=spec.role,
-            context_ids=ids,
+            context_ids=ctx.ids,
             output_ids=list(gen.ids),
             logprobs=list(gen.logprobs),
-            context_text=text,
+            context_text=ctx.text,
             output_text=gen.text,
-            context_spans=tspans,
-            context_char_spans=cspans,
-            context_refs=refs,
+            context_spans=ctx.token_spans,
+            context_char_spans=ctx.char_spans,
+            context_refs=ctx.refs,
             output_spans=out_tok,
             output_char_spans=out_char,
             observation_text=obs,
@@ -433,19 +294,20 @@ def _finish_call(method, env, tokenizer, state, spec, ids, text, tspans, cspans,
     )
 
 
-def _record_failure(state, reason, ids=(), text="", tspans=None, cspans=None, refs=(), role="act"):
+def _record_failure(state, reason, ctx: BuiltContext | None = None, role="act"):
+    ctx = ctx or BuiltContext()
     state.fail(reason)
     state.calls.append(
         Call(
             turn=state.turn,
             role=role,
-            context_ids=list(ids),
+            context_ids=list(ctx.ids),
             output_ids=[],
             logprobs=[],
-            context_text=text,
-            context_spans=tspans or {},
-            context_char_spans=cspans or {},
-            context_refs=list(refs),
+            context_text=ctx.text,
+            context_spans=ctx.token_spans,
+            context_char_spans=ctx.char_spans,
+            context_refs=list(ctx.refs),
             valid=False,
             reason=reason,
             parent=len(state.calls) - 1 if state.calls else None,

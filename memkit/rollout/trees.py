@@ -1,4 +1,5 @@
-"""Memory operation trees (Mem-T §3.2, eq. 8-9): iterative branching rollouts for one query.
+"""Tree trajectories: chains forked from a common prefix merged into one tree (:func:`merge_tree`),
+and Mem-T's memory operation trees (§3.2, eq. 8-9), iterative branching rollouts for one query.
 
 For a query, ``G`` trees; each starts as one full seed chain from the root state (the built
 memory with the question, no retrieval yet) (eq. 8). Then ``M`` expansion rounds: in each tree,
@@ -6,8 +7,8 @@ memory with the question, no retrieval yet) (eq. 8). Then ``M`` expansion rounds
 policy rolls a new branch from each pivot's state; ``Path(v*) + branch`` is grafted on (eq. 9).
 
 Every chain is an ordinary trajectory whose calls are shared by identity with the chains it
-branched from (:func:`~memkit.rollout.engine.fork`), so :func:`~memkit.rollout.engine.merge_tree`
-makes one tree trajectory per tree: its retrieval calls are the nodes, ``Call.parent`` the edges.
+branched from (:func:`~memkit.rollout.engine.fork`), so :func:`merge_tree` makes one tree
+trajectory per tree: its retrieval calls are the nodes, ``Call.parent`` the edges.
 A node's state is kept (a fork) after every call that did not end its chain, so any node can be a
 pivot. As in Tree-GRPO, pivots are drawn without replacement within a round and a node may be
 drawn again in a later round.
@@ -15,10 +16,65 @@ drawn again in a later round.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 
-from memkit.rollout.engine import Policy, RolloutConfig, advance, fork, merge_tree, to_trajectory
+from memkit.core.trajectory import Call, LeafOutcome, Trajectory
+from memkit.rollout.engine import Policy, RolloutConfig, advance, fork, to_trajectory
+
+
+def merge_tree(trajs: list[Trajectory]) -> Trajectory:
+    """One tree trajectory from chains that :func:`fork` split from a common prefix.
+
+    Calls shared by several chains (the same Call objects, as :func:`fork` leaves them) appear once; ``parent`` and the call
+    indices in ``context_refs`` are renumbered into the merged list, where every call comes after
+    its ancestors. Outcome fields (answer, reward, validity, info) stay on the chains: a tree has
+    one per leaf, so the merged trajectory keeps ``info["leaf_outcomes"]`` (per chain, in order,
+    with the index of its last call) and leaves the scalar fields empty.
+    """
+    if not trajs:
+        raise ValueError("merge_tree needs at least one trajectory")
+    if len({t.task_id for t in trajs}) != 1:
+        raise ValueError("merge_tree: chains of one tree must share a task")
+    shared = {id(c) for c in trajs[0].calls}
+    if len(trajs) > 1 and any(not shared & {id(c) for c in t.calls} for t in trajs[1:]):
+        raise ValueError(
+            "merge_tree: some chains share no call with the first; chains of one tree come from fork() "
+            "in this process (calls are matched by identity, so copies or reloaded traces do not merge)"
+        )
+    index: dict[int, int] = {}
+    calls: list[Call] = []
+    leaves = []
+    for t in trajs:
+        local = []  # index in this chain -> index in the merged list
+        for c in t.calls:
+            if id(c) not in index:
+                index[id(c)] = len(calls)
+                calls.append(
+                    dataclasses.replace(
+                        c,
+                        parent=None if c.parent is None else local[c.parent],
+                        context_refs=[(s, e, local[j], kind) for s, e, j, kind in c.context_refs],
+                    )
+                )
+            local.append(index[id(c)])
+        leaves.append(
+            dataclasses.asdict(
+                LeafOutcome(local[-1] if local else None, t.answer, t.reward, t.valid, t.reason, t.group_index)
+            )
+        )
+    first = trajs[0]
+    return Trajectory(
+        task_id=first.task_id,
+        method=first.method,
+        calls=calls,
+        group_index=first.group_index,
+        golds=first.golds,
+        reward=None,
+        valid=all(t.valid for t in trajs),
+        info={"leaf_outcomes": leaves},
+    )
 
 
 @dataclass(frozen=True)

@@ -191,15 +191,8 @@ def test_a_unit_of_a_later_call_packs_the_untrained_earlier_output_as_context():
 
 def _tree(method="mem1", fork_after=1, n_children=3):
     from memkit.agents import OracleConfig, get_method
-    from memkit.rollout.engine import (
-        OraclePolicy,
-        RolloutConfig,
-        advance,
-        continue_rollouts,
-        fork,
-        merge_tree,
-        start_states,
-    )
+    from memkit.rollout.engine import OraclePolicy, RolloutConfig, advance, continue_rollouts, fork, start_states
+    from memkit.rollout.trees import merge_tree
 
     k = kit()
     m = get_method(method)
@@ -315,7 +308,7 @@ def test_gae_refuses_a_unit_that_is_not_a_chain():
 
 
 def test_merge_tree_refuses_chains_that_share_nothing():
-    from memkit.rollout.engine import merge_tree
+    from memkit.rollout.trees import merge_tree
 
     chains, _ = _tree()
     copies = [Trajectory.from_dict(c.to_dict()) for c in chains]  # equal content, other objects

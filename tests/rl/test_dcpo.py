@@ -112,7 +112,7 @@ def test_segment_logprobs_equal_per_call_recompute(model):
 
 
 def test_segments_need_a_chain():
-    from memkit.rollout.engine import merge_tree
+    from memkit.rollout.trees import merge_tree
 
     t = Trajectory.from_dict(oracle_traces("memact", 2, 3, 11)[0].to_dict())
     u = Trajectory.from_dict(t.to_dict())
