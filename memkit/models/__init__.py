@@ -23,17 +23,15 @@ from memkit.models.loading import (
     LoraSpec,
     apply_lora,
     chat_wrap,
-    checkpointed_training,
-    decoder_and_head,
     identity_wrap,
     load_policy,
-    set_gradient_checkpointing,
     trained_k_docs,
     wrap_for,
 )
 from memkit.models.smollm import find_gguf, load_smollm2
 from memkit.models.tiny import build_tiny, tiny_config
 from memkit.models.tokenizer import SPECIAL_TOKENS, TAGS, tag_ids, train_tokenizer
+from memkit.models.training import checkpointed_training, decoder_and_head, set_gradient_checkpointing
 
 __all__ = [
     "Generation",

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import re
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
@@ -105,84 +104,6 @@ def trained_k_docs(model) -> int | None:
     """Passages per search ``model`` was trained with, or None (any pretrained model)."""
     value = getattr(getattr(model, "config", None), K_DOCS_ATTR, None)
     return int(value) if value else None
-
-
-#: Config fields of models whose forward changes the logits after the LM head (Gemma 2/3,
-#: Cohere, Granite): body + head alone would give other log-probs.
-_LOGIT_POSTPROCESSING = ("final_logit_softcapping", "logit_scale", "logits_scaling")
-
-
-def _wrapped_for_training(model) -> bool:
-    """DDP, FSDP (1 or 2) or a DeepSpeed engine around the model."""
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel) or type(model).__name__ == "DeepSpeedEngine":
-        return True
-    try:
-        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
-    except ImportError:  # a torch built without distributed
-        return False
-    return isinstance(model, (FSDPModule, FullyShardedDataParallel))
-
-
-def decoder_and_head(model):
-    """``(transformer body, LM head)`` of a causal LM, peft-wrapped or not, or None.
-
-    Losses that need log-probs at a few positions (SFT outputs, RL response tokens) run the
-    body once and the head only where needed: the head is ~25% of the tiny model's FLOPs per
-    token, and most positions of a call are context. None (callers fall back to ``model(...)``)
-    for DDP/FSDP/DeepSpeed-wrapped models, whose forward runs the gradient hooks or the
-    unsharding, and for models whose forward changes the logits after the head.
-    """
-    if _wrapped_for_training(model):
-        return None  # the wrapper's forward does the gradient hooks / unsharding: go through it
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    cfg = getattr(base, "config", None)
-    if any(getattr(cfg, name, None) not in (None, 1, 1.0) for name in _LOGIT_POSTPROCESSING):
-        return None  # its forward rescales the head's logits after the head (softcapping, ...)
-    decoder = getattr(base, getattr(base, "base_model_prefix", "model"), None)
-    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
-    return (decoder, head) if decoder is not None and head is not None else None
-
-
-def set_gradient_checkpointing(model, on: bool) -> None:
-    """Turn activation checkpointing of an HF model (peft-wrapped or not) on or off.
-
-    On, each decoder layer keeps only its input for the backward and recomputes the rest: activation
-    memory ~ layers x tokens x hidden instead of layers x tokens x (every intermediate). HF checkpoints
-    only in training mode (``model.train()``), so the caller trains in train mode; dropout must then be
-    0 for the log-probs to equal eval mode's (memkit's models are built with dropout 0: a test checks
-    on/off give the same log-probs and gradients). Non-reentrant checkpointing, which needs no input
-    that requires grad (LoRA's frozen embeddings)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if not getattr(base, "supports_gradient_checkpointing", False):
-        if on:
-            raise ValueError(f"{type(base).__name__} does not support gradient checkpointing; turn it off")
-        return
-    new = hasattr(base, "activation_checkpointing_enable")  # transformers >= 5.x names; 4.x has gradient_*
-    if on:
-        if new:
-            base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        base.config.use_cache = False
-    elif any(getattr(m, "gradient_checkpointing", False) for m in base.modules()):
-        base.activation_checkpointing_disable() if new else base.gradient_checkpointing_disable()
-        base.config.use_cache = True
-
-
-@contextmanager
-def checkpointed_training(model, on: bool = True):
-    """Inside: ``model`` in training mode with gradient checkpointing (:func:`set_gradient_checkpointing`);
-    after: eval mode, checkpointing off (rollouts use the KV cache). ``on=False``: leaves it alone."""
-    if not on:
-        yield model
-        return
-    set_gradient_checkpointing(model, True)
-    model.train()
-    try:
-        yield model
-    finally:
-        set_gradient_checkpointing(model, False)
-        model.eval()
 
 
 def identity_wrap(segments: list[Segment]) -> list[Segment]:

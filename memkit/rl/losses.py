@@ -300,7 +300,7 @@ def token_logprobs(
     Returns ``logp [B, L]`` (float32), and ``entropy [B, L]`` of the same distributions when
     ``with_entropy``.
     """
-    from memkit.models.loading import decoder_and_head
+    from memkit.models.training import decoder_and_head
 
     B, L = input_ids.shape
     if pred_index is None:

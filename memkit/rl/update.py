@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from memkit.core.trajectory import TrainingUnit, Trajectory
-from memkit.models.loading import checkpointed_training
+from memkit.models.training import checkpointed_training
 from memkit.rl.advantages import masked_moments, masked_whiten, moments_to_mean_var
 from memkit.rl.config import TrainConfig
 from memkit.rl.credit import CreditBatch, get_credit, record_call_advantages

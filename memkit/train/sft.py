@@ -40,7 +40,8 @@ import torch
 
 from memkit.core.io import atomic_dir
 from memkit.models.adapters import save_policy
-from memkit.models.loading import decoder_and_head, is_chat, set_gradient_checkpointing
+from memkit.models.loading import is_chat
+from memkit.models.training import decoder_and_head, set_gradient_checkpointing
 from memkit.train.config import ATTENTION_KERNELS, SFTConfig, lr_shape, resolve_sft
 
 

@@ -252,7 +252,7 @@ def test_lr_schedules_hold_then_decay_and_reject_unknown_names(tok):
 def test_decoder_and_head_refuses_models_that_rescale_their_logits(tok):
     """Gemma-style logit softcapping happens in forward() after the head: body + head alone
     would give other log-probs, so the helper must send callers to the full forward."""
-    from memkit.models.loading import decoder_and_head
+    from memkit.models.training import decoder_and_head
 
     model = build_tiny(tok, seed=0)
     assert decoder_and_head(model) is not None
