@@ -8,7 +8,7 @@ from typing import Any, Iterable
 
 import nbformat
 
-from memkit.course.reproduce import execute_notebook
+from memkit.course.execute import execute_notebook
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS_DIR = REPO / "notebooks"

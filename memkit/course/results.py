@@ -352,7 +352,7 @@ def _fmt(v: Any) -> str:
 
 
 def render_report(runs: list, meta: dict[str, Any], clones: list = ()) -> str:
-    """REPORT.md of a run's ``memkit.course.reproduce.NotebookRun`` records: the minutes of each notebook
+    """REPORT.md of a run's ``memkit.course.execute.NotebookRun`` records: the minutes of each notebook
     and the cache checkpoints it had to train (a run from an empty cache pays for every clone once: in
     the first notebook that needs it, or with ``--jobs`` in a lane of its own, listed first), then each
     notebook's recorded numbers."""

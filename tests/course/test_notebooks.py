@@ -1,5 +1,6 @@
 """Notebook contract: static checks (fast), papermill smoke runs with recorded-number checks (slow),
-and tests of the harness itself (memkit.course.nb, memkit.course.reproduce) on small notebooks built here.
+and tests of the harness itself (memkit.course.nb, memkit.course.execute, memkit.course.reproduce) on small
+notebooks built here.
 
 One execution per notebook serves both kinds of check: the SMOKE run's records are checked against
 EXPECTATIONS, and its executed cells against the committed outputs of cells tagged

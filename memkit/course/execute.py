@@ -1,0 +1,127 @@
+"""Run one notebook with papermill: :func:`execute_notebook` and the :class:`NotebookRun` it returns.
+
+The notebook runs in a fresh kernel of *this* Python environment with its ``parameters`` cell
+overridden (only the parameters it declares); its executed copy, its record sidecar
+(:func:`memkit.course.nb.record_all`) and its log go into one directory. An execution error never
+raises: it is returned in ``NotebookRun.error``, so ``memkit reproduce`` (:mod:`memkit.course.reproduce`)
+reports it and runs the other notebooks, and the notebook tests fail with it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memkit.course.nb import PAPERMILL_ENV, RECORD_ENV, declared_parameters, load_records, resolve_kernel
+
+
+@dataclass
+class NotebookRun:
+    name: str
+    ok: bool
+    seconds: float
+    executed_path: Path
+    record_path: Path
+    records: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None  # "ErrorName: message" when not ok
+    trained: list[str] = field(default_factory=list)  # checkpoints this run added to the cache
+
+    @property
+    def status(self) -> str:
+        return "ok" if self.ok else "FAILED"
+
+
+@contextmanager
+def _fd2_to(path: Path):
+    """Send file descriptor 2 (ours and the kernel's, which inherits it) to ``path``."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "wb") as f:
+        os.dup2(f.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def execute_notebook(
+    path: str | Path,
+    out_dir: str | Path,
+    params: dict[str, Any] | None = None,
+    *,
+    strict: bool = True,
+    kernel: str | None = None,
+    cwd: str | Path | None = None,
+    timeout: float | None = None,
+) -> NotebookRun:
+    """Run one notebook with papermill into ``out_dir/<stem>.ipynb`` (+ ``<stem>.record.json``).
+
+    The kernel's stderr and papermill's log go to ``out_dir/<stem>.log``.
+
+    ``strict``: refuse (``ValueError``) parameters the notebook does not declare; otherwise
+    drop them silently. Execution errors do not raise: they are returned in ``.error``.
+    """
+    import papermill as pm
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"notebook {path} does not exist")
+    params = dict(params or {})
+    declared = declared_parameters(path)
+    extra = sorted(set(params) - set(declared))
+    if extra and strict:
+        raise ValueError(
+            f"{path.name} does not declare parameter(s) {extra} in its parameters "
+            f"cell (it declares {sorted(declared)}); add them there or do not pass them"
+        )
+    params = {k: v for k, v in params.items() if k in declared}
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    executed = out_dir / f"{path.stem}.ipynb"
+    rec = out_dir / f"{path.stem}.record.json"
+    rec.unlink(missing_ok=True)  # never report numbers from an earlier run
+    kernel_name = resolve_kernel(kernel)
+
+    saved = {k: os.environ.get(k) for k in (RECORD_ENV, PAPERMILL_ENV)}
+    os.environ[RECORD_ENV] = str(rec.resolve())
+    os.environ[PAPERMILL_ENV] = "1"  # the kernel inherits this environment
+    error = None
+    t0 = time.perf_counter()
+    try:
+        with _fd2_to(out_dir / f"{path.stem}.log"):
+            pm.execute_notebook(
+                str(path),
+                str(executed),
+                parameters=params,
+                kernel_name=kernel_name,
+                cwd=str(cwd or path.parent),
+                progress_bar=False,
+                log_output=False,
+                start_timeout=180,
+                execution_timeout=timeout,
+            )
+    except pm.PapermillExecutionError as e:
+        msg = (e.evalue or "").strip().splitlines()
+        error = f"{e.ename}: {msg[0] if msg else ''} (in cell [{e.exec_count}])"
+    except Exception as e:  # dead kernel, timeout, bad notebook: report, never crash the run
+        msg = str(e).strip().splitlines()
+        error = f"{type(e).__name__}: {msg[0] if msg else ''}"
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    seconds = time.perf_counter() - t0
+    try:
+        records = load_records(rec, missing_ok=True)
+    except ValueError as e:
+        records, error = {}, error or f"ValueError: {e}"
+    return NotebookRun(path.stem, error is None, seconds, executed, rec, records, error)
