@@ -6,7 +6,8 @@ the previous step, ``π_θ(s_t | q, s_{t-1}^{mem} ...)``; Fig. 1 "only uses the 
 interaction for next step input". So the context builder is MEM1's (last output + last
 observation, verbatim refs); the difference is that memory and reasoning are separate tags,
 which lets MemPO give ``<mem>`` tokens their own advantage (eq. 4-9, in ``memkit.rl``).
-The memory reward of eq. 4-5 (probe contexts, batched P[ans | ·]) is :mod:`memkit.rl.memory_reward`.
+The memory reward of eq. 4-5 (probe contexts, batched P[ans | ·]) is :mod:`memkit.rl.memory_reward`;
+what its probes write after ``</mem>`` is this format's answering step (:func:`probe_opener`).
 
 Prompt: Table 6 verbatim (``<search>`` action, newline-separated tags).
 Reward (§4.1): 1 iff the answer is correct and the format proper, else 0; with k questions
@@ -48,6 +49,14 @@ PROMPT = (
 
 
 REWARDS = ("all", "fraction")
+
+
+def probe_opener(opener: str) -> str:
+    """What follows ``</mem>`` in a MemPO probe (eq. 5, :func:`memkit.rl.memory_reward.memory_probes`), up
+    to where the scored answer starts (``MemPOConfig.opener``): ``think`` = this format's answering step
+    as :meth:`MemPO.oracle` writes it, ``<think>`` with the teacher's thought before a final answer, then
+    ``<answer>`` (what a cloned model writes there); ``answer`` = ``<answer>`` at once (eq. 5 literally)."""
+    return f"\n<think>\n{script.ANSWER_PLAN}\n</think>\n<answer>\n" if opener == "think" else "\n<answer>\n"
 
 
 class MemPO(Method):

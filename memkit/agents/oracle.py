@@ -54,7 +54,7 @@ from memkit.agents.base import AgentState, OracleConfig
 MAX_ATTEMPTS = 3
 VAGUE_QUERIES = ("more information", "general background", "related facts", "other details", "overview")
 UNKNOWN = "unknown"
-ANSWER_PLAN = "All questions are answered."  # the thought before a final answer (MemPO's probe reuses it)
+ANSWER_PLAN = "All questions are answered."  # the thought before a final answer (and in mempo.probe_opener)
 
 
 @dataclass

@@ -9,7 +9,7 @@ rule (``Method.default_credit``); ``TrainConfig.credit`` / ``memkit train --cred
     gae            GAE over each trajectory's trained tokens with critic values (MEM1 §3.2),
                    then whitened over the whole rollout batch (verl)
     mempo          A_T on every trained token, + A_M (the group-normalised memory reward R_M) on
-                   each call's ``<mem>`` tokens (MemPO eq. 6-9): :mod:`memkit.rl.memory_reward`
+                   each call's ``<mem>`` tokens (MemPO eq. 6-9): :mod:`memkit.rl.credit.mempo`
     dcpo           each sampled segment inherits A(tau) of its trajectory (MemAct eq. 4-6), the
                    units drawn by Algorithm 1: :mod:`memkit.rl.segments`
     mot            A_intra + A_inter on every tree node (Mem-T eq. 10-15): :mod:`memkit.rl.mot`
@@ -18,8 +18,9 @@ Every rule has the signature ``rule(cb: CreditBatch, cfg) -> (advantages [B, L],
 or None)`` on one packed micro-batch, and a loop reference ``<rule>_loop(cb, cfg) -> [B][L]``
 compared in ``tests/rl/test_credit.py`` on real rollouts. ``cfg`` is any object with the knobs a
 rule reads (``TrainConfig``: ``grpo_norm_std``, ``gamma``, ``lam``, ``mem_reward.norm``). Adding a
-paper's credit is one more registered function; a paper's own rule lives beside its math (the
-last three above, imported by ``memkit.rl`` so the registry always holds them). A rule that trains
+paper's credit is one more registered function; a paper's own rule lives beside its math or in
+its own module of this package (the last three above, imported by ``memkit.rl.credit`` so the
+registry always holds them). A rule that trains
 other units than whole trajectories (DCPO's segments, MoT's trees) names a ``units`` function the
 update calls first.
 """
