@@ -60,7 +60,6 @@ Modes
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 
@@ -139,7 +138,7 @@ def _check_call(call: Call, t: int) -> None:
         raise ValueError(f"call {t}: {len(call.logprobs)} logprobs for {len(call.output_ids)} output ids")
 
 
-class _Row:
+class Row:
     """One packed row under construction: tokens plus, per call, the row indices of its full
     sequence (context + output) and which of them this call placed."""
 
@@ -154,8 +153,8 @@ class _Row:
         return len(self.ids) - 1
 
 
-def _layout_mem1_mask(calls: list[Call], chosen: tuple[int, ...]) -> _Row:
-    row = _Row()
+def _layout_mem1_mask(calls: list[Call], chosen: tuple[int, ...]) -> Row:
+    row = Row()
     placed: dict[tuple[int, str], list] = {}
     prompt_idx: list[int] = []  # the first chosen call's literal prefix, shareable by later calls
     for t in chosen:
@@ -200,8 +199,8 @@ def _layout_mem1_mask(calls: list[Call], chosen: tuple[int, ...]) -> _Row:
     return row
 
 
-def _layout_trie(calls: list[Call], chosen: tuple[int, ...]) -> _Row:
-    row = _Row()
+def _layout_trie(calls: list[Call], chosen: tuple[int, ...]) -> Row:
+    row = Row()
     children: dict[tuple[int, int], int] = {}  # (parent index or -1, token) -> node index
     for t in chosen:
         c = calls[t]
@@ -229,7 +228,14 @@ def _layout_trie(calls: list[Call], chosen: tuple[int, ...]) -> _Row:
     return row
 
 
-def _fill_2d(row: _Row, calls: list[Call], b: int, out: dict) -> None:
+def layout_row(unit: TrainingUnit, mode: str) -> Row:
+    """The row of ``unit`` under a 2D ``mode`` (``mem1_mask`` or ``mem1_exact``: the prefix trie)
+    before it becomes tensors: what :func:`pack` fills its row from and
+    :func:`memkit.rl.row_pieces.row_pieces` names the pieces of."""
+    return (_layout_mem1_mask if mode == "mem1_mask" else _layout_trie)(unit.traj.calls, unit.calls)
+
+
+def _fill_2d(row: Row, calls: list[Call], b: int, out: dict) -> None:
     """Write one 2D-mode row into the batch tensors ``out`` (vectorised per call)."""
     n = len(row.ids)
     out["input_ids"][b, :n] = torch.tensor(row.ids)
@@ -266,8 +272,7 @@ def pack(units: list[TrainingUnit | Trajectory], mode: str = "separate", pad_id:
             _check_call(c, t)
         lengths = [c.n_context + c.n_output for _, _, c in seqs]
     else:
-        layout = _layout_mem1_mask if mode == "mem1_mask" else _layout_trie
-        rows = [layout(u.traj.calls, u.calls) for u in units]
+        rows = [layout_row(u, mode) for u in units]
         lengths = [len(r.ids) for r in rows]
     B, L = len(lengths), max(lengths, default=0)
     ar = torch.arange(L)
@@ -304,84 +309,6 @@ def pack(units: list[TrainingUnit | Trajectory], mode: str = "separate", pad_id:
         lengths=torch.tensor(lengths, dtype=torch.long),
         **out,
     )
-
-
-class RowPiece(NamedTuple):
-    """A run ``[start, end)`` of one packed row that comes from one piece of one call.
-
-    ``kind``: ``prompt`` (call 0's context outside any ref), ``output`` (call ``call``'s
-    generated tokens, trained), ``copy`` (a context copy of call ``call``'s output: mem1_exact's
-    duplicated state, or any earlier output inside a ``separate`` row), ``observation``
-    (call ``call``'s tool result), ``context`` (other context tokens first placed for call
-    ``call``, e.g. chat suffixes). ``label`` names it in MEM1's notation: ``q``, ``S1A1``,
-    ``[S1A1]'``, ``O1``, ``c2`` (1-based, as the paper counts turns).
-    """
-
-    start: int
-    end: int
-    kind: str
-    call: int
-    label: str
-
-
-def _label(kind: str, call: int) -> str:
-    i = call + 1
-    return {"prompt": "q", "output": f"S{i}A{i}", "copy": f"[S{i}A{i}]'", "observation": f"O{i}"}.get(kind, f"c{i}")
-
-
-def _ref_kind(call: Call, p: int) -> tuple[str, int] | None:
-    for s, e, j, kind in call.context_refs:
-        if s <= p < e:
-            return ("copy" if kind == "output" else "observation"), j
-    return None
-
-
-def _runs(tags: list[tuple[str, int]]) -> list[RowPiece]:
-    out, start = [], 0
-    for i in range(1, len(tags) + 1):
-        if i == len(tags) or tags[i] != tags[start]:
-            kind, call = tags[start]
-            out.append(RowPiece(start, i, kind, call, _label(kind, call)))
-            start = i
-    return out
-
-
-def row_pieces(units: list[TrainingUnit | Trajectory], mode: str) -> list[list[RowPiece]]:
-    """The pieces of every row of ``pack(units, mode)``, in row order (same rows, same
-    token indices): for drawing a packed mask with its blocks named, e.g. for a MEM1 row under
-    ``mem1_exact``: ``q, S1A1, O1, S2A2, [S2A2]', O2, S3A3, ...``. A context token belongs to
-    the call that placed it (see the module docstring); refs say whether it copies an earlier
-    output or an observation."""
-    if mode not in MODES:
-        raise ValueError(f"unknown packing mode {mode!r}; choose one of {MODES}")
-    rows = []
-    for u in map(as_unit, units):
-        tr = u.traj
-        if mode == "separate":
-            first = list(tr.calls[u.calls[0]].context_ids) if u.calls else []
-            for t, c in u:
-                n_pre = 0  # call 0's prompt, repeated at the start of every later call
-                while (
-                    n_pre < min(len(first), c.n_context)
-                    and c.context_ids[n_pre] == first[n_pre]
-                    and _ref_kind(c, n_pre) is None
-                ):
-                    n_pre += 1
-                tags = [_ref_kind(c, p) or (("prompt", 0) if p < n_pre else ("context", t)) for p in range(c.n_context)]
-                rows.append(_runs(tags + [("output", t)] * c.n_output))
-            continue
-        row = (_layout_mem1_mask if mode == "mem1_mask" else _layout_trie)(tr.calls, u.calls)
-        tags: list = [None] * len(row.ids)
-        for t, full, here, n_ctx in row.calls:
-            for p, (i, placed) in enumerate(zip(full, here)):
-                if placed and tags[i] is None:
-                    tags[i] = (
-                        ("output", t)
-                        if p >= n_ctx
-                        else (_ref_kind(tr.calls[t], p) or (("prompt", 0) if t == u.calls[0] else ("context", t)))
-                    )
-        rows.append(_runs(tags))
-    return rows
 
 
 def length_groups(lengths, max_groups: int) -> list[list[int]]:

@@ -48,7 +48,7 @@ def as_batch(mask) -> np.ndarray:
 
 def _piece_triples(pieces) -> list[tuple[int, int, str]]:
     """``(start, end, label)`` from 3-tuples or objects with ``start``/``end``/``label``
-    (e.g. ``memkit.rl.packing.RowPiece``)."""
+    (e.g. ``memkit.rl.row_pieces.RowPiece``)."""
     out = []
     for piece in pieces:
         if hasattr(piece, "label"):
@@ -140,7 +140,7 @@ class MaskViewer(widgets.VBox):
     With a batch a ``batch`` IntSlider (``self.slider``) selects the row; ``self.figure``
     is the current matplotlib Figure, shown as a PNG in ``self.image`` (so it displays
     whatever the notebook's matplotlib backend). ``pieces``: one list of named runs for
-    all rows, or one list per row (``memkit.rl.packing.row_pieces`` gives the latter).
+    all rows, or one list per row (``memkit.rl.row_pieces.row_pieces`` gives the latter).
     """
 
     def __init__(

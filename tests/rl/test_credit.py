@@ -16,7 +16,8 @@ from memkit.core.trajectory import TrainingUnit, Trajectory
 from memkit.rl.advantages import masked_moments, masked_whiten, moments_to_mean_var
 from memkit.rl.config import TrainConfig
 from memkit.rl.credit import CREDIT_RULES, CreditBatch, get_credit, register_credit
-from memkit.rl.packing import MODES, pack, row_pieces
+from memkit.rl.packing import MODES, pack
+from memkit.rl.row_pieces import row_pieces
 from tests.fixtures.traces import kit, oracle_tasks, oracle_traces
 
 #: a real trainer config (the rules read its fields; no stand-in with defaults of its own)

@@ -450,7 +450,7 @@ def test_padded_tokens_and_attention_cells():
 
 @pytest.mark.parametrize("mode", ["separate", "mem1_mask", "mem1_exact"])
 def test_row_pieces_tile_rows_and_name_mem1_blocks(mode):
-    from memkit.rl.packing import row_pieces
+    from memkit.rl.row_pieces import row_pieces
 
     b, segs = pack(TRAJS, mode), row_pieces(TRAJS, mode)
     assert len(segs) == b.input_ids.shape[0]
@@ -505,7 +505,7 @@ def test_mask_form_logit_gap(impl, sdpa_model):
 
 
 def test_plot_mask_and_viewer_name_row_pieces():
-    from memkit.rl.packing import row_pieces
+    from memkit.rl.row_pieces import row_pieces
     from memkit.viz.mask import MaskViewer, plot_mask
 
     b, segs = pack(TRAJS, "mem1_exact"), row_pieces(TRAJS, "mem1_exact")
