@@ -352,7 +352,5 @@ class Learner(ExperienceMaker):
         if self.critic is not None:
             self.acc.backward(self.critic(ids).sum() * 0.0)
 
-    # ------------------------------------------------------------------------- the loop
-
 
 __all__ = ["Learner", "make_accelerator"]
