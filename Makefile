@@ -5,7 +5,7 @@ MEMKIT  := $(VENV)/bin/memkit
 STAMP   := $(VENV)/.memkit-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-fast test-fuzz test-nbval reproduce reproduce-smoke browser-deps clean
+.PHONY: setup test test-fast test-fuzz test-nbval test-real-model reproduce reproduce-smoke browser-deps clean
 
 setup: $(STAMP)
 
@@ -31,7 +31,7 @@ browser-deps:
 test: setup browser-deps
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=25 -m "not realmodel" $(PYTEST_ARGS)
 
 # nbval itself over the committed notebooks (executes each notebook again; make test already checks
 # the same on its papermill runs: tests/nbtools.py, output_check_problems).
@@ -39,6 +39,11 @@ test-nbval: setup
 	mkdir -p test-artifacts/nbval
 	MEMKIT_RECORD_PATH=$(CURDIR)/test-artifacts/nbval/records.json MEMKIT_FIGURES=$(CURDIR)/test-artifacts/nbval/figures \
 	  $(PY) -m pytest -q --nbval-lax --nbval-current-env -p no:randomly notebooks/
+
+# Notebooks 02 and 03 with MODEL="smollm2-135m" (SMOKE): a pretrained chat model through the
+# teaching path; minutes each on 2 cores, so not part of `make test`.
+test-real-model: setup
+	$(PY) -m pytest -q -m realmodel $(PYTEST_ARGS)
 
 # Unit tests only (no notebook execution, no browser): a few minutes.
 test-fast: setup

@@ -228,10 +228,12 @@ def _layout_trie(calls: list[Call], chosen: tuple[int, ...]) -> Row:
     return row
 
 
-def layout_row(unit: TrainingUnit, mode: str) -> Row:
-    """The row of ``unit`` under a 2D ``mode`` (``mem1_mask`` or ``mem1_exact``: the prefix trie)
-    before it becomes tensors: what :func:`pack` fills its row from and
-    :func:`memkit.rl.row_pieces.row_pieces` names the pieces of."""
+def layout_row(unit: TrainingUnit | Trajectory, mode: str) -> Row:
+    """The row of ``unit`` (a trajectory: all its calls) under a 2D ``mode`` (``mem1_mask`` or
+    ``mem1_exact``: the prefix trie) before it becomes tensors: what :func:`pack` fills its row from
+    and :func:`memkit.rl.row_pieces.row_pieces` names the pieces of. ``Row.calls`` says where each
+    call's full sequence (context + output) sits in the row."""
+    unit = as_unit(unit)
     return (_layout_mem1_mask if mode == "mem1_mask" else _layout_trie)(unit.traj.calls, unit.calls)
 
 
