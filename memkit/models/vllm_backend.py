@@ -254,6 +254,21 @@ class VLLMBackend:
         self.syncs += 1
 
     # ------------------------------------------------------------------------------------------ extras
+    def score(self, context_ids: Sequence[int], output_ids: Sequence[int]) -> torch.Tensor:
+        """The engine's log-probs of a fixed continuation: (len(output_ids),) float32, entry k =
+        ``log_softmax(logits)[output_ids[k]]`` at T = 1 (vLLM's prompt log-probs), the engine's side of
+        :func:`~memkit.models.generation.sequence_logprobs` (checks that a weight sync landed)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if not context_ids or not output_ids:
+            raise ValueError("score needs at least one context token and one output token")
+        ids = list(context_ids) + list(output_ids)
+        params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0, detokenize=False)
+        (out,) = self.llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)
+        first = len(context_ids)
+        return torch.tensor([out.prompt_logprobs[i][ids[i]].logprob for i in range(first, len(ids))])
+
     def logprobs_match(self, temperature: float, top_p: float) -> bool:
         """Do the recorded log-probs equal the trainer's ``log_softmax(logits / T)`` (up to float noise)?
 
