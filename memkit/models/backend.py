@@ -48,6 +48,19 @@ def hf_backend(model, tokenizer) -> HFBackend:
     return HFBackend(model, tokenizer)
 
 
+def named_backend(name: str) -> BackendFactory | None:
+    """The factory of a ``--backend`` name: ``hf`` -> None (the default loop), ``vllm`` ->
+    :func:`memkit.models.vllm_backend.vllm_backend` (an ``ImportError`` naming the install when vLLM is missing)."""
+    if name == "hf":
+        return None
+    if name == "vllm":
+        from memkit.models.vllm_backend import require_vllm, vllm_backend
+
+        require_vllm()
+        return vllm_backend
+    raise ValueError(f"unknown rollout backend {name!r}; choose hf or vllm")
+
+
 def check_backend(backend) -> RolloutBackend:
     """``backend`` if it has the protocol's methods, else one ``TypeError`` naming what is missing."""
     missing = [m for m in ("generate", "sync_weights") if not callable(getattr(backend, m, None))]
@@ -59,4 +72,4 @@ def check_backend(backend) -> RolloutBackend:
     return backend
 
 
-__all__ = ["RolloutBackend", "BackendFactory", "hf_backend", "check_backend"]
+__all__ = ["RolloutBackend", "BackendFactory", "hf_backend", "named_backend", "check_backend"]

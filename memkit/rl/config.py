@@ -14,6 +14,7 @@ one ``ValueError`` that names the fix.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 
 from memkit.agents import METHODS, STREAM_METHODS
@@ -267,6 +268,10 @@ class TrainConfig:
 
             if self.runtime.device == "cpu" or not torch.cuda.is_available():
                 bad("runtime.attention", "flex_attention has no backward on CPU; use auto or blocks")
+        if self.runtime.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+            from memkit.models.vllm_backend import INSTALL_HINT
+
+            bad("runtime.backend", f"vLLM is not installed: {INSTALL_HINT}")
         if self.mot.rounds < 0:
             bad("mot.rounds", "must be >= 0 (0: each tree is its seed chain only)")
         if self.dcpo.segments < 0:

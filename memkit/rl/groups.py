@@ -18,6 +18,7 @@ from memkit.rl.choices import ATTENTION_PATHS, KL_KINDS
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("no", "bf16", "fp16")
 PARAM_DTYPES = ("auto", "float32", "bfloat16")
+ROLLOUT_BACKENDS = ("hf", "vllm")  # memkit.models.backend.named_backend
 LORA_TARGET_SETS = ("attention", "all-linear")  # the keys of memkit.models.LORA_TARGETS
 
 
@@ -153,6 +154,10 @@ class RuntimeConfig:
     the kit's tiny models, 512 for a pretrained chat model, which reasons in prose before its tags
     (``memkit.rollout.engine.output_floor``); a cut-off turn is invalid, reward 0. Not speed only:
     a longer budget changes what a real model can finish."""
+    backend: str = field(default="hf", metadata={"choices": ROLLOUT_BACKENDS})
+    """Rollout engine: ``hf`` (memkit's decode loop over the training model) or ``vllm`` (vLLM with its
+    own copy of the weights, reloaded after every optimizer step: ``memkit.models.vllm_backend``; install
+    with ``make setup-vllm``). The same samples' law and log-probs (tested to 1e-4); only speed differs."""
 
 
 __all__ = [
@@ -167,4 +172,5 @@ __all__ = [
     "PRECISIONS",
     "LORA_TARGET_SETS",
     "PARAM_DTYPES",
+    "ROLLOUT_BACKENDS",
 ]

