@@ -2,6 +2,7 @@
 
     python benchmarks/vllm_rollout.py [--models tiny,smollm2-135m] [--dtypes float32,bfloat16] [--sizes 1,8,64]
                                       [--new-tokens 128] [--hf-threads 1,2] [--vllm-cores auto]
+                                      [--grpo-steps 3] [--grpo-tasks 2]
 
 For every (model, dtype) a child process loads the policy once, then generates with each engine at each
 size N (trajectories = N; N / 4 prompts x 4 samples, a GRPO group, for N >= 4), temperature 1, up to
@@ -11,6 +12,14 @@ OpenMP threads on ``--vllm-cores``; started once: its start-up is
 reported apart and not counted). Each engine does one untimed warm-up call first. The prompts are the
 kit's held-out task prompts (SmolLM2: in its chat template). Both engines sample the same law but not the
 same tokens, and a chat model may end early on EOS, so the rate is generated tokens / wall seconds.
+
+With ``--grpo-steps S`` (> 0) it also breaks a GRPO step down by backend: for every (model, dtype) and
+each backend (``hf``, ``vllm``) a fresh process runs ``memkit train --method mem1 --algo grpo`` for S
+steps (``--grpo-tasks`` tasks x 4 samples, one objective, the trainer's own ``seconds_rollout`` /
+``seconds_update`` / ``seconds_sync`` per step; generated tokens/s = trained tokens / rollout seconds,
+as GRPO on MEM1 trains every generated token). Step 1 carries the engine's start-up (the backend is
+built on the first rollout), so steps 2..S are averaged; an untrained model's rollouts are mostly
+invalid, so both backends are compared on the same tasks and seeds, not on learning.
 
 Printed: one row per (model, dtype, N) with both engines' tokens/s and the vLLM / HF ratio (the
 acceptance target is >= 3x for SmolLM2 at N = 64 on 2 cores), vLLM's start-up, and for float32 the
@@ -120,6 +129,56 @@ def child(model: str, dtype: str, sizes: list[int], new_tokens: int, hf_threads:
     return result
 
 
+def grpo_child(model: str, dtype: str, backend: str, steps: int, tasks: int) -> dict:
+    """``steps`` GRPO steps of MEM1 on ``model`` with rollouts from ``backend``: the trainer's timing rows."""
+    from memkit.lab.runs import train
+    from memkit.rl.config import TrainConfig
+
+    cfg = TrainConfig.from_flags(
+        method="mem1",
+        init=model,
+        algo="grpo",
+        steps=steps,
+        tasks_per_step=tasks,
+        n_samples=4,
+        objectives=1,
+        eval_every=0,
+        device="cpu",
+        dtype=dtype,
+        backend=backend,
+        seed=0,
+    )
+    keys = ("seconds_rollout", "seconds_update", "seconds_sync", "seconds", "trained_tokens")
+    rows = train(cfg, progress=False).history
+    return {
+        "model": model,
+        "dtype": dtype,
+        "backend": backend,
+        "steps": [{k: r.get(k, 0.0) for k in keys} for r in rows],
+    }
+
+
+def grpo_table(results: list[dict]) -> None:
+    """Print the mean of steps 2..S per (model, dtype, backend), and step 1 (with the engine's start)."""
+    print(
+        f"\n{'model':>14s} {'dtype':>9s} {'backend':>7s} {'rollout s':>9s} {'update s':>8s} {'sync s':>7s} "
+        f"{'step s':>7s} {'roll tok/s':>10s} {'step 1 s':>8s}"
+    )
+    for r in results:
+        later = r["steps"][1:] or r["steps"]
+
+        def mean(k, rows=later):
+            return sum(x[k] for x in rows) / len(rows)
+
+        # GRPO on MEM1 trains every generated token: trained tokens / rollout seconds is the sampling rate
+        rate = sum(x["trained_tokens"] for x in later) / max(sum(x["seconds_rollout"] for x in later), 1e-9)
+        print(
+            f"{r['model']:>14s} {r['dtype']:>9s} {r['backend']:>7s} {mean('seconds_rollout'):9.1f} "
+            f"{mean('seconds_update'):8.1f} {mean('seconds_sync'):7.2f} {mean('seconds'):7.1f} {rate:10.1f} "
+            f"{r['steps'][0]['seconds']:8.1f}"
+        )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="tiny,smollm2-135m")
@@ -133,9 +192,16 @@ def main() -> None:
         help="VLLM_CPU_OMP_THREADS_BIND: the cores vLLM's OpenMP threads run on (auto = all; 0 = one)",
     )
     p.add_argument("--out", default="benchmarks/out/vllm_rollout.json")
+    p.add_argument("--grpo-steps", type=int, default=0, help="also time S GRPO steps with each backend (0: skip)")
+    p.add_argument("--grpo-tasks", type=int, default=2, help="tasks per GRPO step (4 samples each)")
     p.add_argument("--child", help=argparse.SUPPRESS)  # model:dtype, run in a fresh process
+    p.add_argument("--grpo-child", help=argparse.SUPPRESS)  # model:dtype:backend
     args = p.parse_args()
-    sizes = [int(x) for x in args.sizes.split(",")]
+    sizes = [int(x) for x in args.sizes.split(",") if x]  # --sizes "": the GRPO breakdown only
+    if args.grpo_child:
+        model, dtype, backend = args.grpo_child.split(":")
+        print(json.dumps(grpo_child(model, dtype, backend, args.grpo_steps, args.grpo_tasks)))
+        return
     if args.child:
         model, dtype = args.child.split(":")
         hf_threads = [int(x) for x in args.hf_threads.split(",")]
@@ -143,7 +209,7 @@ def main() -> None:
         return
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     results = []
-    for model in args.models.split(","):
+    for model in args.models.split(",") if sizes else []:
         for dtype in args.dtypes.split(","):  # one process each: one engine per process, memory given back
             cmd = [sys.executable, __file__, "--child", f"{model}:{dtype}", "--sizes", args.sizes]
             cmd += ["--new-tokens", str(args.new_tokens), "--hf-threads", args.hf_threads]
@@ -170,8 +236,21 @@ def main() -> None:
         print(
             f"{r['model']} {r['dtype']}: vLLM start {r['vllm_start_seconds']:.0f} s (torch threads {r['threads']}){extra}"
         )
+    grpo = []
+    for model in args.models.split(",") if args.grpo_steps > 0 else []:
+        for dtype in args.dtypes.split(","):
+            for backend in ("hf", "vllm"):
+                cmd = [sys.executable, __file__, "--grpo-child", f"{model}:{dtype}:{backend}"]
+                cmd += ["--grpo-steps", str(args.grpo_steps), "--grpo-tasks", str(args.grpo_tasks)]
+                env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": args.vllm_cores}
+                done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env)
+                if done.returncode:
+                    raise SystemExit(f"GRPO {model} {dtype} {backend} failed (exit {done.returncode})")
+                grpo.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    if grpo:
+        grpo_table(grpo)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=1))
+    Path(args.out).write_text(json.dumps({"rollout": results, "grpo": grpo}, indent=1))
     print(f"HF threads tried {args.hf_threads}; vLLM cores {args.vllm_cores}; load average before: {load}")
     print(f"-> {args.out}")
 

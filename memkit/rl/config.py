@@ -334,14 +334,19 @@ class TrainConfig:
         for name, group in _GROUPS.items():
             inner = {p.split(".", 1)[1]: v for p, v in nested.items() if p.split(".")[0] == name}
             if "objectives" in inner and inner["objectives"] is not None:
-                inner["objectives"] = tuple(inner["objectives"])
+                inner["objectives"] = _counts(inner["objectives"])
             if name in d:  # a group instance, and any flat knobs of it on top
                 d[name] = replace(d[name], **inner) if inner else d[name]
             else:
                 d[name] = group(**inner)
         if d.get("objectives") is not None:
-            d["objectives"] = tuple(d["objectives"])
+            d["objectives"] = _counts(d["objectives"])
         return cls(**d)
+
+
+def _counts(objectives) -> tuple[int, ...]:
+    """Question counts as a tuple: ``2`` (one count) or any iterable of them, e.g. ``[1, 2]``."""
+    return (objectives,) if isinstance(objectives, int) else tuple(objectives)
 
 
 #: TrainConfig's nested groups: field name -> dataclass (the rules' configs and memkit.rl.groups')

@@ -161,6 +161,7 @@ class Trainer(Learner):
         trajs, units = self.plan.rollout(self, local, self.step)
         t1 = time.perf_counter()
         stats = self.update(trajs, units)
+        t_update = time.perf_counter()
         self.sync_backend()  # the next rollout (this step's eval included) samples from the updated policy
         t2 = time.perf_counter()
         self.step += 1
@@ -170,7 +171,8 @@ class Trainer(Learner):
             **self.plan.stats(trajs),
             **stats,
             "seconds_rollout": t1 - t0,
-            "seconds_update": t2 - t1,
+            "seconds_update": t_update - t1,
+            "seconds_sync": t2 - t_update,  # weights to the rollout backend (0 for the HF loop: the same model)
             "seconds": t2 - t0,
         }
         self.history.append(row)

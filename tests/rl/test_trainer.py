@@ -676,6 +676,14 @@ def test_readme_train_commands_parse_to_the_notebooks_settings():
         assert (lab.oracle.flaw, lab.steps, lab.objectives, lab.max_seconds) == ("forget_earlier", 3000, (1, 2), None)
 
 
+def test_objectives_take_one_count_or_several():
+    """``objectives=1`` (one count, as a script writes it) and ``objectives=[1, 2]`` both give a tuple,
+    for the run and for its evaluation group."""
+    one = TrainConfig.from_flags(method="mem1", objectives=1, eval_objectives=2)
+    assert one.objectives == (1,) and one.eval.objectives == (2,)
+    assert TrainConfig.from_flags(method="mem1", objectives=[1, 2]).objectives == (1, 2)
+
+
 def test_from_dict_folds_the_flat_knobs_of_older_checkpoints():
     """Checkpoints written before the groups were nested hold every knob flat (``mem_reward_bias``,
     ``eval_every``, ``kl_coef``, ``attention``, ``lora``, ``gamma``...): they load into ``cfg.mem_reward.bias``,
