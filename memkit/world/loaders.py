@@ -184,7 +184,9 @@ DPR_MEMBERS = {"nq": "topics-and-qrels/topics.dpr.nq.test.txt", "trivia": "topic
 
 
 def _dpr_line(line: str) -> tuple[str, list[str]]:
-    fields = next(csv.reader([line], delimiter="\t")) if line.startswith('"') else line.split("\t")
+    # either field may be CSV-quoted on its own (NQ test line 37 quotes only the answers), and a
+    # field that does not start with a quote is read literally, so csv handles every line
+    fields = next(csv.reader([line], delimiter="\t"))
     if len(fields) != 2:
         raise ValueError("not two tab-separated fields")
     answers = ast.literal_eval(fields[1].strip())
