@@ -379,6 +379,7 @@ DPR_LINES = (
     '"who sang ""i\'ll be there"" first"\t"[\'The Jackson 5\', \'Jackson 5\']"\n'
     "when was the eiffel tower built\t['1887', '1889']\n"
     "who sings the theme song for the proud family\t\"['Solange Knowles', \"\"Destiny 's Child\"\"]\"\r\n"
+    "Complete the title of the film 'Vicky Christina \x85'\t['Barcelona']\n"
 )
 
 
@@ -391,6 +392,7 @@ def test_load_dpr_topics_txt_and_jar(tmp_path):
         'who sang "i\'ll be there" first',
         "when was the eiffel tower built",
         "who sings the theme song for the proud family",
+        "Complete the title of the film 'Vicky Christina \x85'",  # U+0085 is no line break here
     ]
     assert tasks[1].questions[0].answers == ["The Jackson 5", "Jackson 5"]
     assert tasks[3].questions[0].answers == ["Solange Knowles", "Destiny 's Child"]  # only field 2 quoted
