@@ -5,7 +5,8 @@ benchmark drops into the same agents, rollouts and metrics as the synthetic worl
 sort nothing and hash nothing: the output order is the input order, and JSON keys are
 sorted, so one seed gives byte-identical files on every run and machine.
 
-Each loader fails in one of two ways: ``FileNotFoundError`` saying where to get the file,
+The FlashRAG / Search-R1 sets and the wiki-18 corpus, read through ``datasets``, are
+:mod:`memkit.world.qa_sets`. Each loader fails in one of two ways: ``FileNotFoundError`` saying where to get the file,
 or ``ValueError`` naming the schema it expected.
 """
 
@@ -27,7 +28,6 @@ TASK_SCHEMA = (
 )
 GET = {
     "hotpotqa": "download e.g. http://curtis.ml.cmu.edu/datasets/hotpot/hotpot_dev_distractor_v1.json",
-    "flashrag": "download a split from the Hugging Face dataset RUC-NLPIR/FlashRAG_datasets (e.g. nq/test.jsonl)",
     "dpr": (
         "run `pip download --no-deps pyserini==0.17.0`, unzip the wheel and pass "
         "pyserini/resources/jars/anserini-0.14.3-fatjar.jar (or a topics.dpr.*.test.txt extracted from it)"
@@ -103,7 +103,7 @@ def tasks_from_dataset(ds) -> list[Task]:
     if "task_json" not in getattr(ds, "column_names", []):
         raise ValueError(
             "expected a datasets.Dataset made by memkit.world.tasks_to_dataset "
-            "(a 'task_json' column); for other datasets use load_flashrag_jsonl"
+            "(a 'task_json' column); for other datasets use memkit.world.load_qa"
         )
     return [Task.from_dict(json.loads(s)) for s in ds["task_json"]]
 
@@ -150,41 +150,13 @@ def load_hotpotqa_json(path, limit: int | None = None) -> list[Task]:
     return out
 
 
-def load_flashrag_jsonl(path, limit: int | None = None) -> list[Task]:
-    """FlashRAG / Search-R1 QA rows {"id", "question", "golden_answers": [...]}; .jsonl or .parquet."""
-    path, limit = _exists(path, "flashrag"), _limit(limit)
-    schema = 'rows {"id": str, "question": str, "golden_answers": [str, ...]} (.jsonl or .parquet)'
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        try:
-            rows = pq.read_table(path).to_pylist()
-        except Exception as e:  # pyarrow raises several types for non-parquet bytes
-            raise ValueError(f"{path} is not a readable parquet file ({e}); expected {schema}") from None
-    else:
-        rows = []
-        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{i} is not JSON ({e}); expected {schema}") from None
-    out = []
-    for i, r in enumerate(rows[:limit]):
-        gold = r.get("golden_answers") if isinstance(r, dict) else None
-        if isinstance(gold, str):
-            gold = [gold]
-        if not isinstance(gold, list) or not gold or "question" not in r:
-            raise ValueError(f"{path}: row {i} does not match {schema}")
-        out.append(_real_task(r.get("id", f"{path.stem}-{i}"), r["question"], gold))
-    return out
-
-
 DPR_MEMBERS = {"nq": "topics-and-qrels/topics.dpr.nq.test.txt", "trivia": "topics-and-qrels/topics.dpr.trivia.test.txt"}
 
 
 def _dpr_line(line: str) -> tuple[str, list[str]]:
-    fields = next(csv.reader([line], delimiter="\t")) if line.startswith('"') else line.split("\t")
+    # either field may be CSV-quoted on its own (NQ test line 37 quotes only the answers), and a
+    # field that does not start with a quote is read literally, so csv handles every line
+    fields = next(csv.reader([line], delimiter="\t"))
     if len(fields) != 2:
         raise ValueError("not two tab-separated fields")
     answers = ast.literal_eval(fields[1].strip())
@@ -212,7 +184,7 @@ def load_dpr_topics(path, name: str = "nq", limit: int | None = None) -> list[Ta
     else:
         text = path.read_text(encoding="utf-8")
     out = []
-    for i, line in enumerate(text.splitlines(), 1):
+    for i, line in enumerate(text.split("\n"), 1):  # not splitlines(): TriviaQA questions hold U+0085
         if not line.strip():
             continue
         if limit is not None and len(out) >= limit:

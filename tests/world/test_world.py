@@ -378,6 +378,8 @@ DPR_LINES = (
     "who got the first nobel prize in physics\t['Wilhelm Conrad Röntgen']\n"
     '"who sang ""i\'ll be there"" first"\t"[\'The Jackson 5\', \'Jackson 5\']"\n'
     "when was the eiffel tower built\t['1887', '1889']\n"
+    'who sings the theme song for the proud family\t"[\'Solange Knowles\', ""Destiny \'s Child""]"\r\n'
+    "Complete the title of the film 'Vicky Christina \x85'\t['Barcelona']\n"
 )
 
 
@@ -389,8 +391,11 @@ def test_load_dpr_topics_txt_and_jar(tmp_path):
         "who got the first nobel prize in physics",
         'who sang "i\'ll be there" first',
         "when was the eiffel tower built",
+        "who sings the theme song for the proud family",
+        "Complete the title of the film 'Vicky Christina \x85'",  # U+0085 is no line break here
     ]
     assert tasks[1].questions[0].answers == ["The Jackson 5", "Jackson 5"]
+    assert tasks[3].questions[0].answers == ["Solange Knowles", "Destiny 's Child"]  # only field 2 quoted
     assert tasks[0].id == "nq-00000" and load_dpr_topics(txt, limit=1) == tasks[:1]
     jar = tmp_path / "anserini-0.14.3-fatjar.jar"
     with zipfile.ZipFile(jar, "w") as z:
