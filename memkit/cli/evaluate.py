@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from memkit.cli.args import methods, positive
-from memkit.cli.rollout import add_context_options, add_policy, placed_policy
+from memkit.cli.rollout import add_context_options, add_policy, add_real_data, kit_and_tasks, placed_policy
 from memkit.cli.world import add_common
 
 HELP = "evaluate methods at several objective counts and print the table"
@@ -23,6 +23,7 @@ def add_arguments(sp) -> None:
     sp.add_argument("--retriever", default="bm25", help="bm25 or dense")
     sp.add_argument("--out-dir", default=None, help="write JSONL traces here")
     add_context_options(sp)
+    add_real_data(sp)
     streams = sp.add_argument_group("conversation streams (--method memt)")
     streams.add_argument(
         "--streams",
@@ -84,7 +85,7 @@ def run(args) -> int:
     from memkit.lab.kit import load_kit
     from memkit.metrics.qa import format_table
 
-    kit = load_kit(args.world_seed, retriever=args.retriever)
+    kit, sets = kit_and_tasks(args, load_kit(args.world_seed, retriever=args.retriever))
     rows = []
     for method in args.method:
         if method == "memt":
@@ -100,6 +101,7 @@ def run(args) -> int:
             prompt=args.prompt,
             k_docs=args.k_docs,
             min_new_tokens=args.min_new_tokens,
+            task_sets=sets,
         )
         for k, (summary, trajs) in results.items():
             rows.append({"method": method, "k": k, **summary})

@@ -14,12 +14,60 @@ def add_arguments(sp) -> None:
     add_common(sp)
     sp.add_argument("--method", type=lambda s: methods(s, streams=False)[0], required=True, help=", ".join(METHODS))
     add_policy(sp)
-    sp.add_argument("--tasks", help="a tasks JSONL (from `memkit world`) instead of generated tasks")
     sp.add_argument("--n", type=int, default=1, help="trajectories per task (group size)")
     sp.add_argument("--temperature", type=float, default=1.0)
     sp.add_argument("--retriever", default="bm25", help="bm25 or dense")
     sp.add_argument("--out", default="traces.jsonl")
     add_context_options(sp)
+    add_real_data(sp)
+
+
+def add_real_data(sp) -> None:
+    """``--tasks --corpus --answerable``: real questions over a real corpus (memkit.lab.real)."""
+    real = sp.add_argument_group("real data (memkit.lab.real)")
+    real.add_argument(
+        "--tasks",
+        default=None,
+        help="questions instead of the synthetic world's: 'offline' (answerable NQ + TriviaQA), a FlashRAG / "
+        "Search-R1 .jsonl or .parquet, a hub id, DPR topics .txt, HotpotQA .json, or `memkit world`'s tasks.jsonl; "
+        "composed into MEM1 tasks of --objectives questions",
+    )
+    real.add_argument(
+        "--corpus",
+        default=None,
+        help="passages the search tool retrieves from: 'offline' (10,033 Wikipedia leads), a wiki-18 style "
+        ".jsonl, or a .json of leads (default: the synthetic world's)",
+    )
+    real.add_argument(
+        "--answerable",
+        action="store_true",
+        help="keep only questions the corpus holds evidence for (memkit.world.answerable), with the one-hop "
+        "decomposition the oracle follows",
+    )
+
+
+def kit_and_tasks(args, kit):
+    """``(kit, {k: tasks} or None)``: ``kit`` with a search env over ``--corpus``, and ``--tasks``
+    composed at each of ``--objectives`` (None: the caller draws the world's own tasks)."""
+    if args.answerable and not args.corpus:
+        raise ValueError("--answerable keeps questions the corpus can answer: give --corpus too")
+    if args.corpus:
+        from memkit.lab.real import REAL_K_DOCS, real_kit
+
+        kit, _ = real_kit(kit, args.corpus, args.retriever, args.k_docs or REAL_K_DOCS)
+    if not args.tasks:
+        return kit, None
+    from memkit.lab.real import real_task_sets
+
+    sets = real_task_sets(
+        args.tasks,
+        args.objectives,
+        args.n_tasks,
+        seed=args.seed,
+        retriever=kit.env.retriever if args.answerable else None,
+        answerable=args.answerable,
+    )
+    return kit, sets
 
 
 #: the policy specs :func:`memkit.lab.policies.resolve_policy` reads (the ``--policy`` help lists them)
@@ -96,13 +144,11 @@ def run(args) -> int:
     from memkit.core.trajectory import save_jsonl
     from memkit.lab.evaluation import rollout
     from memkit.lab.kit import load_kit
-    from memkit.world import load_tasks_jsonl, make_tasks
+    from memkit.world import make_tasks
 
-    kit = load_kit(args.world_seed, retriever=args.retriever)
+    kit, sets = kit_and_tasks(args, load_kit(args.world_seed, retriever=args.retriever))
     tasks = (
-        load_tasks_jsonl(args.tasks)
-        if args.tasks
-        else make_tasks(kit.world, n=args.n_tasks, k=args.objectives[0], seed=args.seed)
+        sets[args.objectives[0]] if sets else make_tasks(kit.world, n=args.n_tasks, k=args.objectives[0], seed=args.seed)
     )
     trajs = rollout(
         args.method,

