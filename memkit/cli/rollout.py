@@ -148,7 +148,9 @@ def run(args) -> int:
 
     kit, sets = kit_and_tasks(args, load_kit(args.world_seed, retriever=args.retriever))
     tasks = (
-        sets[args.objectives[0]] if sets else make_tasks(kit.world, n=args.n_tasks, k=args.objectives[0], seed=args.seed)
+        sets[args.objectives[0]]
+        if sets
+        else make_tasks(kit.world, n=args.n_tasks, k=args.objectives[0], seed=args.seed)
     )
     trajs = rollout(
         args.method,
