@@ -114,6 +114,7 @@ class BM25Retriever:
             self._tok, self._bm25 = _index
             self._bm25.backend = self.backend
         self._empty_id = self._tok.get_vocab_dict().get("")  # bm25s' placeholder for empty docs/queries
+        self.n_fallbacks = 0  # queries whose tie at rank k went past the fetched rows (full sort)
 
     def __len__(self) -> int:
         return len(self.passages)
@@ -160,6 +161,7 @@ class BM25Retriever:
         order = np.lexsort((docs, -scores))
         docs, scores = docs[order], scores[order]
         if truncated and len(scores) > k and scores[k - 1] > 0 and scores[-1] == scores[k - 1]:
+            self.n_fallbacks += 1
             return topk_full_sort(self._bm25.get_scores_from_ids(ids), k)
         return [(int(j), float(s)) for j, s in zip(docs[:k], scores[:k]) if s > 0]
 
