@@ -18,21 +18,16 @@ RETRIEVERS = ("bm25", "dense")
 EMPTY_QUERY = "<information>The search query was empty. Put the query between <search> and </search>.</information>"
 
 
-def make_retriever(name: str, passages: Sequence[Passage], **kwargs) -> Retriever:
-    """``"bm25"`` -> :class:`BM25Retriever`, ``"dense"`` -> :class:`DenseRetriever` over ``passages``.
+def make_retriever(name: str, passages: Sequence[Passage] | None, **kwargs) -> Retriever:
+    """``"bm25"`` -> :class:`BM25Retriever`, ``"dense"`` -> :class:`DenseRetriever` over ``passages``;
+    also ``"bm25:<index dir>"`` and ``"faiss:<index file>"`` (prebuilt indexes:
+    :func:`memkit.retrieval.spec.retriever_from_spec`).
 
-    ``kwargs`` go to the backend (e.g. ``cache_dir=`` / ``batch_size=`` for dense).
+    ``kwargs`` go to the backend (e.g. ``cache_dir=`` / ``batch_size=`` / ``index="hnsw"`` for dense).
     """
-    key = name.strip().lower() if isinstance(name, str) else name
-    if key == "bm25":
-        from memkit.retrieval.bm25 import BM25Retriever
+    from memkit.retrieval.spec import retriever_from_spec
 
-        return BM25Retriever(passages, **kwargs)
-    if key == "dense":
-        from memkit.retrieval.dense import DenseRetriever
-
-        return DenseRetriever(passages, **kwargs)
-    raise ValueError(f"unknown retriever {name!r}; choose one of {', '.join(RETRIEVERS)}")
+    return retriever_from_spec(name, passages, **kwargs)
 
 
 class SearchEnv:

@@ -5,72 +5,212 @@ Score of passage d for query q (Lucene variant, bm25s' default; k1 = 1.5, b = 0.
     score(q, d) = sum_{t in q} idf(t) * tf(t, d) / (tf(t, d) + k1 * (1 - b + b * |d| / avgdl))
     idf(t)      = ln(1 + (N - df(t) + 0.5) / (df(t) + 0.5))
 
-where tokens are lower-cased ``\\w\\w+`` words with English stop-words removed, the sum runs
-over query tokens *with repetition*, |d| is d's token count and avgdl the corpus mean.
-``bm25_scores_loop`` evaluates this formula with plain Python loops; the test suite checks
-that the sparse bm25s index gives the same numbers.
+where tokens are lower-cased ``\\w\\w+`` words with English stop-words removed (bm25s'
+``Tokenizer(lower=True, splitter=r"(?u)\\b\\w\\w+\\b", stopwords="english")``, no stemming;
+query words the corpus never uses are dropped), the sum runs over query tokens *with
+repetition*, |d| is d's token count and avgdl the corpus mean. ``bm25_scores_loop`` evaluates
+this formula with plain Python loops; the test suite checks that the sparse bm25s index gives
+the same numbers.
 
-Ties (equal scores) are broken by corpus order, and passages with score 0 (no query word
-in common) are never returned, so results are deterministic and never pure noise.
+Top-k (``search_batch``): one ``bm25s.BM25.retrieve(..., k=k + TIE_SLACK)`` call for all
+queries, whose compiled (numba) backend scores and keeps a k-heap per query in one pass over
+the corpus, so nothing sorts the whole corpus (``topk_full_sort``, the per-query full sort
+memkit used before, is kept as the reference). Results are exactly the reference's:
+
+- ties (equal scores) are broken by corpus order: the fetched rows are re-ordered by
+  ``(-score, row)``; if the tie at rank k could reach past the fetched ``k + TIE_SLACK`` rows
+  (the last fetched score equals the k-th), that query falls back to the reference;
+- passages with score 0 (no query word in common) are never returned, so results are
+  deterministic and never pure noise.
+
+numba compiles the retrieval kernel on a process's first search (~10 s on 2 cores), which a
+small corpus never earns back: ``backend="auto"`` takes numba from ``NUMBA_MIN_DOCS`` passages
+on (when numba is installed), bm25s' numpy backend below. An index is saved to a directory
+(bm25s' arrays, the tokenizer's vocabulary, the passages as JSONL) and loaded without
+re-tokenising the corpus (:meth:`BM25Retriever.save` / :meth:`BM25Retriever.load`).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections import Counter
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from memkit.core.io import atomic_dir
 from memkit.retrieval.base import Hit, check_k, check_passages, check_query, passage_text
+from memkit.retrieval.corpus import JsonlPassages, write_passages_jsonl
 from memkit.world.schema import Passage
 
 K1, B = 1.5, 0.75
 _SPLIT = r"(?u)\b\w\w+\b"  # bm25s' default splitter
+TIE_SLACK = 8  # rows fetched past k, so ties at rank k rarely need the full-sort fallback
+NUMBA_MIN_DOCS = 20_000  # "auto" compiles numba's kernel only for corpora at least this big
+BACKENDS = ("auto", "numpy", "numba")
+FORMAT = "memkit-bm25/1"
+
+
+def numba_available() -> bool:
+    import bm25s
+
+    return bool(getattr(bm25s, "NUMBA_AVAILABLE", False))
+
+
+def pick_backend(backend: str, n_docs: int) -> str:
+    """``"auto"`` -> numba for corpora of ``NUMBA_MIN_DOCS`` or more when installed, else numpy."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "auto":
+        return "numba" if n_docs >= NUMBA_MIN_DOCS and numba_available() else "numpy"
+    if backend == "numba" and not numba_available():
+        raise ImportError("backend='numba' needs numba: pip install numba (or use backend='numpy')")
+    return backend
+
+
+def _tokenizer(stopwords="english"):
+    from bm25s.tokenization import Tokenizer
+
+    return Tokenizer(lower=True, splitter=_SPLIT, stopwords=stopwords)
 
 
 class BM25Retriever:
-    """BM25 over ``title + text`` of each passage (see the module docstring for the score)."""
+    """BM25 over ``title + text`` of each passage (see the module docstring for score and top-k).
+
+    ``backend``: ``"auto"`` | ``"numpy"`` | ``"numba"`` (bm25s' retrieval backends);
+    ``n_threads``: queries scored in parallel by the numba backend (1: serial, compiles fastest).
+    """
 
     name = "bm25"
 
-    def __init__(self, passages: Sequence[Passage], k1: float = K1, b: float = B):
+    def __init__(
+        self,
+        passages: Sequence[Passage],
+        k1: float = K1,
+        b: float = B,
+        backend: str = "auto",
+        n_threads: int = 1,
+        _index=None,
+    ):
         import bm25s
-        from bm25s.tokenization import Tokenizer
 
-        self.passages = check_passages(passages)
+        self.passages = passages if _index is not None else check_passages(passages)
         self.k1, self.b = k1, b
-        self._tok = Tokenizer(lower=True, splitter=_SPLIT, stopwords="english")
-        ids = self._tok.tokenize(
-            [passage_text(p) for p in self.passages], update_vocab=True, return_as="ids", show_progress=False
-        )
+        if isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1:
+            raise ValueError(f"n_threads must be a positive int, got {n_threads!r}")
+        self.n_threads = n_threads
+        self.backend = pick_backend(backend, len(self.passages))
+        if _index is None:
+            self._tok = _tokenizer()
+            ids = self._tok.tokenize(
+                [passage_text(p) for p in self.passages], update_vocab=True, return_as="ids", show_progress=False
+            )
+            self._bm25 = bm25s.BM25(k1=k1, b=b, method="lucene", backend=self.backend)
+            self._bm25.index(ids, show_progress=False)
+        else:
+            self._tok, self._bm25 = _index
+            self._bm25.backend = self.backend
         self._empty_id = self._tok.get_vocab_dict().get("")  # bm25s' placeholder for empty docs/queries
-        self._bm25 = bm25s.BM25(k1=k1, b=b, method="lucene")
-        self._bm25.index(ids, show_progress=False)
+        self.n_fallbacks = 0  # queries whose tie at rank k went past the fetched rows (full sort)
 
     def __len__(self) -> int:
         return len(self.passages)
 
+    def query_ids(self, queries: Sequence[str]) -> list[list[int]]:
+        """Token ids of each query (one tokenizer call); words outside the vocabulary are dropped."""
+        ids = self._tok.tokenize(list(queries), update_vocab=False, return_as="ids", show_progress=False)
+        return [[i for i in q if i != self._empty_id] for q in ids]
+
     def scores(self, query: str) -> np.ndarray:
         """BM25 score of every passage for ``query`` (float32, corpus order)."""
-        check_query(query)
-        ids = self._tok.tokenize([query], update_vocab=False, return_as="ids", show_progress=False)[0]
-        ids = [i for i in ids if i != self._empty_id]
+        ids = self.query_ids([check_query(query)])[0]
         if not ids:
             return np.zeros(len(self.passages), dtype=np.float32)
         return self._bm25.get_scores_from_ids(ids)
 
     def search(self, query: str, k: int = 3) -> list[Hit]:
-        check_k(k)
-        s = self.scores(query)
-        order = np.argsort(-s, kind="stable")[:k]
-        return [Hit(self.passages[i], float(s[i])) for i in order if s[i] > 0]
+        return self.search_batch([check_query(query)], k)[0]
 
     def search_batch(self, queries: Sequence[str], k: int = 3) -> list[list[Hit]]:
+        """Top-``k`` hits per query from one batched bm25s ``retrieve`` call (no full sort)."""
         if isinstance(queries, str):
             raise TypeError("search_batch takes a list of queries; for one query call search(query, k)")
-        return [self.search(q, k) for q in queries]
+        queries = [check_query(q) for q in queries]
+        check_k(k)
+        ids = self.query_ids(queries)
+        out: list[list[Hit]] = [[] for _ in queries]
+        live = [i for i, q in enumerate(ids) if q]  # no known word: nothing scores above 0
+        if not live:
+            return out
+        n = len(self.passages)
+        fetch = min(k + TIE_SLACK, n)
+        docs, scores = self._bm25.retrieve(
+            [ids[i] for i in live], k=fetch, sorted=True, show_progress=False, n_threads=self.n_threads
+        )
+        for row, i in enumerate(live):
+            rows = self._topk_rows(ids[i], np.asarray(docs[row]), np.asarray(scores[row]), k, fetch < n)
+            out[i] = [Hit(self.passages[j], s) for j, s in rows]
+        return out
+
+    def _topk_rows(self, ids, docs, scores, k: int, truncated: bool) -> list[tuple[int, float]]:
+        """Re-order fetched ``(docs, scores)`` by ``(-score, row)``, drop zeros, keep ``k``; fall back
+        to the full sort when a tie at rank k may continue past the fetched rows."""
+        order = np.lexsort((docs, -scores))
+        docs, scores = docs[order], scores[order]
+        if truncated and len(scores) > k and scores[k - 1] > 0 and scores[-1] == scores[k - 1]:
+            self.n_fallbacks += 1
+            return topk_full_sort(self._bm25.get_scores_from_ids(ids), k)
+        return [(int(j), float(s)) for j, s in zip(docs[:k], scores[:k]) if s > 0]
+
+    def search_batch_full_sort(self, queries: Sequence[str], k: int = 3) -> list[list[Hit]]:
+        """The reference: every passage scored and the whole corpus sorted, one query at a time
+        (memkit's ``search_batch`` before bm25s' top-k; the benchmark's baseline)."""
+        check_k(k)
+        return [[Hit(self.passages[j], s) for j, s in topk_full_sort(self.scores(q), k)] for q in queries]
+
+    # ------------------------------------------------------------------ save / load
+    def save(self, path: str | Path) -> Path:
+        """Write the index to directory ``path`` (atomically: a crash leaves the old one or none)."""
+        path = Path(path)
+        with atomic_dir(path) as tmp:
+            self._bm25.save(tmp, show_progress=False)
+            self._tok.save_vocab(tmp)
+            self._tok.save_stopwords(tmp)
+            write_passages_jsonl(self.passages, tmp / "passages.jsonl")
+            meta = {"format": FORMAT, "k1": self.k1, "b": self.b, "splitter": _SPLIT, "n": len(self.passages)}
+            (tmp / "memkit.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, backend: str = "auto", n_threads: int = 1) -> "BM25Retriever":
+        """An index written by :meth:`save`; passages are read from its JSONL on demand."""
+        import bm25s
+
+        path = Path(path)
+        meta_path = path / "memkit.json"
+        if not meta_path.is_file():
+            raise FileNotFoundError(f"{path} is not a saved BM25 index (no memkit.json); write one with .save(path)")
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        if meta.get("format") != FORMAT or meta.get("splitter") != _SPLIT:
+            raise ValueError(f"{path} holds {meta.get('format')!r}, this memkit reads {FORMAT!r}: rebuild the index")
+        tok = _tokenizer()
+        tok.load_vocab(path)
+        tok.load_stopwords(path)
+        chosen = pick_backend(backend, meta["n"])  # before bm25s.load, which checks the saved one
+        index = bm25s.BM25.load(path, override_params={"backend": chosen}, show_progress=False, verbosity=0)
+        passages = JsonlPassages(path / "passages.jsonl")
+        if len(passages) != meta["n"] or index.scores["num_docs"] != meta["n"]:
+            raise ValueError(f"{path}: {len(passages)} passages for an index of {meta['n']}: rebuild the index")
+        return cls(passages, meta["k1"], meta["b"], chosen, n_threads, _index=(tok, index))
+
+
+def topk_full_sort(scores: np.ndarray, k: int) -> list[tuple[int, float]]:
+    """Reference top-k: a stable sort of the whole score vector (ties by corpus order), zeros dropped."""
+    order = np.argsort(-scores, kind="stable")[:k]
+    return [(int(i), float(scores[i])) for i in order if scores[i] > 0]
 
 
 def tokenize(text: str) -> list[str]:
