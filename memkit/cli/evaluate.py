@@ -20,7 +20,11 @@ def add_arguments(sp) -> None:
     sp.add_argument("--method", type=methods, default=list(METHODS), help="comma-separated: " + ", ".join(METHODS))
     add_policy(sp)
     sp.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    sp.add_argument("--retriever", default="bm25", help="bm25 or dense")
+    sp.add_argument(
+        "--retriever",
+        default="bm25",
+        help="bm25, dense, bm25:<saved index dir> or faiss:<index file> (memkit.retrieval.spec)",
+    )
     sp.add_argument("--out-dir", default=None, help="write JSONL traces here")
     add_context_options(sp)
     add_real_data(sp)

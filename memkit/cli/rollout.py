@@ -16,7 +16,11 @@ def add_arguments(sp) -> None:
     add_policy(sp)
     sp.add_argument("--n", type=int, default=1, help="trajectories per task (group size)")
     sp.add_argument("--temperature", type=float, default=1.0)
-    sp.add_argument("--retriever", default="bm25", help="bm25 or dense")
+    sp.add_argument(
+        "--retriever",
+        default="bm25",
+        help="bm25, dense, bm25:<saved index dir> or faiss:<index file> (memkit.retrieval.spec)",
+    )
     sp.add_argument("--out", default="traces.jsonl")
     add_context_options(sp)
     add_real_data(sp)

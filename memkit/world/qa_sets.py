@@ -174,7 +174,10 @@ def load_qa(source, split: str = "test", config: str | None = None, limit: int |
     elif ":" in text and "/" in text.split(":")[0]:
         text, config = text.split(":", 1)
     if text.count("/") != 1 or Path(text).suffix in _BUILDERS or text.startswith((".", "/")):
-        raise FileNotFoundError(f"{source} does not exist; to get it, {QA_GET}")
+        raise FileNotFoundError(
+            f"{source} does not exist; `memkit world --out DIR` writes synthetic tasks to DIR/tasks.jsonl, "
+            f"and for real questions {QA_GET}"
+        )
     if text == FLASHRAG_HUB and not config:
         raise ValueError(f"{FLASHRAG_HUB} needs a config, one of {FLASHRAG_CONFIGS} (or another FlashRAG config)")
     rows = _hub_rows(text, config, split)
