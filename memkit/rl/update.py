@@ -11,7 +11,7 @@ the Learner's set-up, the mini-batch plan and the PPO steps over that experience
     R_M    = P[ans|q,mem_t] - eps_t        memkit.rl.memory_reward, when the rule needs it (mempo)
     A      = credit rule by name           memkit.rl.credit (grpo, multi_context, gae, mempo, ...)
     old    = log pi_old(x_t)  [B, L]       recomputed with the packed forward (verl) or the rollout's
-    ref    = log pi_ref(x_t)  [B, L]       frozen initial policy (LoRA: adapters disabled)
+    ref    = log pi_ref(x_t)  [B, L]       initial policy (LoRA: adapters off; else a copy in runtime.ref_dtype)
     loss   = sum_{b,t} w_bt [ PPO-clip_bt(logp, old, A) + kl_coef * KL_bt - entropy_coef * H_bt ]
     critic = sum_{b,t} w_bt 0.5 max((V - R)^2, (V_clip - R)^2)
 
@@ -25,7 +25,6 @@ the DDP all-reduce still meets). Dropout is kept off (eval mode) during RL, as i
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import os
 import zlib
@@ -33,7 +32,7 @@ import zlib
 import torch
 
 from memkit.core.trajectory import TrainingUnit, Trajectory
-from memkit.models.training import checkpointed_training
+from memkit.models.training import checkpointed_training, frozen_copy
 from memkit.rl.config import TrainConfig
 from memkit.rl.credit import get_credit, record_call_advantages
 from memkit.rl.critic import ValueModel, loss_weights
@@ -70,6 +69,14 @@ def make_accelerator(cfg: TrainConfig):
     return Accelerator(cpu=cpu, mixed_precision=cfg.runtime.mixed_precision)
 
 
+def reference_dtype(name: str, device, model) -> torch.dtype:
+    """The KL reference's parameter dtype (``RuntimeConfig.ref_dtype``): ``auto`` = bfloat16 on a GPU,
+    the policy's own dtype elsewhere."""
+    if name == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else next(model.parameters()).dtype
+    return getattr(torch, name)
+
+
 def _units_seed(seed: int, trajs: list[Trajectory]) -> int:
     """A seed for sampling this update's units, fixed by the run's seed and the trajectories
     themselves (so a resumed run draws the same segments)."""
@@ -102,7 +109,8 @@ class Learner(ExperienceMaker):
         model.eval()  # dropout off for the whole run (rollout and update see the same policy)
         self.ref = None
         if cfg.kl.coef > 0 and not self.is_peft:
-            self.ref = copy.deepcopy(model).requires_grad_(False).eval().to(self.acc.device)
+            self.ref = frozen_copy(model, reference_dtype(cfg.runtime.ref_dtype, self.acc.device, model))
+            self.ref.to(self.acc.device)
         critic = None
         if self.credit.needs_values:  # LoRA: an adapter on the policy's model, one process (ValueModel)
             critic = ValueModel(model, share=self.is_peft and self.world == 1).eval()
@@ -370,4 +378,4 @@ class Learner(ExperienceMaker):
                 self.acc.backward(self.critic(ids).sum() * 0.0)
 
 
-__all__ = ["Learner", "make_accelerator"]
+__all__ = ["Learner", "make_accelerator", "reference_dtype"]
