@@ -79,7 +79,8 @@ def trajectories(tasks=None) -> list[Trajectory]:
     return [mem1_traj(k, s, 1 + (k + s) % 4) for k in tasks for s in range(N_SAMPLES)]
 
 
-def make_learner(algo: str, sort_micro_batches: bool = True, accelerator=None, **over):
+def make_learner(algo: str, sort_micro_batches: bool = True, accelerator=None, model=None, **over):
+    """A Learner of ``CASES[algo]`` with ``over`` on ``model`` (default: a fresh :func:`tiny_llama`)."""
     from memkit.rl.config import TrainConfig
     from memkit.rl.update import Learner
 
@@ -88,7 +89,8 @@ def make_learner(algo: str, sort_micro_batches: bool = True, accelerator=None, *
     cfg = TrainConfig.from_flags(method="mem1", init="tiny", **kw)
     from accelerate import Accelerator
 
-    learner = Learner(cfg, tiny_llama(), Tok(), accelerator=accelerator or Accelerator(cpu=True))
+    model = tiny_llama() if model is None else model
+    learner = Learner(cfg, model, Tok(), accelerator=accelerator or Accelerator(cpu=True))
     learner.sort_micro_batches = sort_micro_batches
     return learner
 

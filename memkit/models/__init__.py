@@ -32,7 +32,7 @@ from memkit.models.loading import (
 from memkit.models.smollm import find_gguf, load_smollm2
 from memkit.models.tiny import build_tiny, tiny_config
 from memkit.models.tokenizer import SPECIAL_TOKENS, TAGS, tag_ids, train_tokenizer
-from memkit.models.training import checkpointed_training, decoder_and_head, set_gradient_checkpointing
+from memkit.models.training import checkpointed_training, decoder_and_head, frozen_copy, set_gradient_checkpointing
 
 __all__ = [
     "Generation",
@@ -50,6 +50,7 @@ __all__ = [
     "apply_lora",
     "chat_wrap",
     "checkpointed_training",
+    "frozen_copy",
     "decoder_and_head",
     "identity_wrap",
     "load_policy",

@@ -12,10 +12,16 @@ and :func:`load_adapter_dir` loads that spec (recursively: the base of an RL ada
 adapter directory), puts the adapter on it and merges it (``W <- W + (alpha/r) B A``), so ``memkit
 eval --policy``, ``memkit rollout`` and ``memkit train --init`` see a plain model. A merged copy for
 other tools (vLLM, ``transformers`` alone) is :func:`export_merged`.
+
+PPO's critic on a LoRA policy is a second adapter, :data:`CRITIC_ADAPTER`, on the same peft model
+(:class:`memkit.rl.critic.ValueModel`): it is active only inside :func:`adapter_active`, keeps training
+through the reference's forwards (:func:`adapters_disabled`), and nothing that saves, merges or exports
+the policy takes it (:func:`policy_adapters`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -25,6 +31,38 @@ from memkit.core.io import atomic_dir
 BASE_FILE = "memkit_base.json"
 #: model attribute holding the spec a LoRA-wrapped model's base was loaded from (set by ``load_policy``)
 BASE_ATTR = "memkit_base_spec"
+#: the adapter name of a PPO critic that shares a LoRA policy's model (``memkit.rl.critic.ValueModel``)
+CRITIC_ADAPTER = "critic"
+
+
+def policy_adapters(model, active: bool = False) -> list[str]:
+    """The adapters of a peft ``model`` that are the policy's: every one (``active``: the active ones)
+    but :data:`CRITIC_ADAPTER`. What checkpoints save, exports merge and the rollout engine syncs."""
+    names = model.active_adapters if active else list(model.peft_config)
+    return [a for a in names if a != CRITIC_ADAPTER]
+
+
+@contextlib.contextmanager
+def adapter_active(model, name: str):
+    """Inside: adapter ``name`` alone is active in every LoRA layer of the peft ``model``; after (also on
+    an exception): each layer's own active adapters again.
+
+    peft's ``set_adapter`` would also set ``requires_grad`` (True on the adapter it activates, False on
+    every other), which would freeze the policy's adapter while the critic runs; here only the layers'
+    active list changes, so each optimizer keeps exactly its own trainable parameters. An inactive
+    adapter is skipped by the layer's forward (``h = W x + sum_{a active} s_a B_a A_a x``), so its
+    parameters get no gradient."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+    before = [m._active_adapter for m in layers]  # what BaseTunerLayer.set_adapter assigns
+    try:
+        for m in layers:
+            m._active_adapter = [name]
+        yield model
+    finally:
+        for m, b in zip(layers, before):
+            m._active_adapter = b
 
 
 def is_adapter_dir(path: Path) -> bool:
@@ -45,10 +83,30 @@ def write_base(model, directory: Path) -> None:
         (Path(directory) / BASE_FILE).write_text(json.dumps({"base": spec}) + "\n")
 
 
+@contextlib.contextmanager
+def adapters_disabled(model):
+    """peft's ``disable_adapter()`` (the base model alone: LoRA's reference policy), with every
+    parameter's ``requires_grad`` as it was afterwards, also on an exception.
+
+    peft re-enables the adapters on exit through ``set_adapter(active adapters)``, which sets
+    ``requires_grad=False`` on every inactive adapter: a PPO critic's (:data:`CRITIC_ADAPTER`) would
+    stop training after the first reference forward."""
+    before = [(p, p.requires_grad) for p in model.parameters()]
+    try:
+        with model.disable_adapter():
+            yield model
+    finally:
+        for p, flag in before:
+            p.requires_grad_(flag)
+
+
 def save_policy(model, tokenizer, directory: Path, state_dict=None) -> None:
     """``save_pretrained`` of the model (the adapter alone for a LoRA model) and the tokenizer, plus
     :data:`BASE_FILE` for an adapter. Call inside an :func:`~memkit.core.io.atomic_dir`."""
-    model.save_pretrained(directory, state_dict=state_dict)
+    if hasattr(model, "peft_config"):  # the policy's adapters only, never a PPO critic's (CRITIC_ADAPTER)
+        model.save_pretrained(directory, state_dict=state_dict, selected_adapters=policy_adapters(model))
+    else:
+        model.save_pretrained(directory, state_dict=state_dict)
     tokenizer.save_pretrained(directory)
     write_base(model, directory)
 
@@ -91,8 +149,11 @@ def load_adapter_dir(path: Path, load_base):
 
 def export_merged(policy, out: Path) -> Path:
     """Save ``policy`` (a :class:`~memkit.models.LoadedModel`, its adapters merged by loading) as a plain
-    Hugging Face directory: ``config.json``, weights, tokenizer; loadable without memkit or peft."""
-    model = policy.model.merge_and_unload() if hasattr(policy.model, "merge_and_unload") else policy.model
+    Hugging Face directory: ``config.json``, weights, tokenizer; loadable without memkit or peft.
+    A LoRA model's active policy adapters are merged (never a PPO critic's, :data:`CRITIC_ADAPTER`)."""
+    model = policy.model
+    if hasattr(model, "merge_and_unload"):
+        model = model.merge_and_unload(adapter_names=policy_adapters(model, active=True))
     with atomic_dir(Path(out)) as tmp:
         model.save_pretrained(tmp)
         policy.tokenizer.save_pretrained(tmp)
@@ -102,6 +163,10 @@ def export_merged(policy, out: Path) -> Path:
 __all__ = [
     "BASE_FILE",
     "BASE_ATTR",
+    "CRITIC_ADAPTER",
+    "policy_adapters",
+    "adapter_active",
+    "adapters_disabled",
     "is_adapter_dir",
     "remember_base",
     "write_base",

@@ -10,6 +10,7 @@ intermediate. Loading the model is :mod:`memkit.models.loading`.
 
 from __future__ import annotations
 
+import copy
 from contextlib import contextmanager
 
 import torch
@@ -90,3 +91,18 @@ def checkpointed_training(model, on: bool = True):
     finally:
         set_gradient_checkpointing(model, False)
         model.eval()
+
+
+def frozen_copy(model, dtype: torch.dtype | None = None):
+    """A frozen deep copy of ``model`` (eval mode, ``requires_grad=False``) whose floating-point
+    parameters are cast to ``dtype`` (None: kept): the KL reference of full fine-tuning.
+
+    The copy is made parameter by parameter (each cast once, tied weights stay tied), so a bfloat16
+    copy of a float32 model never holds a float32 copy first: 2 bytes per parameter instead of 4.
+    Buffers (rotary frequencies) are copied as they are."""
+    memo = {}
+    for p in model.parameters():
+        if id(p) not in memo:
+            cast = dtype if dtype is not None and p.is_floating_point() else p.dtype
+            memo[id(p)] = torch.nn.Parameter(p.detach().to(cast, copy=True), requires_grad=False)
+    return copy.deepcopy(model, memo).eval()

@@ -77,7 +77,7 @@ def _guard_llvmlite() -> None:
 def merged_state_dict(model) -> dict[str, torch.Tensor]:
     """The weights of ``model`` under the base model's parameter names, LoRA adapters merged.
 
-    A PEFT model's active adapters are added to a copy of each base weight (``W + scale * B @ A`` via
+    A PEFT model's active adapters (never a PPO critic's, ``adapters.CRITIC_ADAPTER``) are added to a copy of each base weight (``W + scale * B @ A`` via
     peft's ``get_delta_weight``); the model itself is not changed (``merge_and_unload`` would merge in
     place). A plain model's ``state_dict`` is returned as is (detached views, no copy).
     """
@@ -85,12 +85,14 @@ def merged_state_dict(model) -> dict[str, torch.Tensor]:
         return {k: v.detach() for k, v in model.state_dict().items()}
     from peft.tuners.lora import LoraLayer
 
+    from memkit.models.adapters import policy_adapters
+
     base = model.get_base_model()
     deltas = {}
     with torch.no_grad():
         for name, mod in base.named_modules():
             if isinstance(mod, LoraLayer):
-                active = [a for a in mod.active_adapters if a in mod.lora_A and not mod.merged]
+                active = [a for a in policy_adapters(mod, active=True) if a in mod.lora_A and not mod.merged]
                 if active:
                     deltas[name] = sum(mod.get_delta_weight(a) for a in active)
     out = {}

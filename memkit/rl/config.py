@@ -161,7 +161,7 @@ class TrainConfig:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig, metadata={"prefix": ""})
     """Speed, memory and hardware, never what is learnt: :class:`memkit.rl.groups.RuntimeConfig`, flags
     ``--micro-batch-size``, ``--attention``, ``--row-groups``, ``--recompute-old-logprobs``, ``--log-entropy``,
-    ``--device``, ``--mixed-precision``."""
+    ``--device``, ``--mixed-precision``, ``--dtype``, ``--ref-dtype``."""
 
     # ------------------------------------------------------------------------------------------
     def resolved_packing(self) -> str:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from memkit.core.trajectory import TrainingUnit
+from memkit.models.adapters import adapters_disabled
 from memkit.rl.advantages import masked_moments, masked_whiten, moments_to_mean_var
 from memkit.rl.credit import CreditBatch
 from memkit.rl.losses import token_logprobs
@@ -130,7 +131,7 @@ class ExperienceMaker:
             padded=sum(len(g) * w for g, w in groups),
         )
         if self.cfg.kl.coef > 0:
-            ctx = self.policy.disable_adapter() if self.is_peft else contextlib.nullcontext()
+            ctx = adapters_disabled(self.policy) if self.is_peft else contextlib.nullcontext()
             with ctx:
                 exp.ref = self._logprobs(self.policy if self.is_peft else self.ref, inputs, loss_mask=m, groups=groups)
         values = None

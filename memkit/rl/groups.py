@@ -149,6 +149,15 @@ class RuntimeConfig:
     """Parameter dtype the policy loads in: ``auto`` = bfloat16 for LoRA on a GPU (the frozen base;
     adapters stay float32), float32 otherwise (AdamW's master weights; the CPU's exact log-prob
     checks): ``memkit.lab.policies.param_dtype``. ``float32`` / ``bfloat16`` force it."""
+    ref_dtype: str = field(default="auto", metadata={"choices": PARAM_DTYPES})
+    """Parameter dtype of the KL reference of full fine-tuning, a frozen copy of the initial policy
+    (``memkit.models.frozen_copy``; LoRA's reference is the base with adapters disabled, no copy):
+    ``auto`` = bfloat16 on a GPU (half the bytes of a float32 copy: 14 GB instead of 28 for 7B), the
+    policy's own dtype on CPU (the exact log-prob checks); ``float32`` / ``bfloat16`` force it. Its
+    log-probs and the KL term stay float32 (the head's logits are cast before the log-softmax); log pi_ref
+    moves by bf16 rounding of weights and activations: ~1e-3 on the random tiny model
+    (``tests/rl/test_reference.py``), ~0.03 nats on average for SmolLM2-135M, which puts a floor of
+    ~E[gap^2] / 2 under the k3 KL (measured: docs/findings.md, 'A shared LoRA critic and a bf16 reference')."""
     min_new_tokens: int | None = None
     """Rollouts: every call may write at least this many tokens. None = the format's own budget for
     the kit's tiny models, 512 for a pretrained chat model, which reasons in prose before its tags

@@ -11,7 +11,7 @@ the Learner's set-up, the mini-batch plan and the PPO steps over that experience
     R_M    = P[ans|q,mem_t] - eps_t        memkit.rl.memory_reward, when the rule needs it (mempo)
     A      = credit rule by name           memkit.rl.credit (grpo, multi_context, gae, mempo, ...)
     old    = log pi_old(x_t)  [B, L]       recomputed with the packed forward (verl) or the rollout's
-    ref    = log pi_ref(x_t)  [B, L]       frozen initial policy (LoRA: adapters disabled)
+    ref    = log pi_ref(x_t)  [B, L]       initial policy (LoRA: adapters off; else a copy in runtime.ref_dtype)
     loss   = sum_{b,t} w_bt [ PPO-clip_bt(logp, old, A) + kl_coef * KL_bt - entropy_coef * H_bt ]
     critic = sum_{b,t} w_bt 0.5 max((V - R)^2, (V_clip - R)^2)
 
@@ -25,7 +25,6 @@ the DDP all-reduce still meets). Dropout is kept off (eval mode) during RL, as i
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import os
 import zlib
@@ -33,7 +32,7 @@ import zlib
 import torch
 
 from memkit.core.trajectory import TrainingUnit, Trajectory
-from memkit.models.training import checkpointed_training
+from memkit.models.training import checkpointed_training, frozen_copy
 from memkit.rl.config import TrainConfig
 from memkit.rl.credit import get_credit, record_call_advantages
 from memkit.rl.critic import ValueModel, loss_weights
@@ -70,6 +69,14 @@ def make_accelerator(cfg: TrainConfig):
     return Accelerator(cpu=cpu, mixed_precision=cfg.runtime.mixed_precision)
 
 
+def reference_dtype(name: str, device, model) -> torch.dtype:
+    """The KL reference's parameter dtype (``RuntimeConfig.ref_dtype``): ``auto`` = bfloat16 on a GPU,
+    the policy's own dtype elsewhere."""
+    if name == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else next(model.parameters()).dtype
+    return getattr(torch, name)
+
+
 def _units_seed(seed: int, trajs: list[Trajectory]) -> int:
     """A seed for sampling this update's units, fixed by the run's seed and the trajectories
     themselves (so a resumed run draws the same segments)."""
@@ -80,7 +87,13 @@ def _units_seed(seed: int, trajs: list[Trajectory]) -> int:
 class Learner(ExperienceMaker):
     """Policy, reference, critic and optimizers (prepared by ``accelerate``) and ``update``; the
     forwards and each micro-batch's :class:`~memkit.rl.experience.Experience` come from
-    :class:`~memkit.rl.experience.ExperienceMaker`."""
+    :class:`~memkit.rl.experience.ExperienceMaker`.
+
+    PPO's critic (:class:`~memkit.rl.critic.ValueModel`) on a LoRA policy in one process is a second
+    adapter on the policy's own model: the policy optimizer holds the policy adapter, the critic's
+    optimizer the critic adapter and the value head, and each gradient-norm clip sees its own. With
+    several processes the LoRA critic keeps a copied backbone (one model in two DDP reducers would
+    wait for each other's gradients)."""
 
     def __init__(self, cfg: TrainConfig, model, tokenizer, wrap=None, accelerator=None):
         self.cfg = cfg.validate()
@@ -96,10 +109,19 @@ class Learner(ExperienceMaker):
         model.eval()  # dropout off for the whole run (rollout and update see the same policy)
         self.ref = None
         if cfg.kl.coef > 0 and not self.is_peft:
-            self.ref = copy.deepcopy(model).requires_grad_(False).eval().to(self.acc.device)
-        critic = ValueModel(model).eval() if self.credit.needs_values else None
+            self.ref = frozen_copy(model, reference_dtype(cfg.runtime.ref_dtype, self.acc.device, model))
+            self.ref.to(self.acc.device)
+        critic = None
+        if self.credit.needs_values:  # LoRA: an adapter on the policy's model, one process (ValueModel)
+            critic = ValueModel(model, share=self.is_peft and self.world == 1).eval()
+        # a shared critic's adapter lives in the policy's model, but is trained by the critic's optimizer only
+        self._critic_ids = (
+            {id(p) for p in critic.parameters()} if critic is not None and critic.shares_backbone else set()
+        )
         self.opt = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=cfg.weight_decay
+            [p for p in model.parameters() if p.requires_grad and id(p) not in self._critic_ids],
+            lr=cfg.lr,
+            weight_decay=cfg.weight_decay,
         )
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self._warmup)
         if critic is not None:
@@ -303,7 +325,8 @@ class Learner(ExperienceMaker):
                     self._dummy_backward()
                     continue
                 self._micro(e, loss_weights(e.mask, cfg.agg, n_tokens, n_rows), W, acc)
-        acc["grad_norm"] += float(self.acc.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm))
+        actor = [p for p in self.model.parameters() if id(p) not in self._critic_ids]
+        acc["grad_norm"] += float(self.acc.clip_grad_norm_(actor, cfg.max_grad_norm))
         self.opt.step()
         self.sched.step()
         if self.critic is not None:
@@ -339,10 +362,11 @@ class Learner(ExperienceMaker):
             if ent is not None:
                 acc["entropy"] += float((ent * m).sum())
         if self.critic is not None:
-            values = self._values(self.critic, e.batch, e.inputs)
-            vf_tok, vst = value_terms(values, e.values, e.returns, m, cfg.critic.vf_clip)
-            vf = (vf_tok * w).sum()
-            self.acc.backward(vf * W)
+            with self.acc.unwrap_model(self.critic).scope():  # a shared model recomputes (checkpointing) as the critic
+                values = self._values(self.critic, e.batch, e.inputs)
+                vf_tok, vst = value_terms(values, e.values, e.returns, m, cfg.critic.vf_clip)
+                vf = (vf_tok * w).sum()
+                self.acc.backward(vf * W)
             acc["vf_loss"] += float(vf.detach())
             acc["vf_clip_frac"] += vst["vf_clip_frac"]
 
@@ -350,7 +374,8 @@ class Learner(ExperienceMaker):
         ids = torch.full((1, 1), self.pad_id, dtype=torch.long, device=self.acc.device)
         self.acc.backward(self.model(input_ids=ids, use_cache=False).logits.sum() * 0.0)
         if self.critic is not None:
-            self.acc.backward(self.critic(ids).sum() * 0.0)
+            with self.acc.unwrap_model(self.critic).scope():
+                self.acc.backward(self.critic(ids).sum() * 0.0)
 
 
-__all__ = ["Learner", "make_accelerator"]
+__all__ = ["Learner", "make_accelerator", "reference_dtype"]
