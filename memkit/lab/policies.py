@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from memkit.agents.base import PROMPTS, OracleConfig, compact_prompt_wrap
-from memkit.core.io import cache_dir
+from memkit.core.io import build_lock, cache_dir
 from memkit.models import LORA_TARGETS, LoadedModel, LoraSpec, apply_lora, build_tiny, identity_wrap, load_policy
 from memkit.models.loading import is_chat
 from memkit.models.tokenizer import TOKENIZER_SCHEME
@@ -135,7 +135,9 @@ def ensure_base(kit, cfg: PretrainConfig | None = None, progress: bool = True, l
     :class:`memkit.train.pretrain.BaseRun`: reused when finished, else trained now (continuing an
     interrupted run)."""
     cfg = cfg or PretrainConfig(world_seed=kit.world_seed)
-    return train_base(kit, cfg, base_checkpoint_path(cfg), progress=progress, log=log)
+    path = base_checkpoint_path(cfg)
+    with build_lock(path):  # one process trains (or continues) it; another waits and reuses it
+        return train_base(kit, cfg, path, progress=progress, log=log)
 
 
 def sft_init(cfg: SFTConfig, kit, progress: bool = True) -> LoadedModel:

@@ -15,6 +15,7 @@ import torch
 
 from memkit.agents import STREAM_METHODS
 from memkit.core.cpu import all_cores
+from memkit.core.io import build_lock
 from memkit.lab.evaluation import rollout
 from memkit.lab.kit import Kit, load_kit
 from memkit.lab.policies import init_spec, load_init, prompt_wrap, sft_cache_key, sft_checkpoint_path, sft_init
@@ -81,8 +82,9 @@ def ensure_sft(method_name: str, kit: Kit, cfg: SFTConfig | None = None, progres
     """The SFT'd tiny model for ``cfg``: the default one from ``memkit sft`` when ``cfg`` is None
     (trained now if missing), else one cached under a hash of ``cfg`` (e.g. a short smoke run)."""
     path = sft_checkpoint_path(method_name, kit.world_seed, "default" if cfg is None else "cfg" + sft_cache_key(cfg))
-    if not path.exists():
-        train_sft_model(method_name, kit, cfg or SFTConfig(method=method_name), progress=progress, path=path)
+    with build_lock(path):  # a second process waits for this one's model instead of training its own
+        if not path.exists():
+            train_sft_model(method_name, kit, cfg or SFTConfig(method=method_name), progress=progress, path=path)
     return path
 
 

@@ -81,7 +81,7 @@ def test_one_lane_runs_the_longest_chain_first_and_respects_needs():
     assert out["tail"].value["start"] >= out["head"].value["end"]
 
 
-def test_two_lanes_run_side_by_side_each_pinned_to_its_core():
+def test_two_lanes_run_side_by_side_each_pinned_to_its_core(whole_machine):
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 cores")
     cores = sorted(os.sched_getaffinity(0))[:2]
@@ -92,7 +92,7 @@ def test_two_lanes_run_side_by_side_each_pinned_to_its_core():
     assert a["start"] < b["end"] and b["start"] < a["end"]  # they overlapped
 
 
-def test_a_wide_task_runs_alone_on_every_core_first():
+def test_a_wide_task_runs_alone_on_every_core_first(whole_machine):
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 cores")
     cores = sorted(os.sched_getaffinity(0))[:2]
@@ -111,7 +111,7 @@ def test_a_wide_task_runs_alone_on_every_core_first():
     assert out["after"].value["cores"] != cores  # the lane is narrowed again afterwards
 
 
-def test_after_a_wide_torch_task_the_lane_has_one_torch_thread_per_core():
+def test_after_a_wide_torch_task_the_lane_has_one_torch_thread_per_core(whole_machine):
     """A wide task loads torch with a pool of two threads; the lane it returns to has one core, so
     its pool must shrink to one (two spin-waiting threads on one core: an 18x slower SFT)."""
     if len(os.sched_getaffinity(0)) < 2:
@@ -157,7 +157,7 @@ def test_reproduce_jobs_refuses_smoke_and_bad_seeds(tmp_path):
 
 
 @pytest.mark.slow
-def test_reproduce_on_two_lanes_runs_every_notebook_and_passes_n_seeds(tmp_path):
+def test_reproduce_on_two_lanes_runs_every_notebook_and_passes_n_seeds(tmp_path, whole_machine):
     """Lab mode on 2 lanes (notebooks that load no lab clone): both notebooks run, each in its own
     lane, N_SEEDS reaches the notebook that declares it, the report and summary list both."""
     from nbtools import make_notebook

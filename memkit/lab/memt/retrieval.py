@@ -149,12 +149,14 @@ def memt_clone_path(kit, lab: MemTLab):
 def cached_clone(kit, path, name: str, recipe, make):
     """The model saved at ``path``; if missing, ``make() -> (model, history, n_examples)`` trains it
     and it is saved there (atomically) with ``{name: recipe}`` and the history."""
+    from memkit.core.io import build_lock
     from memkit.models import load_policy
     from memkit.train.sft import save_checkpoint
 
-    if not (path / "config.json").exists():
-        model, history, n = make()
-        save_checkpoint(model, kit.tokenizer, path, {name: recipe, "n_examples": n, "history": history})
+    with build_lock(path):  # built once across processes (memkit.core.io.build_lock)
+        if not (path / "config.json").exists():
+            model, history, n = make()
+            save_checkpoint(model, kit.tokenizer, path, {name: recipe, "n_examples": n, "history": history})
     return load_policy(str(path)).model
 
 
