@@ -218,9 +218,10 @@ def main() -> None:
             if done.returncode:
                 raise SystemExit(f"{model} {dtype} failed (exit {done.returncode})")
             results.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    print(
-        f"\n{'model':>14s} {'dtype':>9s} {'N':>3s} {'HF tok/s':>9s} {'(threads)':>9s} {'vLLM tok/s':>10s} {'vLLM/HF':>8s}"
-    )
+    if results:
+        print(
+            f"\n{'model':>14s} {'dtype':>9s} {'N':>3s} {'HF tok/s':>9s} {'(threads)':>9s} {'vLLM tok/s':>10s} {'vLLM/HF':>8s}"
+        )
     for r in results:
         for row in r["rows"]:
             print(
