@@ -158,6 +158,7 @@ class VLLMBackend:
         workdir: str | None = None,
         **llm_kwargs,
     ):
+        loader_env = {k: os.environ.get(k) for k in LOADER_ENV}  # before `import vllm` (its cv2 sets one)
         vllm = require_vllm()
         self.tokenizer = tokenizer
         self.eos_ids = _eos_ids(model, tokenizer)
@@ -178,11 +179,10 @@ class VLLMBackend:
             llm_kwargs.setdefault("max_num_batched_tokens", max(longest, 8192))
         _guard_llvmlite()
         set_threads = torch.set_num_threads  # vLLM's CPU worker replaces it with a no-op (thread binding);
-        # and it writes LD_PRELOAD (torch's libgomp) / LD_LIBRARY_PATH into os.environ for processes it
-        # would start: the engine runs in this process, so they are put back too, or every later child
-        # (notebook kernels, `memkit reproduce` lanes) loads GNU OpenMP and a lane that shrinks its
-        # thread pool after a wide task keeps two threads on one core (tests/core/test_lanes.py)
-        loader_env = {k: os.environ.get(k) for k in LOADER_ENV}
+        # and vLLM (with the cv2 it imports) writes LD_PRELOAD (torch's libgomp) / LD_LIBRARY_PATH into
+        # os.environ for processes it would start: the engine runs in this process, so they are put back
+        # too, or every later child (notebook kernels, `memkit reproduce` lanes) loads GNU OpenMP and a lane
+        # that shrinks its thread pool after a wide task keeps two threads on one core (tests/core/test_lanes.py)
         try:  # the trainer in this process still sets its own threads, so it is put back afterwards
             self.llm = vllm.LLM(
                 model=self.workdir,
