@@ -61,6 +61,9 @@ def kit_and_tasks(args, kit):
         kit, _ = real_kit(kit, args.corpus, args.retriever, args.k_docs or REAL_K_DOCS)
     if not args.tasks:
         return kit, None
+    own = memkit_task_file(args.tasks)
+    if own is not None:  # `memkit world`'s tasks, kept as written (eval: the file's tasks of each k)
+        return kit, {k: [t for t in own if t.k == k] for k in args.objectives}
     from memkit.lab.real import real_task_sets
 
     sets = real_task_sets(
@@ -72,6 +75,23 @@ def kit_and_tasks(args, kit):
         answerable=args.answerable,
     )
     return kit, sets
+
+
+def memkit_task_file(source: str):
+    """The tasks of a ``memkit world`` tasks.jsonl (``{"id", "questions", "prompt"}`` lines) as written;
+    None for any other source (questions to compose into MEM1 tasks)."""
+    from pathlib import Path
+
+    path = Path(source)
+    if path.suffix != ".jsonl" or not path.is_file():
+        return None
+    with open(path, encoding="utf-8") as f:
+        first = f.readline()
+    if '"questions"' not in first or '"prompt"' not in first:
+        return None
+    from memkit.world import load_tasks_jsonl
+
+    return load_tasks_jsonl(path)
 
 
 #: the policy specs :func:`memkit.lab.policies.resolve_policy` reads (the ``--policy`` help lists them)
@@ -151,11 +171,13 @@ def run(args) -> int:
     from memkit.world import make_tasks
 
     kit, sets = kit_and_tasks(args, load_kit(args.world_seed, retriever=args.retriever))
-    tasks = (
-        sets[args.objectives[0]]
-        if sets
-        else make_tasks(kit.world, n=args.n_tasks, k=args.objectives[0], seed=args.seed)
-    )
+    own = memkit_task_file(args.tasks) if args.tasks else None
+    if own is not None:
+        tasks = own  # every task of the file, whatever its k
+    elif sets:
+        tasks = sets[args.objectives[0]]
+    else:
+        tasks = make_tasks(kit.world, n=args.n_tasks, k=args.objectives[0], seed=args.seed)
     trajs = rollout(
         args.method,
         tasks,

@@ -248,3 +248,19 @@ def test_eval_on_real_questions_over_a_real_corpus(capsys):
     assert [(r[1], r[2], r[3]) for r in rows] == [("1", "3", "1.000"), ("2", "3", "1.000")]  # k, n, em
     assert main(["eval", "--tasks", str(real / "topics.dpr.nq.test.txt"), "--answerable"]) != 0
     assert "give --corpus too" in capsys.readouterr().err
+
+
+def test_rollout_keeps_a_memkit_task_file_as_written(tmp_path, capsys):
+    """``memkit rollout --tasks world/tasks.jsonl``: `memkit world`'s tasks as written (k = 1 and 2 here),
+    not recomposed into new MEM1 tasks as real questions are."""
+    from memkit.cli import main
+    from memkit.core.trajectory import load_jsonl
+
+    assert main(["world", "--out", str(tmp_path / "w"), "--objectives", "1,2", "--n-tasks", "2"]) == 0
+    out = tmp_path / "traces.jsonl"
+    argv = ["rollout", "--method", "mem1", "--tasks", str(tmp_path / "w" / "tasks.jsonl"), "--out", str(out)]
+    assert main(argv) == 0
+    trajs = load_jsonl(out)
+    assert sorted(t.task_id for t in trajs) == sorted(
+        json.loads(line)["id"] for line in (tmp_path / "w" / "tasks.jsonl").read_text().splitlines()
+    )
