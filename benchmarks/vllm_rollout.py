@@ -179,6 +179,16 @@ def grpo_table(results: list[dict]) -> None:
         )
 
 
+def run_child(flags: list[str], vllm_cores: str, what: str) -> dict:
+    """This script with ``flags`` in a fresh process (one engine per process, its memory given back),
+    vLLM's OpenMP threads on ``vllm_cores``; returns the JSON dict the child prints last."""
+    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": vllm_cores}
+    done = subprocess.run([sys.executable, __file__, *flags], stdout=subprocess.PIPE, text=True, env=env)
+    if done.returncode:
+        raise SystemExit(f"{what} failed (exit {done.returncode})")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="tiny,smollm2-135m")
@@ -210,14 +220,10 @@ def main() -> None:
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     results = []
     for model in args.models.split(",") if sizes else []:
-        for dtype in args.dtypes.split(","):  # one process each: one engine per process, memory given back
-            cmd = [sys.executable, __file__, "--child", f"{model}:{dtype}", "--sizes", args.sizes]
+        for dtype in args.dtypes.split(","):  # one process each (run_child)
+            cmd = ["--child", f"{model}:{dtype}", "--sizes", args.sizes]
             cmd += ["--new-tokens", str(args.new_tokens), "--hf-threads", args.hf_threads]
-            env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": args.vllm_cores}
-            done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env)
-            if done.returncode:
-                raise SystemExit(f"{model} {dtype} failed (exit {done.returncode})")
-            results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            results.append(run_child(cmd, args.vllm_cores, f"{model} {dtype}"))
     if results:
         print(
             f"\n{'model':>14s} {'dtype':>9s} {'N':>3s} {'HF tok/s':>9s} {'(threads)':>9s} {'vLLM tok/s':>10s} {'vLLM/HF':>8s}"
@@ -241,13 +247,9 @@ def main() -> None:
     for model in args.models.split(",") if args.grpo_steps > 0 else []:
         for dtype in args.dtypes.split(","):
             for backend in ("hf", "vllm"):
-                cmd = [sys.executable, __file__, "--grpo-child", f"{model}:{dtype}:{backend}"]
+                cmd = ["--grpo-child", f"{model}:{dtype}:{backend}"]
                 cmd += ["--grpo-steps", str(args.grpo_steps), "--grpo-tasks", str(args.grpo_tasks)]
-                env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": args.vllm_cores}
-                done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env)
-                if done.returncode:
-                    raise SystemExit(f"GRPO {model} {dtype} {backend} failed (exit {done.returncode})")
-                grpo.append(json.loads(done.stdout.strip().splitlines()[-1]))
+                grpo.append(run_child(cmd, args.vllm_cores, f"GRPO {model} {dtype} {backend}"))
     if grpo:
         grpo_table(grpo)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
