@@ -80,18 +80,10 @@ def kit_and_tasks(args, kit):
 def memkit_task_file(source: str):
     """The tasks of a ``memkit world`` tasks.jsonl (``{"id", "questions", "prompt"}`` lines) as written;
     None for any other source (questions to compose into MEM1 tasks)."""
-    from pathlib import Path
-
-    path = Path(source)
-    if path.suffix != ".jsonl" or not path.is_file():
-        return None
-    with open(path, encoding="utf-8") as f:
-        first = f.readline()
-    if '"questions"' not in first or '"prompt"' not in first:
-        return None
     from memkit.world import load_tasks_jsonl
+    from memkit.world.qa_sets import is_task_file
 
-    return load_tasks_jsonl(path)
+    return load_tasks_jsonl(source) if is_task_file(source) else None
 
 
 #: the policy specs :func:`memkit.lab.policies.resolve_policy` reads (the ``--policy`` help lists them)

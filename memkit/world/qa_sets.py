@@ -239,6 +239,17 @@ def _peek(path: Path, n: int = 4096) -> str:
         return f.read(n)
 
 
+def is_task_file(path) -> bool:
+    """Whether ``path`` is memkit's own tasks.jsonl (``memkit world --out``: ``{"id", "questions",
+    "prompt"}`` lines, tasks as composed) rather than a file of questions."""
+    path = Path(path)
+    if path.suffix != ".jsonl" or not path.is_file():
+        return False
+    with open(path, encoding="utf-8", errors="replace") as f:
+        first = f.readline()  # the whole line: a many-question task's "prompt" comes after its questions
+    return '"questions"' in first and '"prompt"' in first
+
+
 def _questions_from(source, split: str, config: str | None, limit: int | None) -> list[Task]:
     if str(source) == "offline":
         from memkit.world.offline import offline_real_set
@@ -252,8 +263,7 @@ def _questions_from(source, split: str, config: str | None, limit: int | None) -
             return load_dpr_topics(path, name="trivia" if "trivia" in path.name else "nq", limit=limit)
         if path.suffix == ".json" and head.lstrip().startswith("[") and '"_id"' in head:
             return load_hotpotqa_json(path, limit=limit)
-        first = head.split("\n", 1)[0]
-        if path.suffix == ".jsonl" and '"questions"' in first and '"prompt"' in first:
+        if is_task_file(path):
             tasks = load_tasks_jsonl(path)  # memkit's own task file (`memkit world --out`)
             return tasks[: _limit(limit)]
     return load_qa(source, split=split, config=config, limit=limit)
