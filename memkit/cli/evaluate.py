@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from memkit.cli.args import methods, positive
-from memkit.cli.rollout import add_context_options, add_policy, add_real_data, kit_and_tasks, placed_policy
+from memkit.cli.rollout import add_context_options, add_policy, add_real_data, data_config, kit_and_tasks, placed_policy
 from memkit.cli.world import add_common
 
 HELP = "evaluate methods at several objective counts and print the table"
@@ -20,11 +20,6 @@ def add_arguments(sp) -> None:
     sp.add_argument("--method", type=methods, default=list(METHODS), help="comma-separated: " + ", ".join(METHODS))
     add_policy(sp)
     sp.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    sp.add_argument(
-        "--retriever",
-        default="bm25",
-        help="bm25, dense, bm25:<saved index dir> or faiss:<index file> (memkit.retrieval.spec)",
-    )
     sp.add_argument("--out-dir", default=None, help="write JSONL traces here")
     add_context_options(sp)
     add_real_data(sp)
@@ -89,7 +84,8 @@ def run(args) -> int:
     from memkit.lab.kit import load_kit
     from memkit.metrics.qa import format_table
 
-    kit, sets = kit_and_tasks(args, load_kit(args.world_seed, retriever=args.retriever))
+    data = data_config(args)  # a bad combination is named before the world loads
+    kit, sets = kit_and_tasks(args, load_kit(args.world_seed, retriever=args.retriever), data)
     rows = []
     for method in args.method:
         if method == "memt":

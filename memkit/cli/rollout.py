@@ -16,65 +16,41 @@ def add_arguments(sp) -> None:
     add_policy(sp)
     sp.add_argument("--n", type=int, default=1, help="trajectories per task (group size)")
     sp.add_argument("--temperature", type=float, default=1.0)
-    sp.add_argument(
-        "--retriever",
-        default="bm25",
-        help="bm25, dense, bm25:<saved index dir> or faiss:<index file> (memkit.retrieval.spec)",
-    )
     sp.add_argument("--out", default="traces.jsonl")
     add_context_options(sp)
     add_real_data(sp)
 
 
 def add_real_data(sp) -> None:
-    """``--tasks --corpus --answerable``: real questions over a real corpus (memkit.lab.real)."""
-    real = sp.add_argument_group("real data (memkit.lab.real)")
-    real.add_argument(
-        "--tasks",
-        default=None,
-        help="questions instead of the synthetic world's: 'offline' (answerable NQ + TriviaQA), a FlashRAG / "
-        "Search-R1 .jsonl or .parquet, a hub id, DPR topics .txt, HotpotQA .json, or `memkit world`'s tasks.jsonl; "
-        "composed into MEM1 tasks of --objectives questions",
-    )
-    real.add_argument(
-        "--corpus",
-        default=None,
-        help="passages the search tool retrieves from: 'offline' (10,033 Wikipedia leads), a wiki-18 style "
-        ".jsonl, or a .json of leads (default: the synthetic world's)",
-    )
-    real.add_argument(
-        "--answerable",
-        action="store_true",
-        help="keep only questions the corpus holds evidence for (memkit.world.answerable), with the one-hop "
-        "decomposition the oracle follows",
-    )
+    """``--tasks --corpus --answerable --retriever``: real questions over a real corpus, the fields of
+    :class:`memkit.rl.groups.DataConfig` (``memkit sft`` and ``train`` take the same); here ``--tasks``
+    also reads ``memkit world``'s tasks.jsonl, whose tasks are kept as written."""
+    from memkit.cli.args import add_config_flags
+    from memkit.rl.groups import DataConfig
+
+    add_config_flags(sp.add_argument_group("real data (memkit.lab.real)"), DataConfig)
 
 
-def kit_and_tasks(args, kit):
-    """``(kit, {k: tasks} or None)``: ``kit`` with a search env over ``--corpus``, and ``--tasks``
-    composed at each of ``--objectives`` (None: the caller draws the world's own tasks)."""
-    if args.answerable and not args.corpus:
-        raise ValueError("--answerable keeps questions the corpus can answer: give --corpus too")
-    if args.corpus:
-        from memkit.lab.real import REAL_K_DOCS, real_kit
+def data_config(args):
+    """The checked :class:`memkit.rl.groups.DataConfig` of ``--tasks --corpus --answerable --retriever``."""
+    from memkit.cli.args import config_from_args
+    from memkit.rl.groups import DataConfig
 
-        kit, _ = real_kit(kit, args.corpus, args.retriever, args.k_docs or REAL_K_DOCS)
-    if not args.tasks:
-        return kit, None
-    own = memkit_task_file(args.tasks)
-    if own is not None:  # `memkit world`'s tasks, kept as written (eval: the file's tasks of each k)
-        return kit, {k: [t for t in own if t.k == k] for k in args.objectives}
-    from memkit.lab.real import real_task_sets
+    return config_from_args(DataConfig, args).check()
 
-    sets = real_task_sets(
-        args.tasks,
-        args.objectives,
-        args.n_tasks,
-        seed=args.seed,
-        retriever=kit.env.retriever if args.answerable else None,
-        answerable=args.answerable,
-    )
-    return kit, sets
+
+def kit_and_tasks(args, kit, data):
+    """``(kit, {k: tasks} or None)``: ``kit`` with ``data``'s corpus behind its search tool and its
+    questions as its world (:func:`memkit.lab.real.data_kit`: the caller's ``held_out_tasks`` /
+    ``make_tasks`` compose them); a ``memkit world`` tasks.jsonl is kept as written instead (its tasks of
+    each of ``--objectives``)."""
+    from dataclasses import replace
+
+    from memkit.lab.real import data_kit
+
+    own = memkit_task_file(data.tasks) if data.tasks else None
+    kit = data_kit(kit, data if own is None else replace(data, tasks=None), args.k_docs)
+    return kit, None if own is None else {k: [t for t in own if t.k == k] for k in args.objectives}
 
 
 def memkit_task_file(source: str):
@@ -162,12 +138,10 @@ def run(args) -> int:
     from memkit.lab.kit import load_kit
     from memkit.world import make_tasks
 
-    kit, sets = kit_and_tasks(args, load_kit(args.world_seed, retriever=args.retriever))
-    own = memkit_task_file(args.tasks) if args.tasks else None
-    if own is not None:
-        tasks = own  # every task of the file, whatever its k
-    elif sets:
-        tasks = sets[args.objectives[0]]
+    data = data_config(args)  # a bad combination is named before the world loads
+    kit, sets = kit_and_tasks(args, load_kit(args.world_seed, retriever=args.retriever), data)
+    if sets is not None:  # memkit world's tasks.jsonl: every task of the file, whatever its k
+        tasks = memkit_task_file(args.tasks)
     else:
         tasks = make_tasks(kit.world, n=args.n_tasks, k=args.objectives[0], seed=args.seed)
     trajs = rollout(

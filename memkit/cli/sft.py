@@ -1,5 +1,6 @@
 """``memkit sft``: behaviour-clone a method's oracle into a model (a cached checkpoint): the tiny model, or
-a pretrained one (``--init smollm2-135m --lora``, a hub id) in its own tokens and chat template.
+a pretrained one (``--init smollm2-135m --lora``, a hub id) in its own tokens and chat template, on the
+synthetic world or on real questions over a real corpus (``--tasks offline --corpus offline``).
 
 Every :class:`~memkit.train.sft.SFTConfig` field is a flag (``--batch-size``, ``--oracle-p-drop-fact``, ...).
 """
@@ -42,15 +43,17 @@ def run(args) -> int:
 
     cfg = config_from_args(SFTConfig, args)  # a bad value is named before torch loads
     check_tag(args.tag)
+    cfg.data.check()
     from memkit.core.cpu import busy_cpu_note
     from memkit.lab.evaluation import evaluate
     from memkit.lab.kit import load_kit
     from memkit.lab.policies import pretrained_init, sft_output_path, sft_tag
+    from memkit.lab.real import data_kit
     from memkit.lab.runs import train_sft_model
     from memkit.train.sft import budget_note
 
     tag = check_tag(args.tag or sft_tag(cfg))
-    kit = load_kit(cfg.world_seed)
+    kit = data_kit(load_kit(cfg.world_seed), cfg.data)  # --tasks / --corpus: real questions over a real corpus
     note = busy_cpu_note() if cfg.max_seconds else None
     if note:
         print(note, file=sys.stderr, flush=True)

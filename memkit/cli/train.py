@@ -1,9 +1,10 @@
-"""``memkit train``: RL (GRPO or PPO) on a method's synthetic tasks.
+"""``memkit train``: RL (GRPO or PPO) on a method's synthetic tasks, or on real ones (``--tasks --corpus``).
 
     memkit train --algo grpo --method memsearcher --steps 100
     memkit train --method memt --steps 20 --tasks-per-step 4 --n 3   # MoT-GRPO trees over teacher-built stores
     memkit train --algo ppo --method mem1 --packing mem1_mask --lora --out runs/mem1-ppo
     memkit train ... --out runs/mem1-ppo --resume          # continue from the latest checkpoint
+    memkit train --method mem1 --init <sft dir> --tasks offline --corpus offline --lora   # real NQ + TriviaQA
 
 Every :class:`~memkit.rl.config.TrainConfig` field is a flag (``--clip-high``, ``--gamma``, ...).
 Multi-GPU: ``accelerate launch -m memkit.cli train ...`` or ``torchrun --nproc_per_node N -m memkit.cli train ...``.

@@ -49,7 +49,7 @@ def sft_tag(cfg: SFTConfig) -> str:
     else one naming the recipe, e.g. ``k1-2-3-n4000-s0``, ``k1-2-n4000-s0-cmp`` for the oracle's
     ``show_comparison`` data (load it as ``tiny-sft:<tag>``).
     So a variant never overwrites the default model the notebooks and ``memkit train`` start from.
-    An SFT that does not start from scratch gets a suffix (:func:`init_tag`): ``default-base``,
+    Real data (``cfg.data``) adds ``-data<hash>``. An SFT that does not start from scratch gets a suffix (:func:`init_tag`): ``default-base``,
     ``k1-2-3-n4000-s0-base``, ``default-cont1a2b3c``."""
     d = SFTConfig()
     same_tasks = (tuple(cfg.objectives), cfg.n_tasks, cfg.seed) == (tuple(d.objectives), d.n_tasks, d.seed)
@@ -62,6 +62,7 @@ def sft_tag(cfg: SFTConfig) -> str:
         elif cfg.oracle != d.oracle:  # other imperfection knobs: name them by hash
             tag += f"-o{config_hash(cfg.oracle)[:6]}"
     tag += "-lora" if cfg.lora.enabled else ""
+    tag += f"-data{config_hash(cfg.data)[:6]}" if cfg.data.real else ""  # real questions / corpus
     if cfg.init == "scratch" or pretrained_init(cfg.init):  # a pretrained model is named in the directory
         return tag
     return f"{tag}-{init_tag(cfg.init)}"
@@ -100,10 +101,17 @@ def init_tag(init: str) -> str:
 
 def sft_cache_key(cfg: SFTConfig) -> str:
     """``config_hash`` of ``cfg``, with ``init`` left out when it is "scratch", ``method_kwargs`` when
-    empty, ``lora`` when off, and ``lr`` / ``max_len`` / ``warmup`` / ``context_weight`` keyed by their
-    tiny-model values when left at None (so the SFT caches made before those fields existed keep their names)."""
+    empty, ``lora`` when off, ``data`` when synthetic, and ``lr`` / ``max_len`` / ``warmup`` /
+    ``context_weight`` keyed by their tiny-model values and ``k_docs`` by its resolved value when left
+    at None (so the SFT caches made before those fields existed keep their names)."""
     key = asdict(cfg)
-    for name, default in (("init", "scratch"), ("method_kwargs", {}), ("lora", asdict(SFTConfig().lora))):
+    defaults = (
+        ("init", "scratch"),
+        ("method_kwargs", {}),
+        ("lora", asdict(SFTConfig().lora)),
+        ("data", asdict(SFTConfig().data)),
+    )
+    for name, default in defaults:
         if key[name] == default:
             del key[name]
     if not pretrained_init(
@@ -118,6 +126,8 @@ def sft_cache_key(cfg: SFTConfig) -> str:
         )
         if cfg.gradient_checkpointing is None:
             del key["gradient_checkpointing"]
+    if key["k_docs"] is None:  # by the passages it resolves to (the field's default was 1)
+        key["k_docs"] = resolve_sft(cfg, pretrained=False).k_docs
     return config_hash(key)
 
 

@@ -1,19 +1,20 @@
-"""Real questions over a real corpus, for the same rollouts and metrics as the synthetic world.
+"""Real questions over a real corpus, for the same rollouts, training and metrics as the synthetic world.
 
-MEM1 trains and tests on NQ + HotpotQA over Wikipedia; memkit's lab lives in a synthetic world. This
-module swaps the two parts a rollout takes from the world, and nothing else:
+MEM1 trains and tests on NQ + HotpotQA over Wikipedia; memkit's lab lives in a synthetic world. A
+:class:`~memkit.rl.groups.DataConfig` (``--tasks --corpus --answerable --retriever`` of ``memkit
+sft / train / eval / rollout``) swaps the two parts a kit takes from the world, and nothing else:
 
-* the **search env**: :func:`real_kit` keeps the kit's tokenizer and puts a retriever over a real
-  corpus behind the search tool (``"offline"``: the 10,033 Wikipedia leads; a wiki-18 style
-  ``.jsonl``; ovos' ``summaries_en-us.json``: :func:`memkit.world.load_real_corpus`);
-* the **tasks**: :func:`real_task_sets` reads questions from any source
-  :func:`memkit.world.load_real_tasks` reads (``"offline"``, a FlashRAG / Search-R1 file or hub id,
-  DPR topics, HotpotQA JSON, memkit's ``tasks.jsonl``) and composes MEM1's ``k``-question tasks
-  (Prompt 1) at each ``k``. With ``answerable=True`` only questions the corpus holds evidence for
-  are kept (:func:`memkit.world.answerable`), each with the one-hop decomposition the scripted
-  teacher follows; the offline set is answerable already.
-
-``memkit eval --tasks ... --corpus ...`` and ``memkit rollout --tasks ... --corpus ...`` call these.
+* the **search env**: the kit's tokenizer is kept and a retriever over a real corpus stands behind
+  the search tool (``"offline"``: the 10,033 Wikipedia leads; a wiki-18 style ``.jsonl``; ovos'
+  ``summaries_en-us.json``: :func:`memkit.world.load_real_corpus`), ``REAL_K_DOCS`` passages a search;
+* the **world**: a :class:`~memkit.world.composite.QuestionSet` of the source's questions
+  (:func:`memkit.world.load_real_tasks`: ``"offline"``, a FlashRAG / Search-R1 file or hub id, DPR
+  topics, HotpotQA JSON, memkit's ``tasks.jsonl``). ``make_tasks`` composes MEM1's ``k``-question
+  tasks (Prompt 1) from it, so ``training_tasks`` (SFT's sft questions, RL's rl ones),
+  ``held_out_tasks`` (evaluation's test ones) and the trainer draw real tasks unchanged. With
+  ``answerable`` only questions the corpus holds evidence for are kept
+  (:func:`memkit.world.answerable`), each with the one-hop decomposition the scripted oracle
+  follows; the offline set is answerable already.
 """
 
 from __future__ import annotations
@@ -21,10 +22,18 @@ from __future__ import annotations
 from dataclasses import replace
 
 from memkit.envs import SearchEnv, make_retriever
+from memkit.rl.groups import REAL_K_DOCS, DataConfig
 
-#: passages per search on a real corpus: the answerable filter's own top k (memkit.world.offline), so
-#: a kept question's evidence is in the first search's observation
-REAL_K_DOCS = 5
+
+def data_kit(kit, data: DataConfig, k_docs: int | None = None):
+    """``kit`` with ``data``'s corpus behind its search tool (``k_docs`` passages a search, default
+    ``REAL_K_DOCS``) and ``data``'s questions as its world; unchanged parts stay the synthetic world's."""
+    data.check()
+    if data.corpus:
+        kit, _ = real_kit(kit, data.corpus, data.retriever, k_docs or REAL_K_DOCS)
+    if data.tasks:
+        kit = replace(kit, world=question_set(data.tasks, kit.env.retriever if data.answerable else None))
+    return kit
 
 
 def real_kit(kit, corpus: str, retriever: str = "bm25", k_docs: int = REAL_K_DOCS):
@@ -42,34 +51,21 @@ def real_kit(kit, corpus: str, retriever: str = "bm25", k_docs: int = REAL_K_DOC
     return replace(kit, env=env, _envs_by_k={}), passages
 
 
-def real_task_sets(
-    source: str,
-    objectives,
-    n_tasks: int,
-    seed: int = 0,
-    retriever=None,
-    answerable: bool = False,
-    question_split: str | None = "auto",
-) -> dict[int, list]:
-    """``{k: tasks}``: ``n_tasks`` MEM1 composites of ``k`` questions of ``source`` for each ``k``
-    (:func:`memkit.world.compose_multi_objective`, seeded by ``seed + k``).
+def question_set(source: str, retriever=None):
+    """The :class:`~memkit.world.composite.QuestionSet` of ``source``'s questions; with a
+    ``retriever`` (the corpus's), only those it finds evidence for, with their one-hop decompositions.
 
-    ``answerable``: keep the questions ``retriever`` (the corpus's) finds evidence for, with their
-    one-hop decompositions. ``question_split``: the questions the tasks draw
-    (:func:`memkit.world.question_split`); "auto" = "test" for the offline set (its other questions
-    are SFT's and RL's) and all of them for a file or hub split (held out by its own split)."""
-    from memkit.world import answerable as keep_answerable, compose_multi_objective, load_real_tasks, question_pool
+    "offline" is one pool split by a hash of the id (sft / rl / test questions); a file or hub split is
+    a split already and is used whole (train on a training file, evaluate on a test file)."""
+    from memkit.world import answerable, load_real_tasks, question_pool
+    from memkit.world.composite import QuestionSet
 
-    if question_split == "auto":
-        question_split = "test" if str(source) == "offline" else None
     pool = question_pool(load_real_tasks(source))
-    if answerable:
-        if retriever is None:
-            raise ValueError("answerable=True needs the corpus's retriever (real_kit(...)[0].env.retriever)")
-        pool = keep_answerable(pool, retriever)
+    if retriever is not None:
+        pool = answerable(pool, retriever)
     if not pool:
-        raise ValueError(f"no usable questions in {source!r}" + (" that the corpus can answer" if answerable else ""))
-    return {k: compose_multi_objective(pool, n_tasks, k, seed=seed + k, split=question_split) for k in objectives}
+        raise ValueError(f"no usable questions in {source!r}" + (" that the corpus can answer" if retriever else ""))
+    return QuestionSet(str(source), tuple(pool), hash_splits=str(source) == "offline")
 
 
-__all__ = ["REAL_K_DOCS", "real_kit", "real_task_sets"]
+__all__ = ["REAL_K_DOCS", "data_kit", "question_set", "real_kit"]

@@ -21,7 +21,16 @@ from memkit.agents import METHODS, STREAM_METHODS
 from memkit.agents.base import PROMPTS
 from memkit.core.fields import flat_names
 from memkit.rl.choices import AGG_MODES, PACKING_MODES
-from memkit.rl.groups import ClipConfig, CriticConfig, EvalConfig, KLConfig, LoRAConfig, RuntimeConfig, SaveConfig
+from memkit.rl.groups import (
+    ClipConfig,
+    CriticConfig,
+    DataConfig,
+    EvalConfig,
+    KLConfig,
+    LoRAConfig,
+    RuntimeConfig,
+    SaveConfig,
+)
 from memkit.rl.rules import DCPOConfig, MemPOConfig, MoTConfig
 from memkit.world.splits import TRAINING_SPLITS
 from memkit.world.task_sets import EVAL_SEEDS
@@ -89,6 +98,10 @@ class TrainConfig:
     the tenth of the questions that behaviour cloning never saw, so RL rewards answers the policy
     had to search for rather than recall; ``"sft"`` the ones SFT cloned; ``"train"`` both. Never
     ``"test"``: the held-out evaluation asks those."""
+    data: DataConfig = field(default_factory=DataConfig, metadata={"prefix": ""})
+    """Real questions over a real corpus instead of the synthetic world: :class:`memkit.rl.groups.DataConfig`,
+    flags ``--tasks``, ``--corpus``, ``--answerable``, ``--retriever`` (training tasks of ``question_split``
+    and held-out ones from them: :func:`memkit.lab.real.data_kit`)."""
     max_turns: int | None = None
     """Tool calls per trajectory; None = the method's per-task limit (hops + 4, as evaluation uses)."""
     max_context_tokens: int = 2048
@@ -233,6 +246,12 @@ class TrainConfig:
         ):
             if int(at(name)) < 1:
                 bad(name, "must be >= 1")
+        try:
+            self.data.check()
+        except ValueError as e:
+            bad("data.answerable", str(e))
+        if self.data.real and self.method in STREAM_METHODS:
+            bad("data.tasks", f"{self.method} learns from conversation streams, not questions over a corpus")
         if self.mot.pivots < 1:
             bad("mot.pivots", "must be >= 1 (N_v pivot nodes per tree and round)")
         ev = self.eval
@@ -369,6 +388,6 @@ def _choice_fields(cfg):
 
 #: fields that must match for ``--resume`` to continue a run (others may change, e.g. steps); the
 #: resolved credit rule must match too (a checkpoint from before ``credit`` existed reads as ``auto``)
-RESUME_KEYS = ("algo", "method", "method_kwargs", "init", "packing", "lora", "seed", "world_seed")
+RESUME_KEYS = ("algo", "method", "method_kwargs", "init", "packing", "lora", "seed", "world_seed", "data")
 
 __all__ = ["TrainConfig", "ALGOS", "RESUME_KEYS"]

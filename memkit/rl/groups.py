@@ -1,4 +1,4 @@
-"""``TrainConfig``'s groups of knobs that belong together: LoRA, the PPO clip, the KL term, PPO's
+"""``TrainConfig``'s groups of knobs that belong together: LoRA, the data (real questions and corpus), the PPO clip, the KL term, PPO's
 critic, evaluation, checkpoints, and the runtime (knobs that change speed, memory or hardware but
 not what is learnt). Torch-free like :mod:`memkit.rl.config`.
 
@@ -37,6 +37,43 @@ class LoRAConfig:
     targets: str = field(default="attention", metadata={"choices": LORA_TARGET_SETS})
     """Which linear layers get adapters: ``attention`` (q/k/v/o projections) or ``all-linear`` (the
     MLP too; ``memkit.models.LORA_TARGETS``)."""
+
+
+#: passages per search on a real corpus: the answerable filter's own top k (memkit.world.offline), so a
+#: kept question's evidence is in the first search's observation
+REAL_K_DOCS = 5
+
+
+@dataclass
+class DataConfig:
+    """Real questions over a real corpus instead of the synthetic world (:func:`memkit.lab.real.data_kit`);
+    flags ``--tasks``, ``--corpus``, ``--answerable``, ``--retriever``, shared by ``memkit sft`` and
+    ``memkit train``. All at their defaults = the synthetic world."""
+
+    tasks: str | None = None
+    """Questions the tasks are composed of (MEM1 Prompt 1, ``objectives`` questions each): "offline"
+    (answerable NQ + TriviaQA, split by a hash of the id into sft / rl / test questions), a FlashRAG /
+    Search-R1 ``.jsonl`` / ``.parquet``, a hub id, DPR topics, HotpotQA ``.json`` (a file or hub split
+    is used whole: it is a split already). None = the synthetic world's questions."""
+    corpus: str | None = None
+    """Passages the search tool retrieves from: "offline" (10,033 Wikipedia leads), a wiki-18 style
+    ``.jsonl`` or a ``.json`` of leads. None = the synthetic world's passages."""
+    answerable: bool = False
+    """Keep only the questions the corpus holds evidence for (``memkit.world.answerable``), with the
+    one-hop decomposition the scripted oracle follows (needs ``corpus``)."""
+    retriever: str = "bm25"
+    """bm25, dense, bm25:<saved index dir> or faiss:<index file> (``memkit.retrieval.spec``)."""
+
+    def check(self) -> "DataConfig":
+        """Self, or one clear error for a combination that cannot work (before anything loads)."""
+        if self.answerable and not self.corpus:
+            raise ValueError("--answerable keeps the questions the corpus can answer: give --corpus too")
+        return self
+
+    @property
+    def real(self) -> bool:
+        """Whether anything differs from the synthetic world."""
+        return bool(self.tasks or self.corpus)
 
 
 @dataclass

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from memkit.agents import METHODS
 from memkit.agents.base import OracleConfig
-from memkit.rl.groups import LoRAConfig
+from memkit.rl.groups import REAL_K_DOCS, DataConfig, LoRAConfig
 
 #: learning-rate shapes after warmup (:func:`lr_shape`)
 SCHEDULES = ("wsd", "cosine")
@@ -72,10 +72,12 @@ class SFTConfig:
     max(step/steps, elapsed/budget) and training stops when either ends (machine-dependent; None =
     by steps). The default is `memkit sft`'s 10 minutes, so a notebook that trains the default
     model gets the same one as the command line."""
-    k_docs: int = 1
-    """Passages per search in the cloned trajectories (and the model's later rollouts): the papers
-    retrieve 3; one keeps the tiny model's contexts ~1.6x shorter at unchanged oracle EM (the
-    oracle re-searches when the top passage misses)."""
+    k_docs: int | None = None
+    """Passages per search in the cloned trajectories (and the model's later rollouts). None = 1 on
+    the synthetic world: the papers retrieve 3; one keeps the tiny model's contexts ~1.6x shorter at
+    unchanged oracle EM (the oracle re-searches when the top passage misses); on a real corpus
+    (``data.corpus``) ``REAL_K_DOCS`` = 5, the answerable filter's own top k, so the evidence of a
+    kept question is in the first search's passages."""
     init: str = "scratch"
     """Where SFT starts: "scratch" (a fresh random tiny model seeded by seed), "base" (the pretrained
     tiny base of `memkit pretrain` with its default flags, trained first if missing: SFT then only
@@ -86,6 +88,10 @@ class SFTConfig:
     """Seeds the training tasks, the oracle's imperfections and the model's init ("scratch")."""
     world_seed: int = 0
     """Synthetic world the tasks come from."""
+    data: DataConfig = field(default_factory=DataConfig, metadata={"prefix": ""})
+    """Real questions over a real corpus instead of the synthetic world (``--tasks``, ``--corpus``,
+    ``--answerable``, ``--retriever``; :class:`memkit.rl.groups.DataConfig`): the oracle's tasks are
+    composed of the source's sft questions (``memkit.world.training_tasks``)."""
     lora: LoRAConfig = field(default_factory=lambda: LoRAConfig(r=32, alpha=64, targets="all-linear"))
     """LoRA adapters instead of all weights (``--lora``, ``--lora-r``, ``--lora-alpha``, ``--lora-targets``):
     what format SFT of a pretrained model uses; saved as the adapter plus the base it loads onto
@@ -166,7 +172,7 @@ class PretrainConfig:
 def resolve_sft(cfg: SFTConfig, pretrained: bool) -> SFTConfig:
     """``cfg`` with its model-dependent defaults (the fields left at None) filled in for a tiny model
     or a ``pretrained`` one (a model with its own chat template): ``lr``, ``max_len``, ``warmup``,
-    ``context_weight`` and ``gradient_checkpointing`` (see each field)."""
+    ``context_weight`` and ``gradient_checkpointing`` (see each field), and ``k_docs`` for the corpus."""
     return replace(
         cfg,
         lr=cfg.lr if cfg.lr is not None else (1e-3 if cfg.lora.enabled else 1e-5) if pretrained else 4e-3,
@@ -174,6 +180,7 @@ def resolve_sft(cfg: SFTConfig, pretrained: bool) -> SFTConfig:
         warmup=cfg.warmup if cfg.warmup is not None else 5 if pretrained else 200,
         context_weight=cfg.context_weight if cfg.context_weight is not None else 0.0 if pretrained else 1.0,
         gradient_checkpointing=(cfg.gradient_checkpointing if cfg.gradient_checkpointing is not None else pretrained),
+        k_docs=cfg.k_docs if cfg.k_docs is not None else REAL_K_DOCS if cfg.data.corpus else 1,
     )
 
 

@@ -16,7 +16,7 @@ questions no training task asks.
 from __future__ import annotations
 
 import random
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from memkit.world.schema import Question, Task, compose_prompt
 from memkit.world.splits import check_split, in_split
@@ -67,3 +67,30 @@ def compose_multi_objective(
             qs.append(deck.pop(j))
         tasks.append(Task(id=f"{prefix}-s{seed}-k{k}{tag}-{i:05d}", questions=qs, prompt=compose_prompt(qs)))
     return tasks
+
+
+@dataclass(frozen=True)
+class QuestionSet:
+    """Real questions standing where a synthetic world stands: ``make_tasks(qs, n, k, seed, split=...)``
+    (and so ``training_tasks``, ``held_out_tasks``, the trainer and ``evaluate``) composes MEM1 tasks
+    from them with :func:`compose_multi_objective` instead of drawing a world's questions.
+
+    ``hash_splits``: whether ``split`` ("sft", "rl", "test") picks questions by
+    :func:`~memkit.world.splits.question_split` -- one pool serving behaviour cloning, RL and
+    evaluation (the offline set) -- or is ignored because the source is a split already (a
+    training file, a test file: Search-R1 and MEM1 train on one file and test on others).
+    ``name``: the source, for task ids and messages."""
+
+    name: str
+    questions: tuple
+    hash_splits: bool = True
+
+    def tasks(self, n: int, k: int, seed: int = 0, split: str | None = None) -> list[Task]:
+        """``n`` composites of ``k`` questions (``split`` as the class doc says)."""
+        split = split if self.hash_splits else None
+        return compose_multi_objective(self.questions, n, k, seed=seed, split=split, prefix=_slug(self.name))
+
+
+def _slug(name: str) -> str:
+    tail = str(name).replace("\\", "/").rstrip("/").split("/")[-1]
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in tail)[:40] or "real"

@@ -20,6 +20,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from memkit.world.composite import QuestionSet
 from memkit.world.schema import Passage, Question, SubQuestion, Task, compose_prompt
 from memkit.world.splits import check_split, in_split, split_share
 from memkit.world.vocab import (
@@ -259,7 +260,12 @@ def make_questions(world: World, n: int, seed: int = 0, kinds: tuple[str, ...] =
 
 
 def make_tasks(
-    world: World, n: int, k: int = 1, seed: int = 0, kinds: tuple[str, ...] = KINDS, split: str | None = None
+    world: World | QuestionSet,
+    n: int,
+    k: int = 1,
+    seed: int = 0,
+    kinds: tuple[str, ...] = KINDS,
+    split: str | None = None,
 ) -> list[Task]:
     """``n`` tasks of ``k`` distinct questions each, composed with MEM1 Prompt 1.
 
@@ -267,8 +273,11 @@ def make_tasks(
     only once the world runs out of fresh ones of that kind, never twice inside one task.
     ``split``: ``"sft"``, ``"rl"``, ``"test"`` or ``"train"`` (sft + rl) draws only those questions
     of :func:`~memkit.world.splits.question_split` (``task_sets.training_tasks`` and the evaluations
-    do); None draws from all questions.
+    do); None draws from all questions. A :class:`~memkit.world.composite.QuestionSet` (real
+    questions) composes its own (``kinds`` ignored).
     """
+    if isinstance(world, QuestionSet):  # real questions: MEM1's composites of them (kinds are the world's)
+        return world.tasks(n, k, seed=seed, split=split)
     if not isinstance(n, int) or n < 1 or not isinstance(k, int) or k < 1:
         raise ValueError(f"n and k must be positive ints (n tasks of k questions), got n={n!r}, k={k!r}")
     kinds, split = _check_kinds(kinds), check_split(split)

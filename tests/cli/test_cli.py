@@ -264,3 +264,35 @@ def test_rollout_keeps_a_memkit_task_file_as_written(tmp_path, capsys):
     assert sorted(t.task_id for t in trajs) == sorted(
         json.loads(line)["id"] for line in (tmp_path / "w" / "tasks.jsonl").read_text().splitlines()
     )
+
+
+def test_sft_and_train_on_real_questions_over_a_real_corpus(tmp_path, capsys):
+    """``memkit sft`` and ``memkit train`` take ``--tasks --corpus --answerable`` (DataConfig): the oracle's
+    data and RL's tasks are composed of the fixture's real questions, searched in its real leads, and
+    the evaluations after each are on real composites; the config records the data."""
+    import shutil
+
+    from memkit.cli import main
+
+    real = REPO / "tests" / "fixtures" / "real"
+    data = ["--tasks", str(real / "topics.dpr.nq.test.txt"), "--corpus", str(real / "summaries_en-us.json")]
+    data += ["--answerable"]
+    sft = ["sft", "--method", "mem1", *data, "--objectives", "1", "--n-tasks", "4", "--steps", "2"]
+    sft += ["--max-minutes", "0", "--eval-tasks", "2", "--eval-objectives", "1", "--tag", f"clitest-{tmp_path.name}"]
+    assert main(sft) == 0
+    out = capsys.readouterr().out
+    path = Path(re.search(r"checkpoint: (\S+)", out).group(1))
+    try:
+        meta = json.loads((path / "memkit.json").read_text())
+        assert "k=1: EM per question" in out
+        assert meta["sft"]["data"]["answerable"] is True and meta["sft"]["k_docs"] == 5  # REAL_K_DOCS
+        run = tmp_path / "run"
+        train = ["train", "--method", "mem1", "--init", str(path), *data, "--objectives", "1", "--steps", "1"]
+        train += ["--tasks-per-step", "2", "--n", "2", "--eval-tasks", "2", "--eval-objectives", "1"]
+        assert main([*train, "--out", str(run)]) == 0  # a file is a split already: RL draws all of it
+        out = capsys.readouterr().out
+        assert "eval step 1 k=1:" in out and (run / "metrics.csv").exists()
+        cfg = json.loads(next(run.rglob("memkit.json")).read_text())["config"]
+        assert cfg["data"]["corpus"].endswith("summaries_en-us.json") and cfg["data"]["answerable"] is True
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
