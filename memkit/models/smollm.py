@@ -82,3 +82,40 @@ def load_smollm2(cache_dir: str | Path, dtype: torch.dtype = torch.float32, devi
     if device is not None:
         model = model.to(device)
     return model.eval(), tok
+
+
+def smollm2_shape_check(cache_dir: str | Path, layers: int = 2, hidden: int = 64, seed: int = 0) -> Path:
+    """SmolLM2's tokenizer and ChatML template on a small random Llama (``layers`` x ``hidden``), saved
+    like a hub model under ``cache_dir``; returns its directory.
+
+    Every path a pretrained chat model takes (its own tokens and chat template, LoRA, the adapter
+    loading back onto its base) runs on it in seconds, where SmolLM2-135M itself decodes ~50x
+    slower than the tiny model on 2 cores: SMOKE runs and tests use it, and what it generates means
+    nothing (random weights)."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    target = Path(cache_dir).expanduser() / f"{CACHE_NAME}-shape-l{layers}-h{hidden}-s{seed}"
+    if (target / "config.json").is_file():
+        return target
+    if not (Path(cache_dir).expanduser() / CACHE_NAME / "tokenizer_config.json").is_file():
+        load_smollm2(cache_dir)  # the tokenizer comes from the converted SmolLM2 checkpoint
+    tok = AutoTokenizer.from_pretrained(str(Path(cache_dir).expanduser() / CACHE_NAME))
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(cfg)
+    with atomic_dir(target, keep_existing=True) as tmp:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+    return target

@@ -28,28 +28,12 @@ def kit():
 
 
 @pytest.fixture(scope="module")
-def chat_model_dir(tmp_path_factory):
+def chat_model_dir():
     """A 2-layer random Llama with SmolLM2's tokenizer and ChatML template, saved like a hub model."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from memkit.core.io import cache_dir
+    from memkit.models.smollm import smollm2_shape_check
 
-    smol = load_policy("smollm2-135m")
-    cfg = LlamaConfig(
-        vocab_size=smol.model.config.vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=8192,
-        tie_word_embeddings=True,
-        bos_token_id=smol.tokenizer.bos_token_id,
-        eos_token_id=smol.tokenizer.eos_token_id,
-    )
-    torch.manual_seed(0)
-    d = tmp_path_factory.mktemp("chat-model")
-    LlamaForCausalLM(cfg).save_pretrained(d)
-    smol.tokenizer.save_pretrained(d)
-    return d
+    return smollm2_shape_check(cache_dir())
 
 
 def _batch(model, n: int = 3, length: int = 40):
