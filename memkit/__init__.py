@@ -119,12 +119,19 @@ def paper(name: str) -> Paper:
 _EXPORTS = {
     "memkit.core.cpu": ("notebook_cpu_setup",),
     "memkit.core.trajectory": ("TrainingUnit",),
-    "memkit.world": ("make_conversation", "make_tasks"),
+    "memkit.world": (
+        "compose_multi_objective",
+        "make_conversation",
+        "make_tasks",
+        "offline_real_set",
+        "question_split",
+    ),
     "memkit.world.streams": ("make_conversations",),
     "memkit.world.task_sets": ("held_out_tasks",),
     "memkit.metrics.qa": ("f1", "format_table", "summarize"),
-    "memkit.metrics.efficiency": ("context_tokens_per_turn", "dependency"),
+    "memkit.metrics.efficiency": ("context_tokens_per_turn", "dependency", "peak_tokens"),
     "memkit.models": ("load_policy", "LoadedModel", "sequence_logprobs", "trained_k_docs", "is_chat"),
+    "memkit.models.smollm": ("smollm2_shape_check",),
     "memkit.agents": ("get_method", "METHODS", "OracleConfig"),
     "memkit.agents.tags": ("extract", "words"),
     "memkit.agents.mem1": ("MEM1", "turns_left_hint"),
@@ -135,6 +142,7 @@ _EXPORTS = {
     "memkit.train.sft": ("SFTConfig",),
     "memkit.rl.choices": ("PACKING_MODES",),
     "memkit.rl.config": ("TrainConfig",),
+    "memkit.rl.groups": ("DataConfig", "LoRAConfig"),
     "memkit.rl.rules": ("DCPOConfig", "MemPOConfig", "MoTConfig"),
     "memkit.rl.advantages": (
         "broadcast_to_calls",
@@ -167,6 +175,7 @@ _EXPORTS = {
     "memkit.lab.policies": ("fresh_tiny", "load_init", "prompt_wrap"),
     "memkit.lab.evaluation": ("evaluate", "measure_headroom"),
     "memkit.lab.runs": ("arm_table", "ensure_sft", "train_arms"),
+    "memkit.lab.real": ("data_kit", "question_set", "REAL_K_DOCS"),
     "memkit.lab.recipes": (
         "ensure_lab_clone",
         "ensure_lab_sft",
