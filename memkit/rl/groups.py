@@ -1,6 +1,6 @@
-"""``TrainConfig``'s groups of knobs that belong together: LoRA, the data (real questions and corpus), the PPO clip, the KL term, PPO's
-critic, evaluation, checkpoints, and the runtime (knobs that change speed, memory or hardware but
-not what is learnt). Torch-free like :mod:`memkit.rl.config`.
+"""``TrainConfig``'s groups of knobs that belong together: LoRA, the data (real questions and corpus),
+the PPO clip, the KL term, PPO's critic, evaluation, checkpoints, and the runtime (knobs that change
+speed, memory or hardware but not what is learnt). Torch-free like :mod:`memkit.rl.config`.
 
 Each group is a field of ``TrainConfig`` (``cfg.eval.every``, ``cfg.runtime.attention``); its flags
 and the flat keys of older checkpoints keep their names: a group's field metadata ``prefix`` is put
