@@ -125,6 +125,7 @@ _EXPORTS = {
     "memkit.metrics.qa": ("f1", "format_table", "summarize"),
     "memkit.metrics.efficiency": ("context_tokens_per_turn", "dependency"),
     "memkit.models": ("load_policy", "LoadedModel", "sequence_logprobs", "trained_k_docs", "is_chat"),
+    "memkit.models.backend": ("named_backend",),
     "memkit.agents": ("get_method", "METHODS", "OracleConfig"),
     "memkit.agents.tags": ("extract", "words"),
     "memkit.agents.mem1": ("MEM1", "turns_left_hint"),
@@ -165,7 +166,7 @@ _EXPORTS = {
     ),
     "memkit.lab.kit": ("load_kit",),
     "memkit.lab.policies": ("fresh_tiny", "load_init", "prompt_wrap"),
-    "memkit.lab.evaluation": ("evaluate", "measure_headroom"),
+    "memkit.lab.evaluation": ("compare_engines", "evaluate", "measure_headroom", "same_ids"),
     "memkit.lab.runs": ("arm_table", "ensure_sft", "train_arms"),
     "memkit.lab.recipes": (
         "ensure_lab_clone",
