@@ -132,6 +132,7 @@ _EXPORTS = {
     "memkit.metrics.efficiency": ("context_tokens_per_turn", "dependency", "peak_tokens"),
     "memkit.models": ("load_policy", "LoadedModel", "sequence_logprobs", "trained_k_docs", "is_chat"),
     "memkit.models.smollm": ("smollm2_shape_check",),
+    "memkit.models.backend": ("named_backend",),
     "memkit.agents": ("get_method", "METHODS", "OracleConfig"),
     "memkit.agents.tags": ("extract", "words"),
     "memkit.agents.mem1": ("MEM1", "turns_left_hint"),
@@ -173,7 +174,7 @@ _EXPORTS = {
     ),
     "memkit.lab.kit": ("load_kit",),
     "memkit.lab.policies": ("fresh_tiny", "load_init", "prompt_wrap"),
-    "memkit.lab.evaluation": ("evaluate", "measure_headroom"),
+    "memkit.lab.evaluation": ("compare_engines", "evaluate", "measure_headroom", "same_ids"),
     "memkit.lab.runs": ("arm_table", "ensure_sft", "train_arms"),
     "memkit.lab.real": ("data_kit", "question_set", "REAL_K_DOCS"),
     "memkit.lab.recipes": (

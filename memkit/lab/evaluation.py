@@ -1,4 +1,5 @@
-"""Roll out a method with a policy spec, evaluate it on held-out tasks, measure RL's headroom.
+"""Roll out a method with a policy spec, evaluate it on held-out tasks, measure RL's headroom, and
+compare two rollout engines on the same tasks (:func:`compare_engines`).
 
 ``memkit rollout``, ``memkit eval`` and the notebooks' tables all call these, so a number printed
 by the CLI and a number recorded by a notebook come from the same code.
@@ -7,12 +8,15 @@ by the CLI and a number recorded by a notebook come from the same code.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, replace
+
+import torch
 
 from memkit.agents import get_method
 from memkit.agents.base import OracleConfig
 from memkit.lab.policies import load_spec, prompt_wrap, resolve_policy
 from memkit.metrics.qa import em_by_kind, summarize
-from memkit.models import trained_k_docs
+from memkit.models import sequence_logprobs, trained_k_docs
 from memkit.rl.headroom import exploration_headroom
 from memkit.rollout.engine import RolloutConfig, output_floor, run_rollouts
 from memkit.world.task_sets import DEFAULT_KINDS, held_out_tasks
@@ -133,3 +137,79 @@ def measure_headroom(
         method, tasks, kit, policy=policy, n=n_samples, temperature=temperature, seed=seed + 1, **rollout_kw
     )
     return exploration_headroom(greedy, samples)
+
+
+@dataclass
+class EngineRun:
+    """One engine's rollouts in :func:`compare_engines`: the same tasks greedily and sampled."""
+
+    name: str
+    start_seconds: float  # building the backend (vLLM: saving the weights and starting its engine)
+    greedy: list  # Trajectory per task, temperature 0
+    sampled: list  # Trajectory per task, at the comparison's temperature, one seed per trajectory
+    logprob_gap: float  # max |recorded log-prob - a fresh forward's| over the sampled tokens
+
+    @property
+    def tokens(self) -> int:
+        """Tokens generated, greedy and sampled."""
+        return sum(c.n_output for t in self.greedy + self.sampled for c in t.calls)
+
+    @property
+    def generate_seconds(self) -> float:
+        """Seconds spent in the backend's ``generate`` (each call records its share of its batch's)."""
+        return sum(c.seconds for t in self.greedy + self.sampled for c in t.calls)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / max(self.generate_seconds, 1e-9)
+
+
+def same_ids(a, b) -> int:
+    """How many of the paired trajectories ``a[i]``, ``b[i]`` generated the same ids in every call."""
+    if len(a) != len(b):
+        raise ValueError(f"{len(a)} trajectories against {len(b)}: compare rollouts of the same tasks")
+    return sum([c.output_ids for c in x.calls] == [c.output_ids for c in y.calls] for x, y in zip(a, b))
+
+
+def logprob_gap(model, trajs, temperature: float = 1.0) -> float:
+    """max over every generated token of ``trajs`` of |recorded log-prob - ``sequence_logprobs``|: how
+    far the engine's old log-probs are from what the trainer's fresh forward of ``model`` gives."""
+    worst = 0.0
+    with torch.no_grad():
+        for t in trajs:
+            for c in t.calls:
+                if c.output_ids:
+                    fresh = sequence_logprobs(model, c.context_ids, c.output_ids, temperature)
+                    worst = max(worst, (torch.tensor(c.logprobs) - fresh).abs().max().item())
+    return worst
+
+
+def compare_engines(
+    method_name: str, tasks, kit, policy, engines: dict, temperature: float = 1.0, seed: int = 1000, **rollout_kw
+) -> dict[str, EngineRun]:
+    """Roll out ``tasks`` with one policy through each engine of ``engines`` (name -> backend factory,
+    :mod:`memkit.models.backend`; None = memkit's HF loop), in order: greedily, then sampled at
+    ``temperature`` with one seed per trajectory (the same seeds for every engine).
+
+    Each engine gets its own backend over the same model, timed while it is built and closed (its
+    memory given back) before the next starts. ``policy``: a model spec or a loaded
+    :class:`memkit.models.LoadedModel` (:func:`load_spec`). Compare the runs with :func:`same_ids`.
+    """
+    loaded = load_spec(policy, method_name, kit, seed)
+    if isinstance(loaded, str):
+        raise ValueError("compare_engines needs a model policy; the oracle has no engine")
+    runs = {}
+    for name, factory in engines.items():
+        engine = replace(loaded, backend_factory=factory)  # a backend of its own (built on first use)
+        t0 = time.perf_counter()
+        backend = engine.backend()
+        start = time.perf_counter() - t0
+        greedy = rollout(method_name, tasks, kit, policy=engine, temperature=0.0, seed=seed, **rollout_kw)
+        seeds = [seed + i for i in range(len(tasks))]
+        sampled = rollout(
+            method_name, tasks, kit, policy=engine, temperature=temperature, seed=seed, sample_seeds=seeds, **rollout_kw
+        )
+        runs[name] = EngineRun(name, start, greedy, sampled, logprob_gap(loaded.model, sampled, temperature))
+        if callable(getattr(backend, "close", None)):
+            backend.close()
+    return runs

@@ -162,3 +162,36 @@ def test_evaluation_and_loaded_model_use_the_given_backend(kit):
     assert fingerprint(engine.copy) != pytest.approx(fingerprint(loaded.model))
     loaded.sync_backend()
     assert fingerprint(engine.copy) == pytest.approx(fingerprint(loaded.model))
+
+
+def test_compare_engines_on_the_same_tasks(kit, one_thread):
+    """Two engines over one policy (the HF loop, and an engine with its own copy of the weights): the same
+    greedy trajectories, both recording the policy's log-probs; an engine whose copy drifted records
+    another policy's, so both checks can fail."""
+    import functools
+
+    from memkit.lab.evaluation import compare_engines, same_ids
+    from memkit.world import make_tasks
+
+    def drifted(model, tokenizer, scale):
+        engine = CopyingBackend(model, tokenizer)
+        with torch.no_grad():
+            for p in engine.copy.parameters():
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * scale)
+        return engine
+
+    tasks = make_tasks(kit.world, n=4, k=1, seed=3)
+    engines = {"hf": None, "copy": CopyingBackend, "drifted": functools.partial(drifted, scale=0.5)}
+    runs = compare_engines("mem1", tasks, kit, "tiny", engines, seed=5, max_turns=2)
+    hf, same, off = runs["hf"], runs["copy"], runs["drifted"]
+    assert [len(r.greedy) for r in runs.values()] == [len(r.sampled) for r in runs.values()] == [4, 4, 4]
+    assert same_ids(hf.greedy, same.greedy) == 4 and same_ids(hf.sampled, same.sampled) == 4  # one sampler
+    assert hf.logprob_gap <= 1e-4 and same.logprob_gap <= 1e-4
+    assert same_ids(hf.greedy, off.greedy) < 4 and off.logprob_gap > 1e-2
+    for r in runs.values():
+        assert r.tokens == sum(len(c.output_ids) for t in r.greedy + r.sampled for c in t.calls) > 0
+        assert r.generate_seconds > 0 and r.tokens_per_second > 0 and r.start_seconds >= 0
+    with pytest.raises(ValueError, match="same tasks"):
+        same_ids(hf.greedy, same.greedy[:2])
+    with pytest.raises(ValueError, match="model policy"):
+        compare_engines("mem1", tasks, kit, "oracle", engines)
