@@ -18,7 +18,15 @@ from memkit.core.cpu import all_cores
 from memkit.core.io import build_lock
 from memkit.lab.evaluation import rollout
 from memkit.lab.kit import Kit, load_kit
-from memkit.lab.policies import init_spec, load_init, prompt_wrap, sft_cache_key, sft_checkpoint_path, sft_init
+from memkit.lab.policies import (
+    init_spec,
+    load_init,
+    prompt_wrap,
+    sft_cache_key,
+    sft_checkpoint_path,
+    sft_init,
+    sft_output_path,
+)
 from memkit.models import K_DOCS_ATTR
 from memkit.rl.config import TrainConfig
 from memkit.rl.trainer import Trainer
@@ -79,9 +87,13 @@ def train_sft_model(
 
 
 def ensure_sft(method_name: str, kit: Kit, cfg: SFTConfig | None = None, progress: bool = True) -> Path:
-    """The SFT'd tiny model for ``cfg``: the default one from ``memkit sft`` when ``cfg`` is None
-    (trained now if missing), else one cached under a hash of ``cfg`` (e.g. a short smoke run)."""
-    path = sft_checkpoint_path(method_name, kit.world_seed, "default" if cfg is None else "cfg" + sft_cache_key(cfg))
+    """The SFT'd model for ``cfg``: the default tiny one from ``memkit sft`` when ``cfg`` is None
+    (trained now if missing), else one cached under a hash of ``cfg`` (e.g. a short smoke run, or a
+    pretrained model's LoRA SFT)."""
+    if cfg is None:
+        path = sft_checkpoint_path(method_name, kit.world_seed)
+    else:  # a pretrained model's is named after it (sft-<model>-...), as `memkit sft` names it
+        path = sft_output_path(cfg, kit.world_seed, "cfg" + sft_cache_key(cfg))
     with build_lock(path):  # a second process waits for this one's model instead of training its own
         if not path.exists():
             train_sft_model(method_name, kit, cfg or SFTConfig(method=method_name), progress=progress, path=path)
