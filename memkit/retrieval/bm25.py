@@ -12,19 +12,20 @@ repetition*, |d| is d's token count and avgdl the corpus mean. ``bm25_scores_loo
 this formula with plain Python loops; the test suite checks that the sparse bm25s index gives
 the same numbers.
 
-Top-k (``search_batch``): one ``bm25s.BM25.retrieve(..., k=k + TIE_SLACK)`` call for all
-queries, whose compiled (numba) backend scores and keeps a k-heap per query in one pass over
-the corpus, so nothing sorts the whole corpus (``topk_full_sort``, the per-query full sort
-memkit used before, is kept as the reference). Results are exactly the reference's:
+Top-k (``search_batch``), exactly the hits of ``topk_full_sort`` (the per-query full sort memkit
+used before, kept as the reference and the benchmark's baseline): passages ordered by
+``(-score, corpus row)``, so ties go to the earlier passage, and passages with score 0 (no query
+word in common) are never returned, so results are deterministic and never pure noise.
 
-- ties (equal scores) are broken by corpus order: the fetched rows are re-ordered by
-  ``(-score, row)``; if the tie at rank k could reach past the fetched ``k + TIE_SLACK`` rows
-  (the last fetched score equals the k-th), that query falls back to the reference;
-- passages with score 0 (no query word in common) are never returned, so results are
-  deterministic and never pure noise.
+- numba backend: :mod:`memkit.retrieval.bm25_topk`'s MaxScore kernel over bm25s' inverted index
+  (only the query terms' postings, most of the common words' skipped; exact float32 scores);
+- numpy backend: one ``bm25s.BM25.retrieve(..., k=k + TIE_SLACK)`` call (``argpartition`` per
+  query), the fetched rows re-ordered by ``(-score, row)``; if the tie at rank k could reach past
+  them (the last fetched score equals the k-th), that query falls back to the full sort.
 
-numba compiles the retrieval kernel on a process's first search (~10 s on 2 cores), which a
-small corpus never earns back: ``backend="auto"`` takes numba from ``NUMBA_MIN_DOCS`` passages
+numba compiles the kernel on its first use (~10-30 s on 2 busy cores) and caches it on disk
+(``cache=True``: later processes load it in under a second); a small corpus never earns back that
+first compile: ``backend="auto"`` takes numba from ``NUMBA_MIN_DOCS`` passages
 on (when numba is installed), bm25s' numpy backend below. An index is saved to a directory
 (bm25s' arrays, the tokenizer's vocabulary, the passages as JSONL) and loaded without
 re-tokenising the corpus (:meth:`BM25Retriever.save` / :meth:`BM25Retriever.load`).
@@ -80,8 +81,8 @@ def _tokenizer(stopwords="english"):
 class BM25Retriever:
     """BM25 over ``title + text`` of each passage (see the module docstring for score and top-k).
 
-    ``backend``: ``"auto"`` | ``"numpy"`` | ``"numba"`` (bm25s' retrieval backends);
-    ``n_threads``: queries scored in parallel by the numba backend (1: serial, compiles fastest).
+    ``backend``: ``"auto"`` | ``"numpy"`` | ``"numba"`` (the top-k paths above);
+    ``n_threads``: queries scored in parallel by the numba backend (1: serial).
     """
 
     name = "bm25"
@@ -114,13 +115,24 @@ class BM25Retriever:
             self._tok, self._bm25 = _index
             self._bm25.backend = self.backend
         self._empty_id = self._tok.get_vocab_dict().get("")  # bm25s' placeholder for empty docs/queries
-        self.n_fallbacks = 0  # queries whose tie at rank k went past the fetched rows (full sort)
+        self._colmax = None  # each term's largest contribution (the kernel's bounds), on first use
+        self.n_fallbacks = 0  # numpy backend: queries whose tie at rank k went past the fetched rows
+        self.n_skipped_terms = 0  # numba backend: query terms MaxScore never scanned for new passages
 
     def __len__(self) -> int:
         return len(self.passages)
 
     def query_ids(self, queries: Sequence[str]) -> list[list[int]]:
-        """Token ids of each query (one tokenizer call); words outside the vocabulary are dropped."""
+        """Token ids of each query; words outside the vocabulary (stop-words among them) are dropped.
+
+        The ids bm25s' tokenizer gives (``query_ids_bm25s``, checked equal by the tests) without its
+        per-word branches: its vocabulary never holds a stop-word (indexing drops them first) and the
+        splitter never yields its empty-document placeholder ``""``."""
+        vocab, split = self._tok.get_vocab_dict(), self._tok.splitter
+        return [[i for w in split(q.lower()) if (i := vocab.get(w)) is not None] for q in queries]
+
+    def query_ids_bm25s(self, queries: Sequence[str]) -> list[list[int]]:
+        """Reference for :meth:`query_ids`: one bm25s tokenizer call, its placeholder id removed."""
         ids = self._tok.tokenize(list(queries), update_vocab=False, return_as="ids", show_progress=False)
         return [[i for i in q if i != self._empty_id] for q in ids]
 
@@ -135,7 +147,7 @@ class BM25Retriever:
         return self.search_batch([check_query(query)], k)[0]
 
     def search_batch(self, queries: Sequence[str], k: int = 3) -> list[list[Hit]]:
-        """Top-``k`` hits per query from one batched bm25s ``retrieve`` call (no full sort)."""
+        """Top-``k`` hits per query, without scoring or sorting the whole corpus (module docstring)."""
         if isinstance(queries, str):
             raise TypeError("search_batch takes a list of queries; for one query call search(query, k)")
         queries = [check_query(q) for q in queries]
@@ -145,15 +157,31 @@ class BM25Retriever:
         live = [i for i, q in enumerate(ids) if q]  # no known word: nothing scores above 0
         if not live:
             return out
+        if self.backend == "numba":
+            rows = self._topk_kernel([ids[i] for i in live], k)
+        else:
+            rows = self._topk_retrieve([ids[i] for i in live], k)
+        for i, hits in zip(live, rows):
+            out[i] = [Hit(self.passages[j], s) for j, s in hits]
+        return out
+
+    def _topk_kernel(self, ids: list[list[int]], k: int) -> list[list[tuple[int, float]]]:
+        from memkit.retrieval.bm25_topk import column_max, topk_batch
+
+        s = self._bm25.scores
+        if self._colmax is None:
+            self._colmax = column_max(s["data"], s["indptr"])
+        found, skipped = topk_batch(
+            s["data"], s["indptr"], s["indices"], self._colmax, len(self), ids, k, self.n_threads
+        )
+        self.n_skipped_terms += int(skipped.sum())
+        return found
+
+    def _topk_retrieve(self, ids: list[list[int]], k: int) -> list[list[tuple[int, float]]]:
         n = len(self.passages)
         fetch = min(k + TIE_SLACK, n)
-        docs, scores = self._bm25.retrieve(
-            [ids[i] for i in live], k=fetch, sorted=True, show_progress=False, n_threads=self.n_threads
-        )
-        for row, i in enumerate(live):
-            rows = self._topk_rows(ids[i], np.asarray(docs[row]), np.asarray(scores[row]), k, fetch < n)
-            out[i] = [Hit(self.passages[j], s) for j, s in rows]
-        return out
+        docs, scores = self._bm25.retrieve(ids, k=fetch, sorted=True, show_progress=False, n_threads=self.n_threads)
+        return [self._topk_rows(q, np.asarray(d), np.asarray(s), k, fetch < n) for q, d, s in zip(ids, docs, scores)]
 
     def _topk_rows(self, ids, docs, scores, k: int, truncated: bool) -> list[tuple[int, float]]:
         """Re-order fetched ``(docs, scores)`` by ``(-score, row)``, drop zeros, keep ``k``; fall back
