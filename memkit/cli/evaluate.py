@@ -16,7 +16,7 @@ def add_arguments(sp) -> None:
     from memkit.agents import METHODS
     from memkit.world.streams import SIZES
 
-    add_common(sp, objectives="1,2,4,8")
+    add_common(sp, objectives="1,2,4,8", world_seed=False)
     sp.add_argument("--method", type=methods, default=list(METHODS), help="comma-separated: " + ", ".join(METHODS))
     add_policy(sp)
     sp.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")

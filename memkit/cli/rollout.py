@@ -11,7 +11,7 @@ HELP = "roll out a method and write JSONL traces"
 def add_arguments(sp) -> None:
     from memkit.agents import METHODS
 
-    add_common(sp)
+    add_common(sp, world_seed=False)
     sp.add_argument("--method", type=lambda s: methods(s, streams=False)[0], required=True, help=", ".join(METHODS))
     add_policy(sp)
     sp.add_argument("--n", type=int, default=1, help="trajectories per task (group size)")
@@ -22,9 +22,9 @@ def add_arguments(sp) -> None:
 
 
 def add_real_data(sp) -> None:
-    """``--tasks --corpus --answerable --retriever``: real questions over a real corpus, the fields of
-    :class:`memkit.rl.groups.DataConfig` (``memkit sft`` and ``train`` take the same); here ``--tasks``
-    also reads ``memkit world``'s tasks.jsonl, whose tasks are kept as written."""
+    """``--world-seed --tasks --corpus --answerable --retriever``: the synthetic world or real questions over
+    a real corpus, the fields of :class:`memkit.rl.groups.DataConfig` (``memkit sft`` and ``train`` take the
+    same); here ``--tasks`` also reads ``memkit world``'s tasks.jsonl, whose tasks are kept as written."""
     from memkit.cli.args import add_config_flags
     from memkit.rl.groups import DataConfig
 

@@ -53,7 +53,7 @@ def run(args) -> int:
     from memkit.train.sft import budget_note
 
     tag = check_tag(args.tag or sft_tag(cfg))
-    kit = data_kit(load_kit(cfg.world_seed), cfg.data)  # --tasks / --corpus: real questions over a real corpus
+    kit = data_kit(load_kit(cfg.data.world_seed), cfg.data)  # --tasks / --corpus: real questions over a real corpus
     note = busy_cpu_note() if cfg.max_seconds else None
     if note:
         print(note, file=sys.stderr, flush=True)
@@ -66,7 +66,7 @@ def run(args) -> int:
             f"step {r['step']:5d}  loss {r['loss']:.4f}  lr {r['lr']:.2e}  {r['seconds']:.0f}s  attention {r['attention']}",
             flush=True,
         ),
-        path=sft_output_path(cfg, cfg.world_seed, tag),
+        path=sft_output_path(cfg, cfg.data.world_seed, tag),
     )
     spec = str(path) if pretrained_init(cfg.init) else "tiny-sft" if tag == "default" else f"tiny-sft:{tag}"
     print(

@@ -23,9 +23,11 @@ def add_arguments(sp) -> None:
     )
 
 
-def add_common(sp, objectives: str = "2") -> None:
-    """``--world-seed --seed --objectives --n-tasks`` of world, rollout and eval."""
-    sp.add_argument("--world-seed", type=int, default=0, help="seed of the synthetic world")
+def add_common(sp, objectives: str = "2", world_seed: bool = True) -> None:
+    """``--world-seed --seed --objectives --n-tasks`` of world, rollout and eval (``world_seed=False``: the
+    command takes ``--world-seed`` from its data flags, :func:`memkit.cli.rollout.add_real_data`)."""
+    if world_seed:
+        sp.add_argument("--world-seed", type=int, default=0, help="seed of the synthetic world")
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--objectives", type=ints, default=ints(objectives), help="comma-separated k values, e.g. 1,2,4,8")
     sp.add_argument("--n-tasks", type=int, default=50, help="tasks per objective count")

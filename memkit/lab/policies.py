@@ -105,11 +105,12 @@ def sft_cache_key(cfg: SFTConfig) -> str:
     ``context_weight`` keyed by their tiny-model values and ``k_docs`` by its resolved value when left
     at None (so the SFT caches made before those fields existed keep their names)."""
     key = asdict(cfg)
+    key["world_seed"] = key["data"].pop("world_seed")  # keyed at the top, where it was before the data group
     defaults = (
         ("init", "scratch"),
         ("method_kwargs", {}),
         ("lora", asdict(SFTConfig().lora)),
-        ("data", asdict(SFTConfig().data)),
+        ("data", {k: v for k, v in asdict(SFTConfig().data).items() if k != "world_seed"}),
     )
     for name, default in defaults:
         if key[name] == default:

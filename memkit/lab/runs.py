@@ -120,12 +120,12 @@ def train(
     cfg.validate()
     streams = cfg.method in STREAM_METHODS
     if not (streams and cfg.init == "tiny-sft"):
-        init_spec(cfg, kit.world_seed if kit is not None else cfg.world_seed)  # fail fast on a missing checkpoint
+        init_spec(cfg, kit.world_seed if kit is not None else cfg.data.world_seed)  # fail fast on a missing checkpoint
     acc = make_accelerator(cfg)
     if kit is None:  # the synthetic world, or cfg.data's real questions over a real corpus
         from memkit.lab.real import data_kit
 
-        kit = data_kit(load_kit(cfg.world_seed), cfg.data)
+        kit = data_kit(load_kit(cfg.data.world_seed), cfg.data)
     model, tok, wrap = _stream_init(cfg, kit, progress) if streams and cfg.init == "tiny-sft" else load_init(cfg, kit)
     wrap = prompt_wrap(cfg.method, tok, wrap, cfg.prompt)  # the prompt the SFT'd model learned
     trainer = Trainer(cfg, model, tok, wrap, kit, acc, backend=backend)

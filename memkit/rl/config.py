@@ -99,9 +99,9 @@ class TrainConfig:
     had to search for rather than recall; ``"sft"`` the ones SFT cloned; ``"train"`` both. Never
     ``"test"``: the held-out evaluation asks those."""
     data: DataConfig = field(default_factory=DataConfig, metadata={"prefix": ""})
-    """Real questions over a real corpus instead of the synthetic world: :class:`memkit.rl.groups.DataConfig`,
-    flags ``--tasks``, ``--corpus``, ``--answerable``, ``--retriever`` (training tasks of ``question_split``
-    and held-out ones from them: :func:`memkit.lab.real.data_kit`)."""
+    """The synthetic world of ``world_seed``, or real questions over a real corpus:
+    :class:`memkit.rl.groups.DataConfig`, flags ``--world-seed``, ``--tasks``, ``--corpus``, ``--answerable``,
+    ``--retriever`` (training tasks of ``question_split`` and held-out ones: :func:`memkit.lab.real.data_kit`)."""
     max_turns: int | None = None
     """Tool calls per trajectory; None = the method's per-task limit (hops + 4, as evaluation uses)."""
     max_context_tokens: int = 2048
@@ -169,8 +169,6 @@ class TrainConfig:
     # ---- reproducibility / hardware ------------------------------------------------------
     seed: int = 0
     """Seeds model init (tiny), task sampling and rollouts (each step re-seeds from (seed, step, rank))."""
-    world_seed: int = 0
-    """Synthetic world used for tasks when no kit is given."""
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig, metadata={"prefix": ""})
     """Speed, memory and hardware, never what is learnt: :class:`memkit.rl.groups.RuntimeConfig`, flags
     ``--micro-batch-size``, ``--attention``, ``--row-groups``, ``--recompute-old-logprobs``, ``--log-entropy``,
@@ -388,6 +386,6 @@ def _choice_fields(cfg):
 
 #: fields that must match for ``--resume`` to continue a run (others may change, e.g. steps); the
 #: resolved credit rule must match too (a checkpoint from before ``credit`` existed reads as ``auto``)
-RESUME_KEYS = ("algo", "method", "method_kwargs", "init", "packing", "lora", "seed", "world_seed", "data")
+RESUME_KEYS = ("algo", "method", "method_kwargs", "init", "packing", "lora", "seed", "data")  # data: world_seed too
 
 __all__ = ["TrainConfig", "ALGOS", "RESUME_KEYS"]

@@ -46,9 +46,9 @@ REAL_K_DOCS = 5
 
 @dataclass
 class DataConfig:
-    """Real questions over a real corpus instead of the synthetic world (:func:`memkit.lab.real.data_kit`);
-    flags ``--tasks``, ``--corpus``, ``--answerable``, ``--retriever``, shared by ``memkit sft`` and
-    ``memkit train``. All at their defaults = the synthetic world."""
+    """Where the tasks come from: the synthetic world of ``world_seed``, or real questions over a real
+    corpus (:func:`memkit.lab.real.data_kit`); flags ``--world-seed``, ``--tasks``, ``--corpus``,
+    ``--answerable``, ``--retriever``, shared by ``memkit sft``, ``train``, ``eval`` and ``rollout``."""
 
     tasks: str | None = None
     """Questions the tasks are composed of (MEM1 Prompt 1, ``objectives`` questions each): "offline"
@@ -63,6 +63,9 @@ class DataConfig:
     one-hop decomposition the scripted oracle follows (needs ``corpus``)."""
     retriever: str = "bm25"
     """bm25, dense, bm25:<saved index dir> or faiss:<index file> (``memkit.retrieval.spec``)."""
+    world_seed: int = 0
+    """Synthetic world the tasks come from; with real questions and corpus, still the world whose
+    tokenizer the tiny models use."""
 
     def check(self) -> "DataConfig":
         """Self, or one clear error for a combination that cannot work (before anything loads)."""

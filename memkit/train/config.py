@@ -86,12 +86,10 @@ class SFTConfig:
     (its own tokenizer and chat template; usually with ``lora``)."""
     seed: int = 0
     """Seeds the training tasks, the oracle's imperfections and the model's init ("scratch")."""
-    world_seed: int = 0
-    """Synthetic world the tasks come from."""
     data: DataConfig = field(default_factory=DataConfig, metadata={"prefix": ""})
-    """Real questions over a real corpus instead of the synthetic world (``--tasks``, ``--corpus``,
-    ``--answerable``, ``--retriever``; :class:`memkit.rl.groups.DataConfig`): the oracle's tasks are
-    composed of the source's sft questions (``memkit.world.training_tasks``)."""
+    """The synthetic world of ``world_seed``, or real questions over a real corpus (``--world-seed``,
+    ``--tasks``, ``--corpus``, ``--answerable``, ``--retriever``; :class:`memkit.rl.groups.DataConfig`): the
+    oracle's tasks are composed of the source's sft questions (``memkit.world.training_tasks``)."""
     lora: LoRAConfig = field(default_factory=lambda: LoRAConfig(r=32, alpha=64, targets="all-linear"))
     """LoRA adapters instead of all weights (``--lora``, ``--lora-r``, ``--lora-alpha``, ``--lora-targets``):
     what format SFT of a pretrained model uses; saved as the adapter plus the base it loads onto

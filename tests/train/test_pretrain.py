@@ -158,14 +158,16 @@ def test_sft_tags_and_cache_keys_differ_per_init(tmp_path, monkeypatch):
     keys = {sft_cache_key(replace(d, init=i)) for i in ("scratch", "base", "tiny-sft:flaw-fe")}
     assert len(keys) == 3
     legacy = {
-        k: v for k, v in asdict(d).items() if k not in ("init", "method_kwargs", "lora", "gradient_checkpointing")
+        k: v
+        for k, v in asdict(d).items()
+        if k not in ("init", "method_kwargs", "lora", "gradient_checkpointing", "data")
     }
-    legacy.update(
-        lr=4e-3, max_len=768, warmup=200, context_weight=1.0
-    )  # the tiny's values, before they became model-dependent
+    legacy.update(  # the tiny's values, before they became model-dependent; world_seed before the data group
+        lr=4e-3, max_len=768, warmup=200, context_weight=1.0, k_docs=1, world_seed=0
+    )
     assert sft_cache_key(d) == config_hash(
         legacy
-    )  # caches made before `init`, `method_kwargs`, `lora` keep their names
+    )  # caches made before `init`, `method_kwargs`, `lora`, `data` keep their names
     assert sft_cache_key(replace(d, lora=replace(d.lora, enabled=True))) != sft_cache_key(d)
     assert sft_cache_key(replace(d, method="memact", method_kwargs={"schedule": "window"})) != sft_cache_key(
         replace(d, method="memact")
