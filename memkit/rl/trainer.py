@@ -254,6 +254,7 @@ class Trainer(Learner):
             "response_tokens": tot[8] / N,
             "context_tokens": tot[9] / max(tot[7], 1.0),
             "n_trajectories": int(tot[0]),
+            "processes": self.world,  # the ranks that rolled out and trained (accelerate / torchrun)
         }
 
     def evaluate(self) -> list[dict]:
