@@ -73,3 +73,20 @@ def test_ddp_config_launches_a_one_step_train(tmp_path):
     evaluations = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()]
     assert [(e["step"], e["k"]) for e in evaluations] == [(0, 1), (1, 1)]  # at the start and after the step
     assert (out / "checkpoints" / "step-000001" / "memkit.json").is_file()
+
+
+def test_fsdp_and_deepspeed_are_refused_with_the_config_that_works():
+    """Until rollouts gather sharded weights and DeepSpeed's step agrees with memkit's accumulation
+    (issue 57), a Learner under either engine stops at once and names the DDP config."""
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+    from dist_worker import make_learner
+
+    from memkit.rl.update import check_engine
+
+    for kind in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        with pytest.raises(ValueError, match=r"not (FSDP|DEEPSPEED) yet .*configs/accelerate/ddp.yaml"):
+            make_learner("grpo", accelerator=SimpleNamespace(distributed_type=kind))
+    for kind in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
+        check_engine(SimpleNamespace(distributed_type=kind))
