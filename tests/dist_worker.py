@@ -3,7 +3,9 @@
 As a script (``torchrun --nproc_per_node 2 tests/dist_worker.py OUT_DIR``) every process runs
 ``Learner.update`` on its share of a fixed synthetic batch (tasks ``rank::world``) and rank 0
 saves the updated parameters to ``OUT_DIR/<algo>.pt``; the test compares them with one process
-updating on the whole batch.
+updating on the whole batch. With ``eval`` after OUT_DIR the processes run the trainer's periodic
+evaluation instead (:func:`eval_rows`: a share of the held-out tasks each) and every rank saves
+its rows to ``OUT_DIR/eval-<rank>.pt``.
 """
 
 from __future__ import annotations
@@ -114,6 +116,27 @@ def params(learner) -> dict:
     return out
 
 
+EVAL = dict(eval_tasks=5, eval_objectives=(1, 2), max_turns=2)  # 5 tasks: 3 + 2 per process
+
+
+def eval_rows(accelerator=None) -> list[dict]:
+    """``Trainer.evaluate`` of the untrained tiny model (seed 0) on ``load_kit(0)``'s world."""
+    from accelerate import Accelerator
+
+    from memkit.lab.kit import load_kit
+    from memkit.models.tiny import build_tiny
+    from memkit.rl.config import TrainConfig
+    from memkit.rl.trainer import Trainer
+
+    kit = load_kit(0)
+    cfg = TrainConfig.from_flags(algo="grpo", method="mem1", init="tiny", out_dir="", **EVAL).validate()
+    model = build_tiny(kit.tokenizer, seed=0)
+    trainer = Trainer(cfg, model, kit.tokenizer, kit=kit, accelerator=accelerator or Accelerator(cpu=True))
+    rows = trainer.evaluate()
+    assert trainer.eval_history == rows  # every rank holds the rows
+    return rows
+
+
 def main(out_dir: str) -> None:
     for algo in CASES:
         # micro-batches in rollout order, so both runs sum the same pairs of trajectories: the
@@ -132,4 +155,9 @@ def main(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[2:] == ["eval"]:
+        rows = eval_rows()
+        torch.save(rows, Path(sys.argv[1]) / f"eval-{torch.distributed.get_rank()}.pt")
+        torch.distributed.destroy_process_group()
+    else:
+        main(sys.argv[1])

@@ -3,7 +3,8 @@
 
     plan.tasks(trainer, step) -> list                 # the step's global work, a function of (seed, step)
     plan.rollout(trainer, local, step) -> (trajectories, training units or None)
-    plan.evaluate(trainer) -> list[dict]              # greedy held-out rows (main process)
+    plan.evaluate(trainer) -> list[dict]              # greedy held-out rows
+    plan.distributed_eval: bool                       # evaluate on every process (a share each), or the main one
 
 * :class:`ChainPlan` (``chains``): wiki tasks, ``n_samples`` independent episodes per task (a GRPO
   group; PPO's trajectories). ReAct, MEM1, MemSearcher, MemPO, MemAct.
@@ -33,7 +34,10 @@ from memkit.world.task_sets import held_out_tasks
 
 class ChainPlan:
     """Wiki tasks (:meth:`Trainer.step_tasks`), ``n_samples`` chains each; held-out tasks at every
-    ``eval_objectives`` count for evaluation."""
+    ``eval_objectives`` count for evaluation, rolled out a share per process (the rows from all
+    of them: :meth:`Trainer.rollout_shared`)."""
+
+    distributed_eval = True
 
     def tasks(self, trainer, step: int) -> list:
         return trainer.step_tasks(step)
@@ -52,7 +56,9 @@ class ChainPlan:
         cfg, rows = trainer.cfg, []
         for k in cfg.eval.objectives:
             tasks = held_out_tasks(trainer.kit.world, cfg.eval.tasks, k, cfg.eval.seed)
-            trajs = trainer.rollout(tasks, 1, 0.0, cfg.eval.seed + k)
+            # every process gets all trajectories and computes the same rows (mem_p's forwards included:
+            # repeated per rank, cheap next to the rollouts, and the lockstep a sharded model would need)
+            trajs = trainer.rollout_shared(tasks, 1, 0.0, cfg.eval.seed + k)
             s = summarize(trajs)
             rows.append(
                 {
@@ -90,8 +96,11 @@ class TreePlan:
     :func:`memkit.rollout.streams.build_memories`); None = built by the teacher on first use from
     the trainer's kit: ``n_train_tasks`` conversations (seeds 20,000 + seed ..) and ``eval_tasks``
     (seeds 30,000 + seed ..) of ``size``. A step draws ``tasks_per_step`` questions (seeded by
-    (seed, step)); evaluation answers every held-out question greedily.
+    (seed, step)); evaluation answers every held-out question greedily, on the main process (its
+    unit is a whole store's question stream, not yet split between processes).
     """
+
+    distributed_eval = False
 
     built: list | None = None
     eval_built: list | None = None

@@ -143,6 +143,24 @@ class Trainer(Learner):
         )
         return run_rollouts(self.method, tasks, self.env, policy, self.tokenizer, rc, wrap=self.wrap)
 
+    def rollout_shared(self, tasks, n: int, temperature: float, seed: int) -> list[Trajectory]:
+        """Every process rolls out its share of ``tasks`` (``tasks[rank::world]``) and gets all of
+        them back, in ``tasks``' order, as one process rolling out ``tasks`` would list them: a
+        distributed evaluation costs 1/world of the rollout time, and no rank idles at a barrier
+        (a 7B evaluation on one rank can outlast NCCL's timeout)."""
+        local = self.rollout(tasks[self.rank :: self.world], n, temperature, seed)
+        if self.world == 1:
+            return local
+        from accelerate.utils import gather_object
+
+        parts = gather_object([local])  # one list per rank
+        out = []
+        for i in range(len(tasks)):
+            j = i // self.world
+            out += parts[i % self.world][j * n : (j + 1) * n]
+        assert len(out) == n * len(tasks), (len(out), n, len(tasks))
+        return out
+
     @property
     def env(self):
         """The search env the policy was trained with (:func:`memkit.models.trained_k_docs`: 1
@@ -254,18 +272,26 @@ class Trainer(Learner):
             "response_tokens": tot[8] / N,
             "context_tokens": tot[9] / max(tot[7], 1.0),
             "n_trajectories": int(tot[0]),
+            "processes": self.world,  # the ranks that rolled out and trained (accelerate / torchrun)
         }
 
     def evaluate(self) -> list[dict]:
-        """The plan's greedy held-out evaluation (main process): for wiki tasks,
-        :func:`memkit.world.held_out_tasks` of seed base ``cfg.eval.seed`` at each ``eval_objectives``."""
+        """The plan's greedy held-out evaluation: for wiki tasks, :func:`memkit.world.held_out_tasks`
+        of seed base ``cfg.eval.seed`` at each ``eval_objectives``.
+
+        A plan with ``distributed_eval`` (chains) runs on every process: each rolls out a share of
+        the tasks and computes the rows from all of them (:meth:`rollout_shared`), so every rank
+        holds the same ``eval_history``; another (Mem-T's trees) evaluates on the main process while
+        the others wait. The main process writes the rows."""
         rows = []
-        if self.acc.is_main_process and self.cfg.eval.tasks:
+        shared = getattr(self.plan, "distributed_eval", False)
+        if self.cfg.eval.tasks and (shared or self.acc.is_main_process):
             rows = self.plan.evaluate(self)
             self.eval_history += rows
             if self.files:
                 self.files.log_eval(rows)
-        self.acc.wait_for_everyone()
+        if not shared:
+            self.acc.wait_for_everyone()
         return rows
 
     def memory_probability(self, trajs) -> dict:

@@ -69,6 +69,19 @@ def make_accelerator(cfg: TrainConfig):
     return Accelerator(cpu=cpu, mixed_precision=cfg.runtime.mixed_precision)
 
 
+def check_engine(acc) -> None:
+    """Refuse the accelerate engines memkit cannot train with yet (issue 57), instead of a hang or a
+    wrong update: FSDP shards the parameters that rollouts read, with ranks whose decode loops stop
+    at different lengths; DeepSpeed steps its engine on every ``backward``, where memkit accumulates
+    micro-batches under global loss weights. DDP (and one process) is what is tested."""
+    kind = str(getattr(acc, "distributed_type", "")).rsplit(".", 1)[-1]
+    if kind in ("FSDP", "DEEPSPEED"):
+        raise ValueError(
+            f"memkit trains under DDP or one process, not {kind} yet (issue 57: rollouts over sharded "
+            "weights, DeepSpeed's per-backward step); launch with configs/accelerate/ddp.yaml"
+        )
+
+
 def reference_dtype(name: str, device, model) -> torch.dtype:
     """The KL reference's parameter dtype (``RuntimeConfig.ref_dtype``): ``auto`` = bfloat16 on a GPU,
     the policy's own dtype elsewhere."""
@@ -101,6 +114,7 @@ class Learner(ExperienceMaker):
         self.recompute = cfg.resolved_recompute()
         self.credit = get_credit(cfg.resolved_credit())
         self.acc = accelerator or make_accelerator(cfg)
+        check_engine(self.acc)
         self.tokenizer, self.wrap = tokenizer, wrap
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.is_peft = hasattr(model, "disable_adapter")
@@ -378,4 +392,4 @@ class Learner(ExperienceMaker):
                 self.acc.backward(self.critic(ids).sum() * 0.0)
 
 
-__all__ = ["Learner", "make_accelerator", "reference_dtype"]
+__all__ = ["Learner", "check_engine", "make_accelerator", "reference_dtype"]

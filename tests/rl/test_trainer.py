@@ -266,6 +266,28 @@ def test_two_processes_match_one_process(tmp_path):
         assert two["stats"]["trained_tokens"] == sum(c.n_output for t in dw.trajectories() for c in t.calls)
 
 
+@pytest.mark.slow  # two torchrun processes roll out the held-out tasks (gloo)
+def test_two_processes_evaluate_as_one_process(tmp_path):
+    """The periodic evaluation split between 2 processes (3 + 2 held-out tasks at each count) gives
+    every rank the rows one process computes over all 5 tasks."""
+    worker = Path(__file__).parents[1] / "dist_worker.py"
+    env = dict(
+        os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(worker.parent.parent), str(worker.parent)])
+    )
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    proc = subprocess.run(
+        [*cmd, str(worker), str(tmp_path), "eval"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    one = dw.eval_rows()
+    assert [r["k"] for r in one] == [1, 2]
+    for rank in (0, 1):
+        two = torch.load(tmp_path / f"eval-{rank}.pt")
+        assert [sorted(r) for r in two] == [sorted(r) for r in one]
+        for a, b in zip(one, two):
+            assert {key: pytest.approx(v, abs=1e-9) for key, v in a.items()} == b
+
+
 # ============================================================================ PPO credit assignment
 def test_trajectory_gae_is_the_same_for_every_packing():
     """GAE runs over each trajectory's trained tokens in call order, whatever the packing: the

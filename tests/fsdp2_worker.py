@@ -1,0 +1,89 @@
+"""FSDP2 (``torch.distributed.fsdp.fully_shard``) on CPU over gloo, for tests/rl/test_fsdp2.py.
+
+accelerate's FSDP plugin does not engage on CPU (measured with accelerate 1.16, torch 2.13 CPU):
+``Accelerator(cpu=True, fsdp_plugin=...)`` under torchrun is ``MULTI_CPU`` (DDP, the plugin
+silently unused) and ``Accelerator(cpu=False, ...)`` without a GPU is ``NO`` (every rank a separate
+single process), because accelerate turns FSDP on only for its ``MULTI_<accelerator>`` types. So
+memkit's ``Learner`` (which prepares through accelerate) cannot be tested under FSDP2 here. What
+does run is torch's FSDP2 itself: this script shards memkit's tiny test Llama per decoder layer
+on every process and takes one GRPO gradient step with memkit's loss pieces
+(:func:`~memkit.rl.losses.ppo_clip_terms` weighted by :func:`~memkit.rl.critic.loss_weights`,
+normalised over the global batch) on the process's share of :mod:`dist_worker`'s trajectories.
+
+As a script (``torchrun --nproc_per_node 2 tests/fsdp2_worker.py OUT_DIR``) rank 0 saves the full
+(unsharded) gradients and updated parameters, and the distributed type accelerate chose for an FSDP
+plugin on CPU, to ``OUT_DIR/fsdp2.pt``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import dist_worker as dw
+import torch
+
+
+def batch(tasks) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every call of the tasks' trajectories as one right-padded row: ids, the mask of the output
+    tokens' next-token positions, and each row's advantage (its trajectory's reward - 0.5)."""
+    rows, spans, adv = [], [], []
+    for t in dw.trajectories(tasks):
+        for c in t.calls:
+            rows.append(c.context_ids + c.output_ids)
+            spans.append((len(c.context_ids) - 1, len(c.context_ids) - 1 + len(c.output_ids)))
+            adv.append(float(t.reward) - 0.5)
+    width = max(map(len, rows))
+    ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
+    mask = torch.zeros(len(rows), width - 1)
+    for i, (a, b) in enumerate(spans):
+        mask[i, a:b] = 1.0
+    return ids, mask, torch.tensor(adv)[:, None].expand_as(mask)
+
+
+def grpo_loss(model, tasks, n_tokens: float) -> torch.Tensor:
+    """GRPO's clipped surrogate (old log-probs = the current ones: the first epoch) over ``tasks``,
+    token-mean over ``n_tokens`` trained tokens of the whole batch."""
+    from memkit.rl.critic import loss_weights
+    from memkit.rl.losses import ppo_clip_terms
+
+    ids, mask, adv = batch(tasks)
+    logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()
+    logp = logits.log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0]
+    loss_tok, _ = ppo_clip_terms(logp, logp.detach(), adv, mask)
+    return (loss_tok * loss_weights(mask, "token-mean", n_tokens, 0)).sum()
+
+
+def total_tokens() -> float:
+    """The trained tokens of the whole batch (every process's share)."""
+    return float(batch(range(dw.N_TASKS))[1].sum())
+
+
+def main(out_dir: str) -> None:
+    from accelerate import Accelerator, FullyShardedDataParallelPlugin
+    from torch.distributed.fsdp import fully_shard
+
+    plugin = FullyShardedDataParallelPlugin(
+        fsdp_version=2, auto_wrap_policy="transformer_based_wrap", transformer_cls_names_to_wrap=["LlamaDecoderLayer"]
+    )
+    acc = Accelerator(cpu=True, fsdp_plugin=plugin)  # starts the gloo group; the plugin is not used (doc)
+    rank, world = acc.process_index, acc.num_processes
+    model = dw.tiny_llama()
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    loss = grpo_loss(model, range(rank, dw.N_TASKS, world), total_tokens())
+    # FSDP2 averages gradients over the processes; the weights already sum over the whole batch
+    (loss * world).backward()
+    grads = {k: p.grad.full_tensor() for k, p in model.named_parameters()}
+    torch.optim.AdamW(model.parameters(), lr=1e-3).step()
+    state = {k: p.full_tensor() for k, p in model.named_parameters()}
+    if rank == 0:
+        out = {"grads": grads, "params": state, "accelerate_type": str(acc.distributed_type)}
+        torch.save(out, Path(out_dir) / "fsdp2.pt")
+    acc.wait_for_everyone()
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
