@@ -54,7 +54,8 @@ class DataConfig:
     """Questions the tasks are composed of (MEM1 Prompt 1, ``objectives`` questions each): "offline"
     (answerable NQ + TriviaQA, split by a hash of the id into sft / rl / test questions), a FlashRAG /
     Search-R1 ``.jsonl`` / ``.parquet``, a hub id, DPR topics, HotpotQA ``.json`` (a file or hub split
-    is used whole: it is a split already). None = the synthetic world's questions."""
+    is used whole: it is a split already), or ``memkit world``'s tasks.jsonl (``eval`` and ``rollout``
+    keep its tasks as written). None = the synthetic world's questions."""
     corpus: str | None = None
     """Passages the search tool retrieves from: "offline" (10,033 Wikipedia leads), a wiki-18 style
     ``.jsonl`` or a ``.json`` of leads. None = the synthetic world's passages."""
