@@ -85,7 +85,8 @@ def run(args) -> int:
     from memkit.metrics.qa import format_table
 
     data = data_config(args)  # a bad combination is named before the world loads
-    kit, sets = kit_and_tasks(args, load_kit(args.world_seed, retriever=args.retriever), data)
+    kit, own = kit_and_tasks(args, load_kit(args.world_seed, retriever=args.retriever), data)
+    sets = None if own is None else {k: [t for t in own if t.k == k] for k in args.objectives}  # the file's, per k
     rows = []
     for method in args.method:
         if method == "memt":

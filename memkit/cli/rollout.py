@@ -40,17 +40,17 @@ def data_config(args):
 
 
 def kit_and_tasks(args, kit, data):
-    """``(kit, {k: tasks} or None)``: ``kit`` with ``data``'s corpus behind its search tool and its
+    """``(kit, own tasks or None)``: ``kit`` with ``data``'s corpus behind its search tool and its
     questions as its world (:func:`memkit.lab.real.data_kit`: the caller's ``held_out_tasks`` /
-    ``make_tasks`` compose them); a ``memkit world`` tasks.jsonl is kept as written instead (its tasks of
-    each of ``--objectives``)."""
+    ``make_tasks`` compose them); a ``memkit world`` tasks.jsonl is kept as written instead: its
+    tasks, read once, are returned."""
     from dataclasses import replace
 
     from memkit.lab.real import data_kit
 
     own = memkit_task_file(data.tasks) if data.tasks else None
     kit = data_kit(kit, data if own is None else replace(data, tasks=None), args.k_docs)
-    return kit, None if own is None else {k: [t for t in own if t.k == k] for k in args.objectives}
+    return kit, own
 
 
 def memkit_task_file(source: str):
@@ -139,9 +139,9 @@ def run(args) -> int:
     from memkit.world import make_tasks
 
     data = data_config(args)  # a bad combination is named before the world loads
-    kit, sets = kit_and_tasks(args, load_kit(args.world_seed, retriever=args.retriever), data)
-    if sets is not None:  # memkit world's tasks.jsonl: every task of the file, whatever its k
-        tasks = memkit_task_file(args.tasks)
+    kit, own = kit_and_tasks(args, load_kit(args.world_seed, retriever=args.retriever), data)
+    if own is not None:  # memkit world's tasks.jsonl: every task of the file, whatever its k
+        tasks = own
     else:
         tasks = make_tasks(kit.world, n=args.n_tasks, k=args.objectives[0], seed=args.seed)
     trajs = rollout(
