@@ -47,7 +47,8 @@ def grpo_loss(model, tasks, n_tokens: float) -> torch.Tensor:
     from memkit.rl.critic import loss_weights
     from memkit.rl.losses import ppo_clip_terms
 
-    ids, mask, adv = batch(tasks)
+    device = next(model.parameters()).device
+    ids, mask, adv = (t.to(device) for t in batch(tasks))
     logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()
     logp = logits.log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0]
     loss_tok, _ = ppo_clip_terms(logp, logp.detach(), adv, mask)
@@ -66,18 +67,19 @@ def main(out_dir: str) -> None:
     plugin = FullyShardedDataParallelPlugin(
         fsdp_version=2, auto_wrap_policy="transformer_based_wrap", transformer_cls_names_to_wrap=["LlamaDecoderLayer"]
     )
-    acc = Accelerator(cpu=True, fsdp_plugin=plugin)  # starts the gloo group; the plugin is not used (doc)
+    # on CPU: starts the gloo group, the plugin unused (above); on a GPU (the device check): NCCL
+    acc = Accelerator(cpu=not torch.cuda.is_available(), fsdp_plugin=plugin)
     rank, world = acc.process_index, acc.num_processes
-    model = dw.tiny_llama()
+    model = dw.tiny_llama().to(acc.device)
     for layer in model.model.layers:
         fully_shard(layer)
     fully_shard(model)
     loss = grpo_loss(model, range(rank, dw.N_TASKS, world), total_tokens())
     # FSDP2 averages gradients over the processes; the weights already sum over the whole batch
     (loss * world).backward()
-    grads = {k: p.grad.full_tensor() for k, p in model.named_parameters()}
+    grads = {k: p.grad.full_tensor().cpu() for k, p in model.named_parameters()}
     torch.optim.AdamW(model.parameters(), lr=1e-3).step()
-    state = {k: p.full_tensor() for k, p in model.named_parameters()}
+    state = {k: p.full_tensor().cpu() for k, p in model.named_parameters()}
     if rank == 0:
         out = {"grads": grads, "params": state, "accelerate_type": str(acc.distributed_type)}
         torch.save(out, Path(out_dir) / "fsdp2.pt")
@@ -85,5 +87,40 @@ def main(out_dir: str) -> None:
     torch.distributed.destroy_process_group()
 
 
+def learner_probe(out_dir: str) -> None:
+    """The device check's probe of what stands between memkit's ``Learner`` and FSDP2: accelerate's
+    FSDP2 plugin on a GPU, ``check_engine``'s refusal lifted *in this probe only*, one GRPO and one
+    PPO ``update`` of :mod:`dist_worker`'s batch; rank 0 saves parameters and stats, or the error,
+    to ``OUT_DIR/learner-<algo>.pt`` (compared with one plain process by tests/gpu_check.sh)."""
+    import os
+    import traceback
+
+    from accelerate import Accelerator, FullyShardedDataParallelPlugin
+
+    import memkit.rl.update as up
+
+    os.environ["ACCELERATE_USE_FSDP"] = "true"  # what `accelerate launch --config_file fsdp2.yaml` sets
+    plugin = FullyShardedDataParallelPlugin(
+        fsdp_version=2, auto_wrap_policy="transformer_based_wrap", transformer_cls_names_to_wrap=["LlamaDecoderLayer"]
+    )
+    acc = Accelerator(fsdp_plugin=plugin)
+    up.check_engine = lambda _acc: None
+    for algo in dw.CASES:
+        try:
+            learner = dw.make_learner(algo, sort_micro_batches=False, accelerator=acc, ref_dtype="float32")
+            stats = learner.update(dw.trajectories(range(acc.process_index, dw.N_TASKS, acc.num_processes)))
+            full = {
+                f"{name}.{k}": getattr(p.detach(), "full_tensor", p.detach)().float().cpu()
+                for name, model in dw.models(learner).items()
+                for k, p in model.named_parameters()
+            }
+            out = {"params": full, "stats": stats, "type": str(acc.distributed_type)}
+        except Exception:  # noqa: BLE001 - the probe reports what breaks
+            out = {"error": traceback.format_exc()[-3000:], "type": str(acc.distributed_type)}
+        if acc.is_main_process:
+            torch.save(out, Path(out_dir) / f"learner-{algo}.pt")
+    acc.wait_for_everyone()
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    learner_probe(sys.argv[1]) if sys.argv[2:] == ["learner"] else main(sys.argv[1])
