@@ -36,9 +36,10 @@ from memkit.lab.kit import load_kit
 from memkit.lab.policies import fresh_tiny, load_init, prompt_wrap, sft_checkpoint_path
 from memkit.rl.block_attention import block_plan, flex_available, flex_block_mask
 from memkit.rl.config import TrainConfig
+from memkit.rl.engines import make_accelerator
 from memkit.rl.packed_forward import packed_token_logprobs
 from memkit.rl.packing import MODES, pack
-from memkit.rl.trainer import Trainer, make_accelerator
+from memkit.rl.trainer import Trainer
 from memkit.world import make_tasks
 
 

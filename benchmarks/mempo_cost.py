@@ -38,7 +38,8 @@ def main() -> None:
     keep_freed_memory()
     from memkit.lab.policies import load_init, prompt_wrap
     from memkit.lab.recipes import ensure_lab_sft
-    from memkit.rl.trainer import Trainer, make_accelerator
+    from memkit.rl.engines import make_accelerator
+    from memkit.rl.trainer import Trainer
 
     kit = load_kit(0)
     init = str(ensure_lab_sft("mempo", kit)) if args.init == "lab" else args.init

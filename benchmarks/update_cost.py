@@ -42,7 +42,8 @@ from memkit.core.cpu import keep_freed_memory
 from memkit.lab.kit import load_kit
 from memkit.lab.policies import load_init, prompt_wrap, sft_checkpoint_path
 from memkit.rl.config import TrainConfig
-from memkit.rl.trainer import Trainer, make_accelerator
+from memkit.rl.engines import make_accelerator
+from memkit.rl.trainer import Trainer
 
 SETUPS = {  # the notebooks' full-mode batches (TrainConfig fields)
     "mem1": dict(

@@ -11,7 +11,8 @@ scale-free first step.
 
 As a script (``torchrun --nproc_per_node W tests/deepspeed_worker.py OUT_DIR STAGE G``) every process
 takes its share of :mod:`dist_worker`'s tasks, in G micro-batches, and rank 0 saves the updated
-parameters (gathered under ZeRO-3) to ``OUT_DIR/deepspeed.pt``.
+parameters (gathered under ZeRO-3) to ``OUT_DIR/deepspeed.pt``; with ``OUT_DIR learner STAGE``,
+memkit's own ``Learner`` runs instead (:func:`learner`).
 """
 
 from __future__ import annotations
@@ -82,5 +83,35 @@ def main(out_dir: str, stage: int, accumulation: int) -> None:
     acc.wait_for_everyone()
 
 
+def learner(out_dir: str, stage: int) -> None:
+    """memkit's ``Learner`` under DeepSpeed ZeRO-``stage``: one GRPO ``update`` of :mod:`dist_worker`'s
+    batch (several micro-batches per mini-batch, 2 epochs), this process's share; rank 0 saves the
+    parameters and stats to ``OUT_DIR/learner.pt`` (tests/gpu_check.py compares them with one plain
+    process). ZeRO-3 or PPO: the refusal's message is saved instead."""
+    import os
+
+    from accelerate import Accelerator, DeepSpeedPlugin
+
+    os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
+    config = {"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": stage}}
+    acc = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config), cpu=not torch.cuda.is_available())
+    out = {"type": str(acc.distributed_type)}
+    for algo in dw.CASES:
+        try:
+            learn = dw.make_learner(algo, sort_micro_batches=False, accelerator=acc, ref_dtype="float32")
+        except ValueError as e:
+            out[algo] = {"refused": str(e)}
+            continue
+        stats = learn.update(dw.trajectories(range(acc.process_index, dw.N_TASKS, acc.num_processes)))
+        params = {f"policy.{k}": p.detach().float().cpu().clone() for k, p in learn.policy.named_parameters()}
+        out[algo] = {"params": params, "stats": stats, "steps": getattr(learn.model, "global_steps", None)}
+    if acc.is_main_process:
+        torch.save(out, Path(out_dir) / "learner.pt")
+    acc.wait_for_everyone()
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+    if sys.argv[2] == "learner":
+        learner(sys.argv[1], int(sys.argv[3]))
+    else:
+        main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))

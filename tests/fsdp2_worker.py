@@ -104,7 +104,7 @@ def learner_probe(out_dir: str) -> None:
         fsdp_version=2, auto_wrap_policy="transformer_based_wrap", transformer_cls_names_to_wrap=["LlamaDecoderLayer"]
     )
     acc = Accelerator(fsdp_plugin=plugin)
-    up.check_engine = lambda _acc: None
+    up.check_engine = lambda *_a, **_k: None
     for algo in dw.CASES:
         try:
             learner = dw.make_learner(algo, sort_micro_batches=False, accelerator=acc, ref_dtype="float32")

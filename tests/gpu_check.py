@@ -52,6 +52,34 @@ def torchrun(script: str, *args: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", script, *args]
 
 
+def train_under_deepspeed(work: Path, log) -> dict:
+    """``accelerate launch --config_file configs/accelerate/deepspeed_zero2.yaml -m memkit.cli train``, one
+    process, 2 GRPO steps of the tiny model: what a user runs (bf16, as the config file says)."""
+    cfg = TESTS.parent / "configs" / "accelerate" / "deepspeed_zero2.yaml"
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(cfg), "--num_processes", "1"]
+    flags = [
+        "--method",
+        "mem1",
+        "--algo",
+        "grpo",
+        "--steps",
+        "2",
+        "--tasks-per-step",
+        "2",
+        "--n-samples",
+        "2",
+        "--init",
+        "tiny",
+    ]
+    out_dir = work / "train-zero2"
+    row = run([*launch, "-m", "memkit.cli", "train", *flags, "--out", str(out_dir), "--eval-every", "0"], log, 150)
+    metrics = out_dir / "metrics.jsonl"
+    if metrics.exists():
+        rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+        row["metrics"] = [{k: r.get(k) for k in ("step", "pg_loss", "grad_norm", "processes")} for r in rows]
+    return row
+
+
 def main(out: Path) -> None:
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     # JAX (in the device image) preallocates 75% of the GPU once anything starts its backend: measured
@@ -78,6 +106,9 @@ def main(out: Path) -> None:
             report[f"zero{stage}"] = run(
                 torchrun(str(TESTS / "deepspeed_worker.py"), str(ds), str(stage), "2"), log, 75
             )
+            worker = str(TESTS / "deepspeed_worker.py")
+            report[f"learner_zero{stage}"] = run(torchrun(worker, str(ds), "learner", str(stage)), log, 75)
+        report["train_zero2"] = train_under_deepspeed(work, log)
     import dist_worker as dw
     import fsdp2_worker as fw
 
@@ -109,6 +140,22 @@ def main(out: Path) -> None:
                     "pg_loss": [got["stats"]["pg_loss"], stats["pg_loss"]],
                 }
             report[f"fsdp2_learner_{algo}"] = row
+    for stage in (2, 3):  # memkit's Learner under DeepSpeed against one plain CPU process
+        path = work / f"zero{stage}" / "learner.pt"
+        if path.exists():
+            got = torch.load(path)
+            for algo in dw.CASES:
+                row = {k: v for k, v in got[algo].items() if k not in ("params", "stats")}
+                if "params" in got[algo]:
+                    plain = dw.make_learner(algo, sort_micro_batches=False, ref_dtype="float32")
+                    stats = plain.update(dw.trajectories())
+                    ref = dw.params(plain)
+                    keys = ("pg_loss", "kl", "grad_norm")
+                    row |= {
+                        "param_diff": max_diff(got[algo]["params"], ref),
+                        "stats": {k: [got[algo]["stats"][k], stats[k]] for k in keys},
+                    }
+                report[f"learner_zero{stage}"] |= {algo: row, "type": got["type"]}
     import deepspeed_worker as dsw
 
     ref = dsw.reference_params()

@@ -29,8 +29,8 @@ from memkit.lab.policies import (
 )
 from memkit.models import K_DOCS_ATTR
 from memkit.rl.config import TrainConfig
+from memkit.rl.engines import make_accelerator
 from memkit.rl.trainer import Trainer
-from memkit.rl.update import make_accelerator
 from memkit.train.config import resolve_sft
 from memkit.train.sft import SFTConfig, collect_examples, save_checkpoint, train_sft
 from memkit.world.task_sets import training_tasks

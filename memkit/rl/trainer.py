@@ -37,7 +37,7 @@ from memkit.models.loading import trained_k_docs
 from memkit.rl.checkpoint import RunFiles
 from memkit.rl.config import RESUME_KEYS, TrainConfig
 from memkit.rl.plans import PLANS
-from memkit.rl.update import Learner, make_accelerator
+from memkit.rl.update import Learner
 from memkit.world.task_sets import training_tasks
 
 
@@ -341,4 +341,4 @@ def _norm(v):
     return list(v) if isinstance(v, (tuple, list)) else v
 
 
-__all__ = ["Trainer", "TrainConfig", "make_accelerator"]
+__all__ = ["Trainer", "TrainConfig"]

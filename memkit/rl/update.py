@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import zlib
 
 import torch
@@ -36,58 +35,16 @@ from memkit.models.training import checkpointed_training, frozen_copy
 from memkit.rl.config import TrainConfig
 from memkit.rl.credit import get_credit, record_call_advantages
 from memkit.rl.critic import ValueModel, loss_weights
+from memkit.rl.engines import (
+    check_engine,
+    configure_deepspeed,
+    deepspeed_backward,
+    engine_kind,
+    make_accelerator,
+    reference_dtype,
+)
 from memkit.rl.experience import Experience, ExperienceMaker
 from memkit.rl.losses import kl_penalty, ppo_clip_terms, value_terms
-
-
-def make_accelerator(cfg: TrainConfig):
-    """The run's ``Accelerator`` on ``cfg.runtime.device`` with ``cfg.runtime.mixed_precision``.
-
-    accelerate keeps one device/precision state per process: after a CPU run,
-    ``Accelerator(cpu=False)`` silently stays on the CPU (found by ``tests/models/test_gpu.py``), and
-    another precision raises "cannot be changed, restart your runtime". A notebook or test that
-    trains twice in one process needs neither, so a single-process run that asks for other
-    settings resets that state (an Accelerator made before then follows the new settings); a
-    distributed run keeps the launcher's.
-    """
-    from accelerate import Accelerator
-    from accelerate.state import AcceleratorState
-
-    cpu = cfg.runtime.device == "cpu" or (cfg.runtime.device == "auto" and not torch.cuda.is_available())
-    if cfg.runtime.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("TrainConfig.runtime.device='cuda' but no GPU is visible; use device='auto' or 'cpu'")
-    state = AcceleratorState._shared_state
-    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    if (
-        state
-        and not distributed
-        and (
-            (state["device"].type == "cpu") != cpu or str(state.get("_mixed_precision")) != cfg.runtime.mixed_precision
-        )
-    ):
-        AcceleratorState._reset_state(reset_partial_state=True)
-    return Accelerator(cpu=cpu, mixed_precision=cfg.runtime.mixed_precision)
-
-
-def check_engine(acc) -> None:
-    """Refuse the accelerate engines memkit cannot train with yet (issue 57), instead of a hang or a
-    wrong update: FSDP shards the parameters that rollouts read, with ranks whose decode loops stop
-    at different lengths; DeepSpeed steps its engine on every ``backward``, where memkit accumulates
-    micro-batches under global loss weights. DDP (and one process) is what is tested."""
-    kind = str(getattr(acc, "distributed_type", "")).rsplit(".", 1)[-1]
-    if kind in ("FSDP", "DEEPSPEED"):
-        raise ValueError(
-            f"memkit trains under DDP or one process, not {kind} yet (issue 57: rollouts over sharded "
-            "weights, DeepSpeed's per-backward step); launch with configs/accelerate/ddp.yaml"
-        )
-
-
-def reference_dtype(name: str, device, model) -> torch.dtype:
-    """The KL reference's parameter dtype (``RuntimeConfig.ref_dtype``): ``auto`` = bfloat16 on a GPU,
-    the policy's own dtype elsewhere."""
-    if name == "auto":
-        return torch.bfloat16 if torch.device(device).type == "cuda" else next(model.parameters()).dtype
-    return getattr(torch, name)
 
 
 def _units_seed(seed: int, trajs: list[Trajectory]) -> int:
@@ -114,7 +71,10 @@ class Learner(ExperienceMaker):
         self.recompute = cfg.resolved_recompute()
         self.credit = get_credit(cfg.resolved_credit())
         self.acc = accelerator or make_accelerator(cfg)
-        check_engine(self.acc)
+        check_engine(self.acc, critic=self.credit.needs_values)
+        self.deepspeed = engine_kind(self.acc) == "DEEPSPEED"  # memkit.rl.engines: its backward and step
+        if self.deepspeed:
+            configure_deepspeed(self.acc, cfg)
         self.tokenizer, self.wrap = tokenizer, wrap
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.is_peft = hasattr(model, "disable_adapter")
@@ -330,18 +290,24 @@ class Learner(ExperienceMaker):
         if self.copt is not None:
             self.copt.zero_grad(set_to_none=True)
         for j, e in enumerate(mini):
+            last = j == len(mini) - 1
             with contextlib.ExitStack() as stack:
-                if j < len(mini) - 1:  # sync gradients once, on the last micro-batch
+                if not last and not self.deepspeed:  # sync gradients once, on the last micro-batch
                     stack.enter_context(self.acc.no_sync(self.model))
                     if self.critic is not None:
                         stack.enter_context(self.acc.no_sync(self.critic))
                 if e is None:  # an empty micro-batch still joins the gradient all-reduce
-                    self._dummy_backward()
+                    self._dummy_backward(last)
                     continue
-                self._micro(e, loss_weights(e.mask, cfg.agg, n_tokens, n_rows), W, acc)
-        actor = [p for p in self.model.parameters() if id(p) not in self._critic_ids]
-        acc["grad_norm"] += float(self.acc.clip_grad_norm_(actor, cfg.max_grad_norm))
-        self.opt.step()
+                self._micro(e, loss_weights(e.mask, cfg.agg, n_tokens, n_rows), W, acc, last)
+        if self.deepspeed:  # clips at cfg.max_grad_norm (configure_deepspeed), steps AdamW, zeroes the gradients
+            self.model.step()
+            norm = self.model.get_global_grad_norm()
+            acc["grad_norm"] += float(norm) if norm is not None else math.nan
+        else:
+            actor = [p for p in self.model.parameters() if id(p) not in self._critic_ids]
+            acc["grad_norm"] += float(self.acc.clip_grad_norm_(actor, cfg.max_grad_norm))
+            self.opt.step()
         self.sched.step()
         if self.critic is not None:
             acc["critic_grad_norm"] += float(self.acc.clip_grad_norm_(self.critic.parameters(), cfg.max_grad_norm))
@@ -353,7 +319,12 @@ class Learner(ExperienceMaker):
             if self.copt is not None:
                 self.copt.zero_grad(set_to_none=True)
 
-    def _micro(self, e: Experience, w: torch.Tensor, W: int, acc: dict) -> None:
+    def _backward(self, loss: torch.Tensor, last: bool) -> None:
+        """A micro-batch's backward: accelerate's (DDP syncs outside ``no_sync``) or the DeepSpeed engine's
+        with the accumulation boundary on ``last`` (:func:`memkit.rl.engines.deepspeed_backward`)."""
+        deepspeed_backward(self.model, loss, last) if self.deepspeed else self.acc.backward(loss)
+
+    def _micro(self, e: Experience, w: torch.Tensor, W: int, acc: dict, last: bool = True) -> None:
         cfg, m = self.cfg, e.mask
         want_ent = cfg.runtime.log_entropy or cfg.entropy_coef > 0
         out = self._logprobs(self.model, e.inputs, with_entropy=want_ent, loss_mask=m, groups=e.groups)
@@ -366,7 +337,7 @@ class Learner(ExperienceMaker):
             loss = loss + cfg.kl.coef * (kl_tok * w).sum()
         if cfg.entropy_coef > 0:
             loss = loss - cfg.entropy_coef * (ent * w).sum()
-        self.acc.backward(loss * W)  # DDP averages gradients over W processes; the weights already sum globally
+        self._backward(loss * W, last)  # DDP/ZeRO average gradients over W processes; the weights sum globally
         acc["pg_loss"] += float(pg.detach())
         for k in ("clip_frac", "approx_kl", "ratio", "tokens"):  # sums over the trained tokens
             acc[k] += pst[k]
@@ -384,12 +355,12 @@ class Learner(ExperienceMaker):
             acc["vf_loss"] += float(vf.detach())
             acc["vf_clip_frac"] += vst["vf_clip_frac"]
 
-    def _dummy_backward(self) -> None:
+    def _dummy_backward(self, last: bool = True) -> None:
         ids = torch.full((1, 1), self.pad_id, dtype=torch.long, device=self.acc.device)
-        self.acc.backward(self.model(input_ids=ids, use_cache=False).logits.sum() * 0.0)
+        self._backward(self.model(input_ids=ids, use_cache=False).logits.sum() * 0.0, last)
         if self.critic is not None:
             with self.acc.unwrap_model(self.critic).scope():
                 self.acc.backward(self.critic(ids).sum() * 0.0)
 
 
-__all__ = ["Learner", "check_engine", "make_accelerator", "reference_dtype"]
+__all__ = ["Learner"]

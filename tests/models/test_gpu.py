@@ -40,7 +40,7 @@ def test_cuda_update_matches_the_cpu_update(algo):
     """``Learner.update`` on the GPU (accelerate's device placement, packed masks built on the GPU)
     moves every parameter as on the CPU."""
     from memkit.rl.config import TrainConfig
-    from memkit.rl.update import make_accelerator
+    from memkit.rl.engines import make_accelerator
 
     cpu_cond, gpu_cond = {}, {}
     # a float32 KL reference on both (``ref_dtype="auto"`` is bfloat16 on a GPU: a 2.5e-3 weight gap, measured)

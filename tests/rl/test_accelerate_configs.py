@@ -75,18 +75,29 @@ def test_ddp_config_launches_a_one_step_train(tmp_path):
     assert (out / "checkpoints" / "step-000001" / "memkit.json").is_file()
 
 
-def test_fsdp_and_deepspeed_are_refused_with_the_config_that_works():
-    """Until rollouts gather sharded weights and DeepSpeed's step agrees with memkit's accumulation
-    (issue 57), a Learner under either engine stops at once and names the DDP config."""
+def test_fsdp_zero3_and_a_deepspeed_critic_are_refused_with_the_config_that_works():
+    """FSDP and DeepSpeed ZeRO-3 (rollouts over sharded weights) and PPO under DeepSpeed (two models,
+    one engine each) stop at once and name the config that works (issue 57); DeepSpeed ZeRO-2 with a
+    critic-free rule, DDP and one process pass (ZeRO-2's update equals one process's: tests/gpu_check.py,
+    on a GPU: accelerate engages DeepSpeed only there)."""
     from types import SimpleNamespace
 
     from accelerate.utils import DistributedType
     from dist_worker import make_learner
 
-    from memkit.rl.update import check_engine
+    from memkit.rl.engines import check_engine
 
-    for kind in (DistributedType.FSDP, DistributedType.DEEPSPEED):
-        with pytest.raises(ValueError, match=r"not (FSDP|DEEPSPEED) yet .*configs/accelerate/ddp.yaml"):
-            make_learner("grpo", accelerator=SimpleNamespace(distributed_type=kind))
+    def acc(kind, stage=None):
+        plugin = SimpleNamespace(zero_stage=stage) if stage is not None else None
+        return SimpleNamespace(distributed_type=kind, state=SimpleNamespace(deepspeed_plugin=plugin))
+
+    with pytest.raises(ValueError, match=r"not FSDP yet .*configs/accelerate/ddp.yaml or deepspeed_zero2.yaml"):
+        make_learner("grpo", accelerator=acc(DistributedType.FSDP))
+    with pytest.raises(ValueError, match=r"not ZeRO-3 yet .*deepspeed_zero2.yaml"):
+        make_learner("grpo", accelerator=acc(DistributedType.DEEPSPEED, 3))
+    with pytest.raises(ValueError, match=r"one per DeepSpeed engine; use a critic-free rule"):
+        make_learner("ppo", accelerator=acc(DistributedType.DEEPSPEED, 2))
+    for kind, stage in [(DistributedType.DEEPSPEED, 2), (DistributedType.DEEPSPEED, 1)]:
+        check_engine(acc(kind, stage))
     for kind in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
-        check_engine(SimpleNamespace(distributed_type=kind))
+        check_engine(acc(kind), critic=True)

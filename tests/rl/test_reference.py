@@ -11,7 +11,7 @@ import torch
 
 from memkit.core.trajectory import TrainingUnit
 from memkit.models import frozen_copy
-from memkit.rl.update import reference_dtype
+from memkit.rl.engines import reference_dtype
 
 #: |log pi_ref(bf16) - log pi_ref(fp32)| on the random-init tiny Llama's trained tokens: measured max
 #: 1.3e-3, mean 4.8e-4 (every packing); a trained model's sharper logits round further

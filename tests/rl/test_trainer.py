@@ -198,7 +198,7 @@ def test_a_second_run_in_one_process_gets_its_own_precision_and_device():
     (seen on an H100; tests/models/test_gpu.py checks that side). `make_accelerator` resets it."""
     from accelerate import Accelerator
 
-    from memkit.rl.update import make_accelerator
+    from memkit.rl.engines import make_accelerator
 
     Accelerator(cpu=True)
     try:
