@@ -3,6 +3,7 @@
     memkit plan --model qwen2.5-7b --lora                      # 1 GPU of 80 GB, micro-batch 1 x 4096 tokens
     memkit plan --model qwen2.5-3b --gpus 8 --zero 3 --seq-len 8192
     memkit plan --model smollm2-135m --dtype fp32 --json
+    memkit plan --grid                                         # 0.5B-14B x LoRA/full x 1/8 GPUs: what fits, which config
 
 Terms (weights, gradients, AdamW state, reference model, activations with and without gradient
 checkpointing, logits, rollout KV cache) and their equations: :mod:`memkit.models.plan`. Nothing is
@@ -43,10 +44,15 @@ def add_arguments(sp) -> None:
     sp.description = __doc__.splitlines()[0]
     sp.add_argument(
         "--model",
-        required=True,
         metavar="SPEC",
-        help="a preset (qwen2.5-0.5b, qwen2.5-3b, qwen2.5-7b), tiny, smollm2-135m, or a checkpoint "
+        help="a preset (qwen2.5-0.5b, qwen2.5-3b, qwen2.5-7b, qwen2.5-14b), tiny, smollm2-135m, or a checkpoint "
         "directory with config.json (Llama / Mistral / Qwen2 decoders)",
+    )
+    sp.add_argument(
+        "--grid",
+        action="store_true",
+        help="instead of one plan: which of Qwen2.5-0.5B/3B/7B/14B x {LoRA, full} x {1 GPU, --gpus (8 if 1)} "
+        "fit --gpu-mem with checkpointing, and the accelerate config to launch each with",
     )
     sp.add_argument(
         "--dtype",
@@ -98,9 +104,10 @@ def add_arguments(sp) -> None:
         "--zero",
         type=int,
         default=0,
-        choices=(0, 3),
-        help="0: every GPU holds full copies (DDP); 3: weights, gradients, AdamW state and reference "
-        "sharded over --gpus (FSDP full shard / ZeRO-3) (default: 0)",
+        choices=(0, 2, 3),
+        help="0: every GPU holds full copies (DDP); 2: gradients and AdamW state sharded over --gpus "
+        "(DeepSpeed ZeRO-2); 3: weights, gradients, AdamW state and reference sharded (FSDP full shard / "
+        "ZeRO-3) (default: 0)",
     )
     sp.add_argument(
         "--no-reference", dest="reference", action="store_false", help="no KL term, so no reference model (kl coef 0)"
@@ -124,8 +131,8 @@ def make_plan(args) -> dict:
         lora_targets=LORA_TARGETS[args.lora_targets] if args.lora_targets else None,
         reference=args.reference,
     )
-    if args.zero == 3 and args.gpus == 1:
-        raise ValueError("--zero 3 shards over --gpus; with 1 GPU there is nothing to shard: add --gpus N")
+    if args.zero and args.gpus == 1:
+        raise ValueError(f"--zero {args.zero} shards over --gpus; with 1 GPU there is nothing to shard: add --gpus N")
     return plan(
         resolve_arch(args.model),
         setup,
@@ -175,6 +182,15 @@ def format_plan(p: dict) -> str:
 
 
 def run(args) -> int:
+    if args.grid:
+        from memkit.models.plan_grid import fit_grid, format_grid
+
+        gpus = (1, args.gpus if args.gpus > 1 else 8)
+        rows = fit_grid(gpus=gpus, gpu_mem=args.gpu_mem, seq_len=args.seq_len, rollout_batch=args.rollout_batch)
+        print(json.dumps(rows, indent=1) if args.json else format_grid(rows, args.gpu_mem, args.seq_len))
+        return 0
+    if not args.model:
+        raise ValueError("memkit plan needs --model SPEC (a preset, tiny, smollm2-135m or a directory), or --grid")
     p = make_plan(args)
     print(json.dumps(p, indent=1) if args.json else format_plan(p))
     return 0

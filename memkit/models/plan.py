@@ -17,7 +17,8 @@ f = 4 (fp32), N GPUs. Conventions:
 * LoRA: peft keeps the adapters in fp32 (its default), so their gradients and moments are fp32; the
   base is frozen and, with adapters disabled, is the reference policy: no second copy.
 * ``zero=3`` (FSDP full shard / ZeRO-3) divides weights, gradients, AdamW state and reference by N, plus
-  two unsharded layers (gathered, prefetched); ``zero=0`` (DDP) keeps full copies. Batches are per GPU.
+  two unsharded layers (gathered, prefetched); ``zero=2`` (DeepSpeed ZeRO-2) divides gradients and AdamW
+  state only; ``zero=0`` (DDP) keeps full copies. Batches are per GPU.
 * Activations are in the parameter dtype, attention is a fused SDPA kernel (flash / memory-efficient:
   the s^2 scores are never stored). A padding mask with grouped-query attention makes transformers
   repeat k and v to all heads (+2*b*a*d per token per layer) and may pick the math kernel (s^2).
@@ -80,6 +81,7 @@ PRESETS = {
     "qwen2.5-0.5b": Arch(896, 4864, 24, 14, 2, 151936, True, qkv_bias=True, model_type="qwen2"),
     "qwen2.5-3b": Arch(2048, 11008, 36, 16, 2, 151936, True, qkv_bias=True, model_type="qwen2"),
     "qwen2.5-7b": Arch(3584, 18944, 28, 28, 4, 152064, False, qkv_bias=True, model_type="qwen2"),
+    "qwen2.5-14b": Arch(5120, 13824, 48, 40, 8, 152064, False, qkv_bias=True, model_type="qwen2"),
 }
 
 
@@ -149,8 +151,11 @@ class Setup:
     def __post_init__(self):
         if self.dtype not in DTYPE_BYTES:
             raise ValueError(f"dtype {self.dtype!r}: use one of {', '.join(DTYPE_BYTES)}")
-        if self.gpus < 1 or self.zero not in (0, 3):
-            raise ValueError(f"--gpus {self.gpus} --zero {self.zero}: need gpus >= 1, zero 0 (DDP) or 3 (full shard)")
+        if self.gpus < 1 or self.zero not in (0, 2, 3):
+            raise ValueError(
+                f"--gpus {self.gpus} --zero {self.zero}: need gpus >= 1, zero 0 (DDP), 2 (gradients and AdamW "
+                "sharded) or 3 (full shard)"
+            )
         if self.lora and (self.lora_r is None or self.lora_targets is None):
             from memkit.models.loading import LoraSpec
 
@@ -165,7 +170,13 @@ class Setup:
 
     @property
     def shard(self) -> float:
+        """The share of the weights and the reference each GPU holds (1/N under zero 3)."""
         return 1 / self.gpus if self.zero == 3 else 1.0
+
+    @property
+    def state_shard(self) -> float:
+        """The share of the gradients and AdamW state each GPU holds (1/N under zero 2 and 3)."""
+        return 1 / self.gpus if self.zero >= 2 else 1.0
 
 
 def layer_params(a: Arch) -> int:
@@ -196,15 +207,15 @@ def weight_bytes(a: Arch, s: Setup) -> float:
 
 
 def gradient_bytes(a: Arch, s: Setup) -> float:
-    """LoRA: n_lora * f (fp32 adapters); full: n * b (gradients in the parameter dtype); / N' ."""
-    return (lora_param_count(a, s) * F32 if s.lora else param_count(a) * s.b) * s.shard
+    """LoRA: n_lora * f (fp32 adapters); full: n * b (gradients in the parameter dtype); / N (zero 2, 3)."""
+    return (lora_param_count(a, s) * F32 if s.lora else param_count(a) * s.b) * s.state_shard
 
 
 def optimizer_bytes(a: Arch, s: Setup) -> float:
     """AdamW: 2 * f per trainable parameter (exp_avg, exp_avg_sq), + f * n fp32 master weights for full
-    fine-tuning with b < 4; / N' ."""
+    fine-tuning with b < 4; / N (zero 2, 3)."""
     master = param_count(a) * F32 if not s.lora and s.b < F32 else 0
-    return (2 * F32 * trainable_count(a, s) + master) * s.shard
+    return (2 * F32 * trainable_count(a, s) + master) * s.state_shard
 
 
 def reference_bytes(a: Arch, s: Setup) -> float:

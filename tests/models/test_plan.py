@@ -127,9 +127,9 @@ def test_param_count_equals_tiny():
 
 
 def test_presets_match_published_sizes():
-    """Qwen2.5 model cards: 0.49B, 3.09B, 7.61B parameters."""
+    """Qwen2.5 model cards: 0.49B, 3.09B, 7.61B, 14.7B parameters."""
     sizes = {name: round(param_count(arch) / 1e9, 2) for name, arch in PRESETS.items()}
-    assert sizes == {"qwen2.5-0.5b": 0.49, "qwen2.5-3b": 3.09, "qwen2.5-7b": 7.62}
+    assert sizes == {"qwen2.5-0.5b": 0.49, "qwen2.5-3b": 3.09, "qwen2.5-7b": 7.62, "qwen2.5-14b": 14.77}
 
 
 # ---- weights, gradients, AdamW state -------------------------------------------------------------------
@@ -215,7 +215,45 @@ def test_full_7b_on_one_gpu_names_the_optimizer_and_fits_sharded():
     assert sharded["modes"]["checkpointing"]["max_micro_batch"] >= 1
 
 
+def test_zero2_shards_gradients_and_adamw_but_not_weights_or_reference():
+    """ZeRO-2 per GPU: weights and reference as DDP's, gradients and AdamW state / N; ZeRO-3 also the weights."""
+    arch = PRESETS["qwen2.5-7b"]
+    ddp, z2, z3 = (terms(arch, Setup(gpus=8, zero=z), 1, 4096, 0.0, True) for z in (0, 2, 3))
+    assert z2["weights"] == ddp["weights"] and z2["reference"] == ddp["reference"]
+    assert z2["gradients"] == ddp["gradients"] / 8 and z2["optimizer"] == ddp["optimizer"] / 8
+    assert z3["gradients"] == z2["gradients"] and z3["weights"] < ddp["weights"] / 4
+
+
+def test_the_grid_picks_the_first_engine_that_fits():
+    """Every row's engine is the first of one process / DDP / ZeRO-2 / ZeRO-3 whose plan fits with
+    checkpointing, and the ones before it do not: 7B full fine-tuning needs ZeRO-2 on 8 x 80 GB,
+    14B needs ZeRO-3, which memkit train still refuses (the row says so)."""
+    from memkit.models.plan_grid import ENGINES, fit_grid
+
+    rows = fit_grid(gpus=(1, 8))
+    assert len(rows) == 4 * 2 * 2
+    for r in rows:
+        tried = (0,) if r["gpus"] == 1 else (0, 2, 3)
+        fits = [
+            plan(PRESETS[r["model"]], Setup(lora=r["lora"], gpus=r["gpus"], zero=z))["modes"]["checkpointing"]["fits"]
+            for z in tried
+        ]
+        first = next((z for z, ok in zip(tried, fits) if ok), None)
+        assert r["zero"] == first, r
+        assert r["engine"] == (ENGINES[(r["gpus"] > 1, first)] if first is not None else "does not fit")
+    by = {(r["model"], r["lora"], r["gpus"]): r for r in rows}
+    assert by["qwen2.5-7b", False, 8]["zero"] == 2 and by["qwen2.5-7b", False, 1]["zero"] is None
+    assert by["qwen2.5-14b", False, 8]["zero"] == 3 and "refused" in by["qwen2.5-14b", False, 8]["engine"]
+    assert all(by[m, True, 1]["zero"] == 0 for m in PRESETS)  # LoRA: every size on one 80 GB GPU
+
+
 # ---- the command ---------------------------------------------------------------------------------------
+def test_cli_grid_prints_every_row(capsys):
+    assert main(["plan", "--grid"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("qwen2.5-") == 16 and "deepspeed_zero2.yaml" in out and "does not fit" in out, out
+
+
 def test_cli_prints_a_table(capsys):
     assert main(["plan", "--model", "qwen2.5-7b", "--lora", "--micro-batch", "1", "--seq-len", "4096"]) == 0
     out = capsys.readouterr().out
@@ -248,6 +286,8 @@ def test_cli_json_and_lever(capsys):
         (["--model", "qwen9-1t"], ["unknown model", "qwen2.5-7b"]),
         (["--model", "qwen2.5-7b", "--gpu-mem", "-5"], ["--gpu-mem", "> 0"]),
         (["--model", "qwen2.5-7b", "--zero", "3"], ["--gpus"]),
+        (["--model", "qwen2.5-7b", "--zero", "2"], ["--gpus"]),
+        ([], ["--model", "--grid"]),
         (["--model", "qwen2.5-7b", "--lora-r", "8"], ["add --lora"]),
     ],
 )
