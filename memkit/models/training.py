@@ -41,7 +41,7 @@ def decoder_and_head(model):
     unsharding, and for models whose forward changes the logits after the head.
     """
     if _wrapped_for_training(model):
-        return None  # the wrapper's forward does the gradient hooks / unsharding: go through it
+        return None  # the wrapper's forward does the gradient hooks / unsharding: go through it (logits_to_keep)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     cfg = getattr(base, "config", None)
     if any(getattr(cfg, name, None) not in (None, 1, 1.0) for name in _LOGIT_POSTPROCESSING):

@@ -269,6 +269,20 @@ def entropy_from_logits_loop(logits) -> list:
     return out
 
 
+def _scored(logits, input_ids, b, t, temperature: float, with_entropy: bool):
+    """``logp [B, L]`` (and entropy) from the float32 logits ``[N, V]`` predicting the N scored tokens
+    ``input_ids[b, t]``; 0 at every other position."""
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+    logp[b, t] = logits.gather(-1, input_ids[b, t, None])[:, 0] - torch.logsumexp(logits, dim=-1)
+    if with_entropy:
+        ent = torch.zeros_like(logp)
+        ent[b, t] = entropy_from_logits(logits)
+        return logp, ent
+    return logp
+
+
 def token_logprobs(
     model,
     input_ids: torch.Tensor,
@@ -294,8 +308,11 @@ def token_logprobs(
     is the same for every T.
 
     ``loss_mask [B, L]``: when given, only those tokens are scored (0 elsewhere) and the LM
-    head runs only at their predicting positions (``models.decoder_and_head``): the same
-    numbers for the tokens a loss uses, without the ``[B, L, V]`` logits of the context.
+    head runs only at their predicting positions: the same numbers for the tokens a loss uses,
+    without the ``[B, L, V]`` logits of the context. A bare model runs its body and then its head
+    on the N scored positions (``models.decoder_and_head``); a wrapped one (DDP, FSDP, DeepSpeed,
+    whose forward must run) is called with HF's ``logits_to_keep`` = the K positions any row needs
+    (``[B, K, V]`` logits, K <= L; one row per micro-batch: K = N).
 
     Returns ``logp [B, L]`` (float32), and ``entropy [B, L]`` of the same distributions when
     ``with_entropy``.
@@ -315,16 +332,17 @@ def token_logprobs(
         decoder, head = parts
         b, t = (loss_mask.bool() & valid).nonzero(as_tuple=True)  # the N scored tokens
         hidden = decoder(**kw).last_hidden_state  # [B, L, H]
-        logits = head(hidden[b, src[b, t]]).float()  # [N, V]
-        if temperature != 1.0:
-            logits = logits / temperature
-        logp = torch.zeros((B, L), dtype=torch.float32, device=input_ids.device)
-        logp[b, t] = logits.gather(-1, input_ids[b, t, None])[:, 0] - torch.logsumexp(logits, dim=-1)
-        if with_entropy:
-            ent = torch.zeros_like(logp)
-            ent[b, t] = entropy_from_logits(logits)
-            return logp, ent
-        return logp
+        return _scored(head(hidden[b, src[b, t]]).float(), input_ids, b, t, temperature, with_entropy)  # [N, V]
+    if loss_mask is not None:  # a wrapped model (DDP, FSDP, DeepSpeed): its forward, the head where scored
+        keep = torch.unique(src[loss_mask.bool() & valid])  # [K] sorted positions whose logits a token needs
+        try:
+            logits = model(**kw, logits_to_keep=keep).logits  # [B, K, V]
+        except TypeError:  # a model without logits_to_keep: every position's logits, below
+            keep = None
+        if keep is not None:
+            b, t = (loss_mask.bool() & valid).nonzero(as_tuple=True)
+            logits = logits[b, torch.searchsorted(keep, src[b, t])].float()  # [N, V]
+            return _scored(logits, input_ids, b, t, temperature, with_entropy)
     logits = model(**kw).logits.float()  # [B, L, V]
     if temperature != 1.0:
         logits = logits / temperature

@@ -331,26 +331,45 @@ def test_mem1_mask_gap_is_measured(sdpa_model, capsys):
             )
 
 
+class _Wrapper(torch.nn.Module):
+    """Forward-only, as DDP / FSDP / a DeepSpeed engine are to the loss: no body or head to call apart."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, **kw):
+        return self.module(**kw)
+
+
 @pytest.mark.parametrize("mode", ["separate", "mem1_mask", "mem1_exact"])
 def test_loss_masked_logprobs_equal_full_logits(mode):
     """token_logprobs(loss_mask=m) runs the LM head only where m needs it: same log-probs,
-    entropies and gradients on the scored tokens as the full [B, L, V] path, 0 elsewhere."""
+    entropies and gradients on the scored tokens as the full [B, L, V] path, 0 elsewhere, for a
+    bare model (body, then head on the N scored positions) and a wrapped one (its forward with
+    ``logits_to_keep``: the head on K < L positions)."""
     from memkit.rl.losses import token_logprobs
 
     model = _model("sdpa", 0.2)
     b = pack(TRAJS, mode, pad_id=0)
     args = (b.input_ids, model_attention_mask(b.attention_mask, model), b.position_ids, b.pred_index)
     m = b.loss_mask.bool()
+    head_rows = []
+    hook = model.lm_head.register_forward_hook(lambda mod, i, o: head_rows.append(i[0].shape[-2]))
     runs = []
-    for mask in (None, m):
+    for net, mask in ((model, None), (model, m), (_Wrapper(model), m)):
         model.zero_grad()
-        logp, ent = token_logprobs(model, *args, with_entropy=True, loss_mask=mask)
+        logp, ent = token_logprobs(net, *args, with_entropy=True, loss_mask=mask)
         ((logp * m).sum() + (ent * m).sum()).backward()
         runs.append((logp, ent, [p.grad.clone() for p in model.parameters()]))
-    (lf, ef, gf), (lm, em, gm) = runs
-    assert (lm[~m] == 0).all() and (em[~m] == 0).all()
-    assert (lf[m] - lm[m]).abs().max() <= 1e-5 and (ef[m] - em[m]).abs().max() <= 1e-5
-    assert max(float((a - c).abs().max()) for a, c in zip(gf, gm)) <= 1e-4  # float32 summation order
+    hook.remove()
+    (lf, ef, gf) = runs[0]
+    for lm, em, gm in runs[1:]:
+        assert (lm[~m] == 0).all() and (em[~m] == 0).all()
+        assert (lf[m] - lm[m]).abs().max() <= 1e-5 and (ef[m] - em[m]).abs().max() <= 1e-5
+        assert max(float((a - c).abs().max()) for a, c in zip(gf, gm)) <= 1e-4  # float32 summation order
+    L = b.input_ids.shape[1]
+    assert head_rows[0] == L and head_rows[1] == int(m.sum()) and head_rows[2] < L, (head_rows, L)
 
 
 def test_react_packs_into_one_causal_sequence(sdpa_model):
