@@ -137,6 +137,30 @@ def eval_rows(accelerator=None) -> list[dict]:
     return rows
 
 
+def memt_eval_rows(accelerator=None) -> list[dict]:
+    """``Trainer.evaluate`` of Mem-T's tree plan: the untrained tiny model answers every question of 3
+    teacher-built held-out stores (2 + 1 per process)."""
+    from accelerate import Accelerator
+
+    from memkit.lab.kit import load_kit
+    from memkit.lab.memt.retrieval import memt_wrap
+    from memkit.models.tiny import build_tiny
+    from memkit.rl.config import TrainConfig
+    from memkit.rl.trainer import Trainer
+
+    kit = load_kit(0)
+    cfg = TrainConfig.from_flags(method="memt", init="tiny", out_dir="", n_train_tasks=1, eval_tasks=3, max_turns=2)
+    trainer = Trainer(
+        cfg.validate(), build_tiny(kit.tokenizer, seed=0), kit.tokenizer, memt_wrap(kit), kit,
+        accelerator=accelerator or Accelerator(cpu=True),
+    )  # fmt: skip
+    rows = trainer.evaluate()
+    assert trainer.eval_history == rows
+    # the answers themselves, in order (the rows of an untrained model are all zeros)
+    trajs = trainer.plan.answer_shared(trainer, trainer.plan.eval_built)
+    return rows + [{"answers": [(t.task_id, [c.output_ids for c in t.calls]) for t in trajs]}]
+
+
 def main(out_dir: str) -> None:
     for algo in CASES:
         # micro-batches in rollout order, so both runs sum the same pairs of trajectories: the
@@ -155,9 +179,9 @@ def main(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[2:] == ["eval"]:
-        rows = eval_rows()
-        torch.save(rows, Path(sys.argv[1]) / f"eval-{torch.distributed.get_rank()}.pt")
+    if sys.argv[2:] in (["eval"], ["eval-memt"]):
+        rows = eval_rows() if sys.argv[2] == "eval" else memt_eval_rows()
+        torch.save(rows, Path(sys.argv[1]) / f"{sys.argv[2]}-{torch.distributed.get_rank()}.pt")
         torch.distributed.destroy_process_group()
     else:
         main(sys.argv[1])

@@ -96,11 +96,11 @@ class TreePlan:
     :func:`memkit.rollout.streams.build_memories`); None = built by the teacher on first use from
     the trainer's kit: ``n_train_tasks`` conversations (seeds 20,000 + seed ..) and ``eval_tasks``
     (seeds 30,000 + seed ..) of ``size``. A step draws ``tasks_per_step`` questions (seeded by
-    (seed, step)); evaluation answers every held-out question greedily, on the main process (its
-    unit is a whole store's question stream, not yet split between processes).
+    (seed, step)); evaluation answers every held-out question greedily, each process the questions
+    of its share of the stores (:meth:`answer_shared`).
     """
 
-    distributed_eval = False
+    distributed_eval = True
 
     built: list | None = None
     eval_built: list | None = None
@@ -172,7 +172,7 @@ class TreePlan:
 
     def evaluate(self, trainer) -> list[dict]:
         self._stores(trainer)
-        trajs = self.answer(trainer, self.eval_built)
+        trajs = self.answer_shared(trainer, self.eval_built)
         n = max(len(trajs), 1)
         row = {
             "step": trainer.step,
@@ -184,6 +184,21 @@ class TreePlan:
             scores = [float(t.reward or 0.0) for t in trajs if t.info["category"] == cat]
             row[f"f1_{cat}"] = sum(scores) / len(scores)
         return [row]
+
+    def answer_shared(self, trainer, built) -> list:
+        """Every question of ``built`` answered greedily, each process the stores ``built[rank::world]``;
+        all of them back on every rank, in the order one process answering ``built`` lists them."""
+        local = self.answer(trainer, built[trainer.rank :: trainer.world])
+        if trainer.world == 1:
+            return local
+        from accelerate.utils import gather_object
+
+        parts, taken, out = gather_object([local]), [0] * trainer.world, []
+        for i, state in enumerate(built):  # one trajectory per question, also for a failed store
+            rank, n = i % trainer.world, len(stream_conversation(state).qa)
+            out += parts[rank][taken[rank] : taken[rank] + n]
+            taken[rank] += n
+        return out
 
     def answer(self, trainer, built, temperature: float = 0.0, seed: int = 0) -> list:
         """Every question of ``built`` answered by the trainer's policy (greedy by default)."""

@@ -279,10 +279,10 @@ class Trainer(Learner):
         """The plan's greedy held-out evaluation: for wiki tasks, :func:`memkit.world.held_out_tasks`
         of seed base ``cfg.eval.seed`` at each ``eval_objectives``.
 
-        A plan with ``distributed_eval`` (chains) runs on every process: each rolls out a share of
-        the tasks and computes the rows from all of them (:meth:`rollout_shared`), so every rank
-        holds the same ``eval_history``; another (Mem-T's trees) evaluates on the main process while
-        the others wait. The main process writes the rows."""
+        A plan with ``distributed_eval`` (chains; Mem-T's trees) runs on every process: each rolls out
+        a share of the tasks (stores) and computes the rows from all of them (:meth:`rollout_shared`),
+        so every rank holds the same ``eval_history``; a plan without it evaluates on the main process
+        while the others wait. The main process writes the rows."""
         rows = []
         shared = getattr(self.plan, "distributed_eval", False)
         if self.cfg.eval.tasks and (shared or self.acc.is_main_process):

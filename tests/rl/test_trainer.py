@@ -267,25 +267,30 @@ def test_two_processes_match_one_process(tmp_path):
 
 
 @pytest.mark.slow  # two torchrun processes roll out the held-out tasks (gloo)
-def test_two_processes_evaluate_as_one_process(tmp_path):
-    """The periodic evaluation split between 2 processes (3 + 2 held-out tasks at each count) gives
-    every rank the rows one process computes over all 5 tasks."""
+@pytest.mark.parametrize("mode", ["eval", "eval-memt"])
+def test_two_processes_evaluate_as_one_process(tmp_path, mode):
+    """The periodic evaluation split between 2 processes gives every rank the rows one process
+    computes: chains (3 + 2 held-out tasks at each count) and Mem-T's trees (2 + 1 held-out stores,
+    every question of each)."""
     worker = Path(__file__).parents[1] / "dist_worker.py"
     env = dict(
         os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(worker.parent.parent), str(worker.parent)])
     )
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     proc = subprocess.run(
-        [*cmd, str(worker), str(tmp_path), "eval"], env=env, capture_output=True, text=True, timeout=300
+        [*cmd, str(worker), str(tmp_path), mode], env=env, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    one = dw.eval_rows()
-    assert [r["k"] for r in one] == [1, 2]
+    one = dw.eval_rows() if mode == "eval" else dw.memt_eval_rows()
+    assert [r.get("k") for r in one] == ([1, 2] if mode == "eval" else [None, None])
     for rank in (0, 1):
-        two = torch.load(tmp_path / f"eval-{rank}.pt")
+        two = torch.load(tmp_path / f"{mode}-{rank}.pt")
         assert [sorted(r) for r in two] == [sorted(r) for r in one]
         for a, b in zip(one, two):
-            assert {key: pytest.approx(v, abs=1e-9) for key, v in a.items()} == b
+            if "answers" in a:  # Mem-T: the same answers, question by question, in one process's order
+                assert a["answers"] == [(tid, ids) for tid, ids in b["answers"]] and len(a["answers"]) > 3
+            else:
+                assert {key: pytest.approx(v, abs=1e-9) for key, v in a.items()} == b
 
 
 # ============================================================================ PPO credit assignment
