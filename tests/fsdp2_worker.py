@@ -122,5 +122,51 @@ def learner_probe(out_dir: str) -> None:
     acc.wait_for_everyone()
 
 
+def rank_work(rank: int, model, kit) -> dict:
+    """Rank ``rank``'s rollouts, different on each rank: rank 0 three MEM1 tasks at k = 1, rank 1 one
+    at k = 2 and then one more ``generate`` of its own (so the ranks run different numbers of
+    ``generate`` calls and forwards). Greedy; returns every call's output ids and the extra ids."""
+    from memkit.agents import get_method
+    from memkit.models import HFBackend
+    from memkit.rollout.engine import ModelPolicy, RolloutConfig, run_rollouts
+    from memkit.world import make_tasks
+
+    method, backend = get_method("mem1"), HFBackend(model, kit.tokenizer)
+    tasks = make_tasks(kit.world, n=3, k=1, seed=5) if rank == 0 else make_tasks(kit.world, n=1, k=2, seed=6)
+    policy = ModelPolicy(backend, temperature=0.0)
+    trajs = run_rollouts(method, tasks, kit.env, policy, kit.tokenizer, RolloutConfig(max_turns=3))
+    out = {"calls": [[c.output_ids for c in t.calls] for t in trajs]}
+    if rank == 1:
+        out["extra"] = backend.generate([kit.tokenizer.encode("alice was born in")], 24, temperature=0.0)[0].ids
+    return out
+
+
+def rollout(out_dir: str) -> None:
+    """FSDP2-sharded tiny model (the course tokenizer, random init), each rank its own rollouts through
+    memkit's HF loop wrapped in :class:`~memkit.models.lockstep.Lockstep`, then ``join()``; every rank
+    saves what it wrote and its forward counts to ``OUT_DIR/rollout-<rank>.pt``."""
+    from accelerate import Accelerator
+    from torch.distributed.fsdp import fully_shard
+
+    from memkit.lab.kit import load_kit
+    from memkit.models.lockstep import Lockstep
+    from memkit.models.tiny import build_tiny
+
+    acc = Accelerator(cpu=True)  # the gloo group
+    kit = load_kit(0)
+    model = build_tiny(kit.tokenizer, seed=0).eval()
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    stepped = Lockstep(model)
+    out = rank_work(acc.process_index, stepped, kit)
+    out |= {"rounds": stepped.rounds, "dummies": stepped.join()}
+    torch.save(out, Path(out_dir) / f"rollout-{acc.process_index}.pt")
+    torch.distributed.destroy_process_group()
+
+
 if __name__ == "__main__":
+    if sys.argv[2:] == ["rollout"]:
+        rollout(sys.argv[1])
+        sys.exit()
     learner_probe(sys.argv[1]) if sys.argv[2:] == ["learner"] else main(sys.argv[1])

@@ -40,3 +40,33 @@ def test_fsdp2_over_gloo_matches_one_process(tmp_path):
     for name, p in model.named_parameters():
         torch.testing.assert_close(two["grads"][name], p.grad, atol=1e-5, rtol=0, msg=name)
         torch.testing.assert_close(two["params"][name], p.detach(), atol=1e-5, rtol=0, msg=name)
+
+
+@pytest.mark.slow  # two torchrun processes (gloo)
+def test_rollouts_over_fsdp2_sharded_weights_run_in_lockstep(tmp_path):
+    """2 processes, the tiny model sharded per layer, each rank its own rollouts (3 tasks at k = 1 / one
+    at k = 2 and an extra ``generate``): with :class:`memkit.models.lockstep.Lockstep` the ranks finish,
+    and each wrote what the unsharded model writes for the same work in one process; the ranks ran
+    different numbers of forwards, so the one that finished first followed the other's."""
+    from memkit.lab.kit import load_kit
+    from memkit.models.tiny import build_tiny
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(TESTS.parent), str(TESTS)]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    proc = subprocess.run(
+        [*cmd, str(TESTS / "fsdp2_worker.py"), str(tmp_path), "rollout"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    kit = load_kit(0)
+    model = build_tiny(kit.tokenizer, seed=0).eval()
+    got = [torch.load(tmp_path / f"rollout-{rank}.pt") for rank in (0, 1)]
+    for rank in (0, 1):
+        want = fw.rank_work(rank, model, kit)
+        assert got[rank]["calls"] == want["calls"] and got[rank].get("extra") == want.get("extra")
+    rounds = [g["rounds"] for g in got]
+    assert rounds[0] != rounds[1], rounds  # different work: the lockstep had something to do
+    assert [g["rounds"] + g["dummies"] for g in got] == [max(rounds)] * 2  # one forward per round on each rank
