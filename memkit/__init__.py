@@ -176,6 +176,7 @@ _EXPORTS = {
     "memkit.lab.kit": ("load_kit",),
     "memkit.lab.policies": ("fresh_tiny", "load_init", "prompt_wrap"),
     "memkit.lab.evaluation": ("compare_engines", "evaluate", "measure_headroom", "same_ids"),
+    "memkit.lab.compare": ("compare_runs", "plot_pareto"),
     "memkit.lab.runs": ("arm_table", "ensure_sft", "train_arms"),
     "memkit.lab.real": ("data_kit", "question_set", "REAL_K_DOCS"),
     "memkit.lab.recipes": (

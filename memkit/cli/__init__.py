@@ -1,4 +1,4 @@
-"""``memkit`` command line: world, rollout, eval, pretrain, sft, train, reproduce, plan (one module each).
+"""``memkit`` command line: world, rollout, eval, pretrain, sft, train, reproduce, plan, compare (one module each).
 
 Every bad input (unknown method, model, missing file, a hub model on an offline machine, a missing
 optional wheel) ends with one line naming the fix and exit status 2, never a traceback. An import
@@ -22,6 +22,7 @@ SUBCOMMANDS = {
     "results": "results",
     "train": "train",
     "plan": "plan",
+    "compare": "compare",
 }
 
 #: how to install the optional packages memkit imports only when a feature needs them

@@ -1,0 +1,91 @@
+"""``memkit compare`` (memkit.lab.compare): runs of different formats on the same held-out tasks, with
+the budgets they spent; built from real (short) training runs of the tiny model."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from memkit.lab.compare import by_method, compare_runs, pareto_front, run_budget
+from tests.rl.test_trainer import _loop_cfg
+
+
+@pytest.fixture(scope="module")
+def kit():
+    from memkit.lab.kit import load_kit
+
+    return load_kit(0)
+
+
+@pytest.fixture(scope="module")
+def runs(kit, tmp_path_factory):
+    """Two GRPO steps each of MEM1 (2 seeds) and MemSearcher (1 seed) from the random tiny model."""
+    from memkit.lab.runs import train
+
+    root, out = tmp_path_factory.mktemp("runs"), []
+    for method, seed in (("mem1", 0), ("mem1", 1), ("memsearcher", 0)):
+        path = root / f"{method}-s{seed}"
+        train(_loop_cfg(path, 2, algo="grpo", method=method, seed=seed, eval_every=0), kit, progress=False)
+        out.append(path)
+    return out
+
+
+def test_a_runs_budget_is_what_its_steps_spent(runs):
+    """Rollout tokens = the response tokens the updates trained (``trained_tokens``: every generated
+    token is trained under GRPO), minutes = the steps' seconds; method and seed from the checkpoint."""
+    for path in runs:
+        b = run_budget(path)
+        rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+        assert b["steps"] == 2 and b["method"] == path.name.split("-")[0] and b["seed"] == int(path.name[-1])
+        assert b["rollout_tokens"] == pytest.approx(sum(r["trained_tokens"] for r in rows))
+        assert b["train_minutes"] == pytest.approx(sum(r["seconds"] for r in rows) / 60) and b["train_minutes"] > 0
+
+
+def test_every_run_is_evaluated_on_the_same_tasks_as_memkit_eval(runs, kit):
+    """Each row's per-k numbers are :func:`memkit.lab.evaluation.evaluate`'s for that run's policy on the
+    held-out tasks of the given seed (the same tasks for every run)."""
+    from memkit.lab.evaluation import evaluate
+
+    rows = compare_runs(runs, kit, objectives=(1, 2), n_tasks=3, seed=7)
+    for row, path in zip(rows, runs):
+        res = evaluate(row["method"], kit, (1, 2), 3, policy=str(path), seed=7)
+        for k, (summary, _) in res.items():
+            assert row[f"peak@{k}"] == summary["peak_tokens"] > 0 and row[f"em@{k}"] == summary["em"]
+            assert row[f"invalid@{k}"] == summary["invalid_rate"]
+    pooled = by_method(rows)
+    assert [(p["method"], p["runs"]) for p in pooled] == [("mem1", 2), ("memsearcher", 1)]
+    a, b = rows[0]["peak@2"], rows[1]["peak@2"]
+    assert pooled[0]["peak@2"] == pytest.approx((a + b) / 2)
+    assert pooled[0]["peak@2_std"] == pytest.approx(abs(a - b) / math.sqrt(2)) and pooled[1]["peak@2_std"] == 0.0
+
+
+def test_pareto_front_keeps_the_runs_nothing_beats_on_both_axes():
+    rows = [
+        {"em@2": 0.5, "peak@2": 100},  # front
+        {"em@2": 0.4, "peak@2": 120},  # beaten by 0
+        {"em@2": 0.7, "peak@2": 300},  # front: the best EM
+        {"em@2": 0.5, "peak@2": 100},  # a tie with 0: neither beats the other
+        {"em@2": 0.2, "peak@2": 50},  # front: the fewest tokens
+    ]
+    assert pareto_front(rows, 2) == [0, 2, 3, 4]
+
+
+def test_cli_prints_the_table_and_writes_the_figure(runs, tmp_path, capsys):
+    from memkit.cli import main
+
+    fig = tmp_path / "figures" / "h2h.png"
+    argv = ["compare", *map(str, runs), "--objectives", "1,2", "--n-tasks", "2", "--figure", str(fig)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "mem1" in out and "memsearcher" in out and "rollout tokens" in out and "EM@2" in out, out
+    assert fig.stat().st_size > 5_000
+
+
+def test_bad_runs_get_one_clear_error(runs, tmp_path, capsys):
+    from memkit.cli import main
+
+    assert main(["compare", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "not a finished `memkit train --out` directory" in err and err.count("\n") == 1, err
