@@ -28,18 +28,21 @@ sys.path[:0] = [str(TESTS.parent), str(TESTS)]
 
 
 def run(cmd: list[str], log, timeout: int) -> dict:
+    """Run one step of the check, its output appended to the log; ``{rc, seconds}`` (rc "timeout" when killed)."""
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
         rc, text = proc.returncode, proc.stdout
-    except subprocess.TimeoutExpired as e:
-        rc, text = "timeout", (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else ""
+    except subprocess.TimeoutExpired as e:  # what it printed before the kill (str, or bytes on some Pythons)
+        out = e.stdout or ""
+        rc, text = "timeout", out if isinstance(out, str) else out.decode(errors="replace")
     log.write(f"\n===== {' '.join(cmd)} (rc {rc}, {time.perf_counter() - t0:.1f} s)\n{text[-20000:]}\n")
     log.flush()
     return {"rc": rc, "seconds": round(time.perf_counter() - t0, 1)}
 
 
 def max_diff(a: dict, b: dict) -> float:
+    """max |a - b| over the tensors both name (gradients left out); nan when none."""
     keys = [k for k in a if k in b and not k.endswith(".grad")]
     return (
         max(float((a[k].detach().float().cpu() - b[k].detach().float().cpu()).abs().max()) for k in keys)
