@@ -186,7 +186,13 @@ def run(args) -> int:
         from memkit.models.plan_grid import fit_grid, format_grid
 
         gpus = (1, args.gpus if args.gpus > 1 else 8)
-        rows = fit_grid(gpus=gpus, gpu_mem=args.gpu_mem, seq_len=args.seq_len, rollout_batch=args.rollout_batch)
+        rows = fit_grid(
+            gpus=gpus,
+            gpu_mem=args.gpu_mem,
+            seq_len=args.seq_len,
+            rollout_batch=args.rollout_batch,
+            reserve=args.reserve,
+        )
         print(json.dumps(rows, indent=1) if args.json else format_grid(rows, args.gpu_mem, args.seq_len))
         return 0
     if not args.model:

@@ -15,7 +15,7 @@ ranks agree, in one all-reduce, that a round happens; a rank with nothing left t
 
 So ``HFBackend(Lockstep(model), tok)`` under ``run_rollouts`` (any number of ``generate`` calls, prefill
 buckets and decode steps per rank), then ``join()``, leaves every rank's trajectories what one
-unsharded process would write (tests/models/test_lockstep.py, torch's ``fully_shard`` over gloo).
+unsharded process would write (tests/rl/test_fsdp2.py, torch's ``fully_shard`` over gloo).
 """
 
 from __future__ import annotations

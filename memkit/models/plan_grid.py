@@ -27,7 +27,12 @@ ENGINES = {
 
 
 def fit_grid(
-    models=GRID_MODELS, gpus=(1, 8), gpu_mem: float = 80.0, seq_len: int = 4096, rollout_batch: int = 16
+    models=GRID_MODELS,
+    gpus=(1, 8),
+    gpu_mem: float = 80.0,
+    seq_len: int = 4096,
+    rollout_batch: int = 16,
+    reserve: float = 1.0,
 ) -> list[dict]:
     """One row per model x (LoRA, full) x GPU count: the first engine of :data:`ENGINES` whose plan fits with
     checkpointing at micro-batch 1 (``zero`` None: none does), its total GB and largest micro-batch."""
@@ -39,7 +44,7 @@ def fit_grid(
                 row = {"model": name, "lora": lora, "gpus": n, "zero": None, "engine": "does not fit"}
                 for zero in (0,) if n == 1 else (0, 2, 3):
                     p = plan(arch, Setup(lora=lora, gpus=n, zero=zero), seq_len=seq_len, gpu_mem=gpu_mem,
-                             rollout_batch=rollout_batch, name=name)  # fmt: skip
+                             rollout_batch=rollout_batch, reserve=reserve, name=name)  # fmt: skip
                     mode = p["modes"]["checkpointing"]
                     row |= {"total_gb": mode["gb"]["total"], "max_micro_batch": mode["max_micro_batch"]}
                     if mode["fits"]:

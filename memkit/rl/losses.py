@@ -334,13 +334,14 @@ def token_logprobs(
         hidden = decoder(**kw).last_hidden_state  # [B, L, H]
         return _scored(head(hidden[b, src[b, t]]).float(), input_ids, b, t, temperature, with_entropy)  # [N, V]
     if loss_mask is not None:  # a wrapped model (DDP, FSDP, DeepSpeed): its forward, the head where scored
-        keep = torch.unique(src[loss_mask.bool() & valid])  # [K] sorted positions whose logits a token needs
+        scored = loss_mask.bool() & valid
+        keep = torch.unique(src[scored])  # [K] sorted positions whose logits a token needs
         try:
             logits = model(**kw, logits_to_keep=keep).logits  # [B, K, V]
         except TypeError:  # a model without logits_to_keep: every position's logits, below
             keep = None
         if keep is not None:
-            b, t = (loss_mask.bool() & valid).nonzero(as_tuple=True)
+            b, t = scored.nonzero(as_tuple=True)
             logits = logits[b, torch.searchsorted(keep, src[b, t])].float()  # [N, V]
             return _scored(logits, input_ids, b, t, temperature, with_entropy)
     logits = model(**kw).logits.float()  # [B, L, V]

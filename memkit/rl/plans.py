@@ -189,16 +189,8 @@ class TreePlan:
         """Every question of ``built`` answered greedily, each process the stores ``built[rank::world]``;
         all of them back on every rank, in the order one process answering ``built`` lists them."""
         local = self.answer(trainer, built[trainer.rank :: trainer.world])
-        if trainer.world == 1:
-            return local
-        from accelerate.utils import gather_object
-
-        parts, taken, out = gather_object([local]), [0] * trainer.world, []
-        for i, state in enumerate(built):  # one trajectory per question, also for a failed store
-            rank, n = i % trainer.world, len(stream_conversation(state).qa)
-            out += parts[rank][taken[rank] : taken[rank] + n]
-            taken[rank] += n
-        return out
+        # one trajectory per question, also for a failed store
+        return trainer.gather_shared(local, [len(stream_conversation(state).qa) for state in built])
 
     def answer(self, trainer, built, temperature: float = 0.0, seed: int = 0) -> list:
         """Every question of ``built`` answered by the trainer's policy (greedy by default)."""

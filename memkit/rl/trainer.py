@@ -149,16 +149,21 @@ class Trainer(Learner):
         distributed evaluation costs 1/world of the rollout time, and no rank idles at a barrier
         (a 7B evaluation on one rank can outlast NCCL's timeout)."""
         local = self.rollout(tasks[self.rank :: self.world], n, temperature, seed)
+        return self.gather_shared(local, [n] * len(tasks))
+
+    def gather_shared(self, local: list, sizes: list[int]) -> list:
+        """Every rank's ``local`` results back on every rank, in one process's order: work unit ``i``
+        (``sizes[i]`` results) was done by rank ``i % world``, its units in order. As is on one process."""
         if self.world == 1:
             return local
         from accelerate.utils import gather_object
 
-        parts = gather_object([local])  # one list per rank
-        out = []
-        for i in range(len(tasks)):
-            j = i // self.world
-            out += parts[i % self.world][j * n : (j + 1) * n]
-        assert len(out) == n * len(tasks), (len(out), n, len(tasks))
+        parts, taken, out = gather_object([local]), [0] * self.world, []  # one list per rank
+        for i, size in enumerate(sizes):
+            rank = i % self.world
+            out += parts[rank][taken[rank] : taken[rank] + size]
+            taken[rank] += size
+        assert len(out) == sum(sizes), (len(out), sizes)
         return out
 
     @property
