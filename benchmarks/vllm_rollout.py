@@ -22,7 +22,9 @@ built on the first rollout), so steps 2..S are averaged; an untrained model's ro
 invalid, so both backends are compared on the same tasks and seeds, not on learning.
 
 Printed: one row per (model, dtype, N) with both engines' tokens/s and the vLLM / HF ratio (the
-acceptance target is >= 3x for SmolLM2 at N = 64 on 2 cores), vLLM's start-up, and for float32 the
+acceptance target is >= 3x for SmolLM2 at N = 64 on 2 cores); where both dtypes ran, the trainer's split
+(a bf16 engine against the HF loop in float32, the dtype training keeps: ``--backend-dtype bfloat16``,
+also a third GRPO backend ``vllm-bf16``); vLLM's start-up, and for float32 the
 largest |vLLM's recorded log-prob - a fresh HF forward| over the N = 8 samples (both at T = 1) and
 whether greedy ids agree between the engines on those prompts. Figures: docs/findings.md, 'vLLM-CPU
 rollouts'.
@@ -130,7 +132,8 @@ def child(model: str, dtype: str, sizes: list[int], new_tokens: int, hf_threads:
 
 
 def grpo_child(model: str, dtype: str, backend: str, steps: int, tasks: int) -> dict:
-    """``steps`` GRPO steps of MEM1 on ``model`` with rollouts from ``backend``: the trainer's timing rows."""
+    """``steps`` GRPO steps of MEM1 on ``model`` with rollouts from ``backend``: the trainer's timing rows.
+    ``vllm-bf16``: a bf16 engine beside ``dtype`` training (``--backend-dtype bfloat16``)."""
     from memkit.lab.runs import train
     from memkit.rl.config import TrainConfig
 
@@ -145,7 +148,8 @@ def grpo_child(model: str, dtype: str, backend: str, steps: int, tasks: int) -> 
         eval_every=0,
         device="cpu",
         dtype=dtype,
-        backend=backend,
+        backend=backend.split("-")[0],
+        backend_dtype="bfloat16" if backend == "vllm-bf16" else "auto",
         seed=0,
     )
     keys = ("seconds_rollout", "seconds_update", "seconds_sync", "seconds", "trained_tokens")
@@ -161,7 +165,7 @@ def grpo_child(model: str, dtype: str, backend: str, steps: int, tasks: int) -> 
 def grpo_table(results: list[dict]) -> None:
     """Print the mean of steps 2..S per (model, dtype, backend), and step 1 (with the engine's start)."""
     print(
-        f"\n{'model':>14s} {'dtype':>9s} {'backend':>7s} {'rollout s':>9s} {'update s':>8s} {'sync s':>7s} "
+        f"\n{'model':>14s} {'dtype':>9s} {'backend':>9s} {'rollout s':>9s} {'update s':>8s} {'sync s':>7s} "
         f"{'step s':>7s} {'roll tok/s':>10s} {'step 1 s':>8s}"
     )
     for r in results:
@@ -173,7 +177,7 @@ def grpo_table(results: list[dict]) -> None:
         # GRPO on MEM1 trains every generated token: trained tokens / rollout seconds is the sampling rate
         rate = sum(x["trained_tokens"] for x in later) / max(sum(x["seconds_rollout"] for x in later), 1e-9)
         print(
-            f"{r['model']:>14s} {r['dtype']:>9s} {r['backend']:>7s} {mean('seconds_rollout'):9.1f} "
+            f"{r['model']:>14s} {r['dtype']:>9s} {r['backend']:>9s} {mean('seconds_rollout'):9.1f} "
             f"{mean('seconds_update'):8.1f} {mean('seconds_sync'):7.2f} {mean('seconds'):7.1f} {rate:10.1f} "
             f"{r['steps'][0]['seconds']:8.1f}"
         )
@@ -234,6 +238,15 @@ def main() -> None:
                 f"{r['model']:>14s} {r['dtype']:>9s} {row['n']:>3d} {row['hf_tok_s']:9.1f} {row['hf_threads']:9d} {row['vllm_tok_s']:10.1f} "
                 f"{row['ratio']:7.2f}x"
             )
+    split = {(r["model"], r["dtype"]): {row["n"]: row for row in r["rows"]} for r in results}
+    for model in dict.fromkeys(r["model"] for r in results):  # the trainer's split: --backend-dtype bfloat16
+        fp32, bf16 = split.get((model, "float32")), split.get((model, "bfloat16"))
+        for n in sorted(set(fp32 or ()) & set(bf16 or ())):
+            print(
+                f"{model} N={n}: vLLM bfloat16 {bf16[n]['vllm_tok_s']:.1f} tok/s / HF loop float32 "
+                f"{fp32[n]['hf_tok_s']:.1f} = {bf16[n]['vllm_tok_s'] / fp32[n]['hf_tok_s']:.2f}x "
+                "(float32 training, a bf16 engine: --backend-dtype bfloat16)"
+            )
     for r in results:
         extra = (
             f"; T=1 log-prob max |vLLM - HF forward| {r['logprob_max_diff']:.1e}; greedy ids equal {r['greedy_equal']}"
@@ -246,7 +259,7 @@ def main() -> None:
     grpo = []
     for model in args.models.split(",") if args.grpo_steps > 0 else []:
         for dtype in args.dtypes.split(","):
-            for backend in ("hf", "vllm"):
+            for backend in ("hf", "vllm", "vllm-bf16") if dtype == "float32" else ("hf", "vllm"):
                 cmd = ["--grpo-child", f"{model}:{dtype}:{backend}"]
                 cmd += ["--grpo-steps", str(args.grpo_steps), "--grpo-tasks", str(args.grpo_tasks)]
                 grpo.append(run_child(cmd, args.vllm_cores, f"GRPO {model} {dtype} {backend}"))

@@ -17,6 +17,7 @@ its own copy of the weights (vLLM, a server) loads the new ``state_dict`` there:
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
 from memkit.models.generation import Generation, HFBackend
@@ -48,16 +49,19 @@ def hf_backend(model, tokenizer) -> HFBackend:
     return HFBackend(model, tokenizer)
 
 
-def named_backend(name: str) -> BackendFactory | None:
+def named_backend(name: str, dtype: str = "auto") -> BackendFactory | None:
     """The factory of a ``--backend`` name: ``hf`` -> None (the default loop), ``vllm`` ->
-    :func:`memkit.models.vllm_backend.vllm_backend` (an ``ImportError`` naming the install when vLLM is missing)."""
+    :func:`memkit.models.vllm_backend.vllm_backend` (an ``ImportError`` naming the install when vLLM is
+    missing), its engine in ``dtype`` (``--backend-dtype``; ``auto`` = the policy's)."""
     if name == "hf":
+        if dtype != "auto":
+            raise ValueError(f"the HF loop decodes with the training model itself (dtype {dtype!r}): use auto")
         return None
     if name == "vllm":
         from memkit.models.vllm_backend import require_vllm, vllm_backend
 
         require_vllm()
-        return vllm_backend
+        return vllm_backend if dtype == "auto" else functools.partial(vllm_backend, dtype=dtype)
     raise ValueError(f"unknown rollout backend {name!r}; choose hf or vllm")
 
 

@@ -172,7 +172,7 @@ class TrainConfig:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig, metadata={"prefix": ""})
     """Speed, memory and hardware, never what is learnt: :class:`memkit.rl.groups.RuntimeConfig`, flags
     ``--micro-batch-size``, ``--attention``, ``--row-groups``, ``--recompute-old-logprobs``, ``--log-entropy``,
-    ``--device``, ``--mixed-precision``, ``--dtype``, ``--ref-dtype``."""
+    ``--device``, ``--mixed-precision``, ``--dtype``, ``--ref-dtype``, ``--backend``, ``--backend-dtype``."""
 
     # ------------------------------------------------------------------------------------------
     def resolved_packing(self) -> str:
@@ -289,6 +289,11 @@ class TrainConfig:
             from memkit.models.vllm_backend import INSTALL_HINT
 
             bad("runtime.backend", f"vLLM is not installed: {INSTALL_HINT}")
+        if self.runtime.backend == "hf" and self.runtime.backend_dtype != "auto":
+            bad(
+                "runtime.backend_dtype",
+                "the HF loop decodes with the training model itself: use auto, or --backend vllm",
+            )
         if self.mot.rounds < 0:
             bad("mot.rounds", "must be >= 0 (0: each tree is its seed chain only)")
         if self.dcpo.segments < 0:

@@ -67,7 +67,7 @@ class Trainer(Learner):
         if backend is None and cfg.runtime.backend != "hf":
             from memkit.models.backend import named_backend
 
-            backend = named_backend(cfg.runtime.backend)
+            backend = named_backend(cfg.runtime.backend, cfg.runtime.backend_dtype)
         self.backend_factory, self._backend = backend, None
         self.kit, self.method, self.plan = kit, None, plan
         if kit is not None:

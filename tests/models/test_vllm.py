@@ -258,10 +258,19 @@ def test_smollm2_greedy_and_sampled_logprobs_match_the_hf_loop():
 
 @needs_vllm
 @pytest.mark.slow
-def test_train_cli_with_the_vllm_backend(tmp_path):
+@pytest.mark.parametrize(
+    "why_recompute",
+    [
+        ["--top-p", "0.9"],
+        # a bf16 engine beside float32 training: its own cold compile (minutes), so make test-real-model
+        pytest.param(["--backend-dtype", "bfloat16"], marks=pytest.mark.realmodel, id="bf16-engine"),
+    ],
+)
+def test_train_cli_with_the_vllm_backend(tmp_path, why_recompute):
     """``memkit train --backend vllm`` end to end on the tiny model (its own process: its own engine). With
-    ``--top-p 0.9`` the engine's log-probs are renormalised over the nucleus, so the trainer recomputes old
-    log-probs and logs their gap (0 when it does not recompute)."""
+    ``--top-p 0.9`` the engine's log-probs are renormalised over the nucleus, and a bf16 engine's are not
+    the float32 trainer's, so the trainer recomputes old log-probs and logs their gap (0 when it does not
+    recompute)."""
     out = tmp_path / "run"
     cmd = [
         sys.executable,
@@ -290,8 +299,7 @@ def test_train_cli_with_the_vllm_backend(tmp_path):
         "cpu",
         "--backend",
         "vllm",
-        "--top-p",
-        "0.9",
+        *why_recompute,
         "--out",
         str(out),
     ]
@@ -315,3 +323,18 @@ def test_backend_vllm_without_vllm_names_the_install(monkeypatch):
         TrainConfig.from_flags(method="mem1", init="tiny", backend="vllm").validate()
     with pytest.raises(ValueError, match="choose one of hf, vllm"):
         TrainConfig.from_flags(method="mem1", init="tiny", backend="sglang").validate()
+    with pytest.raises(ValueError, match=r"--backend-dtype.*HF loop"):
+        TrainConfig.from_flags(method="mem1", init="tiny", backend_dtype="bfloat16").validate()
+
+
+@needs_vllm
+def test_backend_dtype_reaches_the_engine_factory():
+    """``--backend-dtype bfloat16`` builds the engine in bf16; ``auto`` leaves it the policy's."""
+    from memkit.models.backend import named_backend
+    from memkit.models.vllm_backend import vllm_backend
+
+    assert named_backend("vllm") is vllm_backend and named_backend("hf") is None
+    bf16 = named_backend("vllm", "bfloat16")
+    assert bf16.func is vllm_backend and bf16.keywords == {"dtype": "bfloat16"}
+    with pytest.raises(ValueError, match="HF loop"):
+        named_backend("hf", "bfloat16")
