@@ -87,10 +87,12 @@ test-fuzz: setup
 # 3-seed spread the lab measured; 3: measures it). It also judges each paper's claims on the run ->
 # docs/results.md (memkit.course.results). A killed run goes on with
 # `memkit reproduce --resume runs/<time> --jobs $(JOBS) --seeds $(SEEDS) --results docs/results.md`.
+# FULL=1: also notebook 08, the head-to-head (memkit.lab.recipes.FULL_STUDY_NOTEBOOKS).
 JOBS ?= 2
 SEEDS ?= 1
+FULL ?=
 reproduce: setup
-	$(MEMKIT) reproduce --jobs $(JOBS) --seeds $(SEEDS) --results docs/results.md
+	$(MEMKIT) reproduce --jobs $(JOBS) --seeds $(SEEDS) $(if $(FULL),--full) --results docs/results.md
 
 # The same in SMOKE mode: every notebook runs end to end in minutes; its learned numbers mean nothing.
 reproduce-smoke: setup

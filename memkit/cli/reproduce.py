@@ -42,8 +42,14 @@ def add_arguments(p) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="seeds per arm in the notebooks that compare RL arms (04-06; their default: 1, judged "
+        help="seeds per arm in the notebooks that compare RL arms (04-06, 08; their default: 1, judged "
         "against the 3-seed spread in docs/findings.md; 3 measures the spread)",
+    )
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="lab mode: also the full-study notebooks (08, the head-to-head: RL minutes for six contestants "
+        "and a ReAct clone; make reproduce FULL=1); --only runs any notebook it names",
     )
     p.add_argument("--timeout", type=float, default=None, help="per-cell timeout in seconds")
     p.add_argument(
@@ -73,6 +79,7 @@ def run(args) -> int:
             results=args.results,
             jobs=args.jobs,
             seeds=args.seeds,
+            full=args.full,
         )
     except (ValueError, FileNotFoundError) as e:
         print(f"memkit reproduce: error: {e}", file=sys.stderr)

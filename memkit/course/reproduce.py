@@ -52,6 +52,14 @@ def select_notebooks(names: Sequence[str] | None, notebooks_dir: Path) -> list[P
     return chosen
 
 
+def without_full_study(paths: list[Path]) -> list[Path]:
+    """``paths`` less the full-study notebooks (:data:`memkit.lab.recipes.FULL_STUDY_NOTEBOOKS`), which the
+    lab mode runs only with ``full`` or when named; all of them when nothing else is left."""
+    from memkit.lab.recipes import FULL_STUDY_NOTEBOOKS
+
+    return [p for p in paths if p.stem[:2] not in FULL_STUDY_NOTEBOOKS] or paths
+
+
 def _new_run_dir(out_root: Path) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for i in range(1000):
@@ -219,6 +227,7 @@ def reproduce(
     stream=None,
     jobs: int = 1,
     seeds: int | None = None,
+    full: bool = False,
 ) -> Path:
     """Run the notebooks into ``out_root/<timestamp>/`` and write ``REPORT.md`` there.
 
@@ -227,7 +236,9 @@ def reproduce(
     and the report names the ones each notebook trained). ``jobs`` > 1 (lab mode, tiny model): the
     lab's clones and the notebooks run side by side on that many lanes (:mod:`memkit.core.lanes`), each
     notebook once its clones are trained. ``seeds``: the ``N_SEEDS`` parameter of the notebooks that
-    declare it (04-06: seeds per arm; their default is one). ``resume``: an earlier run directory;
+    declare it (04-06, 08: seeds per arm; their default is one). ``full``: the lab mode also runs the
+    full-study notebooks (:data:`memkit.lab.recipes.FULL_STUDY_NOTEBOOKS`: 08), which otherwise run only
+    when ``notebooks`` names them. ``resume``: an earlier run directory;
     its notebooks that finished ok are kept and the others run again (the report and summary are
     rewritten after every notebook). ``results``: also write the claims page (:mod:`memkit.course.results`)
     there; ``RESULTS.md`` in the run directory is always written.
@@ -247,6 +258,8 @@ def reproduce(
         raise ValueError(f"--seeds {seeds}: give at least 1 seed per arm (3 for the seed spread)")
     nb_dir = Path(notebooks_dir) if notebooks_dir else default_notebooks_dir()
     paths = select_notebooks(notebooks, nb_dir)
+    if not (notebooks or smoke or full):
+        paths = without_full_study(paths)
     kernel_name = resolve_kernel(kernel)
     if resume is not None:
         run_dir = Path(resume)

@@ -3,7 +3,8 @@ budget each spent (``memkit compare``; issue 59's table and figure).
 
 Each run directory (``memkit train --out DIR``) brings
 
-* its method and seed (the newest checkpoint's ``memkit.json``),
+* its method, the method's options (MemAct's ``schedule``: the sliding window is a baseline, labelled
+  ``memact[window=3]``) and its seed (the newest checkpoint's ``memkit.json``),
 * its budget, summed over ``metrics.jsonl``: training minutes (``seconds`` per step) and rollout tokens
   (``response_tokens x n_trajectories`` per step: the tokens its policy generated),
 * its final policy, evaluated greedily on the *same* held-out tasks at every k
@@ -26,8 +27,20 @@ from memkit.core.io import latest_checkpoint
 PER_K = {"em": "em", "peak_tokens": "peak", "invalid_rate": "invalid", "seconds": "sec_per_episode"}
 
 
+def method_label(method: str, method_kwargs: dict | None = None) -> str:
+    """The row label of a format under its options: ``memact`` + ``{"schedule": "window", "window": 3}`` ->
+    ``memact[window=3]``, + ``{"schedule": "fixed", "interval": 3}`` -> ``memact[fixed,interval=3]``."""
+    kw = dict(method_kwargs or {})
+    if not kw:
+        return method
+    tag = kw.pop("schedule", None)
+    parts = [f"{k}={v}" for k, v in sorted(kw.items())]
+    return f"{method}[{','.join(([tag] if tag and tag not in kw else []) + parts)}]"
+
+
 def run_budget(run_dir) -> dict:
-    """``{run, method, algo, seed, steps, train_minutes, rollout_tokens}`` of a ``memkit train`` run directory."""
+    """``{run, method, format, method_kwargs, algo, seed, steps, train_minutes, rollout_tokens}`` of a ``memkit
+    train`` run directory (``method``: :func:`method_label`, the row's name; ``format``: the registry's)."""
     run = Path(run_dir)
     ckpt = latest_checkpoint(run / "checkpoints")
     metrics = run / "metrics.jsonl"
@@ -37,7 +50,9 @@ def run_budget(run_dir) -> dict:
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     return {
         "run": str(run),
-        "method": config["method"],
+        "method": method_label(config["method"], config.get("method_kwargs")),
+        "format": config["method"],
+        "method_kwargs": config.get("method_kwargs") or {},
         "algo": config.get("algo"),
         "seed": config.get("seed"),
         "steps": len(rows),
@@ -48,23 +63,28 @@ def run_budget(run_dir) -> dict:
 
 def compare_runs(run_dirs, kit, objectives=(1, 2, 4), n_tasks: int = 50, seed: int = 1000) -> list[dict]:
     """One row per run: :func:`run_budget` and, at each k, ``em@k``, ``peak@k``, ``invalid@k`` and
-    ``sec_per_episode@k`` of its final policy on ``held_out_tasks(kit.world, n_tasks, k, seed)``."""
-    from memkit.lab.evaluation import evaluate
-
+    ``sec_per_episode@k`` of its final policy (under its method options) on ``held_out_tasks(kit.world,
+    n_tasks, k, seed)``."""
     rows = []
     for run_dir in run_dirs:
         row = run_budget(run_dir)
-        if row["method"] == "memt":
+        if row["format"] == "memt":
             raise ValueError(
                 f"{run_dir} is a Mem-T run: it answers conversation streams, not wiki tasks; compare it with "
                 "`memkit eval --method memt --policy RUN`"
             )
-        for k, (summary, _) in evaluate(
-            row["method"], kit, objectives, n_tasks, policy=str(run_dir), seed=seed
-        ).items():
-            row |= {f"{col}@{k}": summary[key] for key, col in PER_K.items()}
-        rows.append(row)
+        rows.append(row | evaluated(row["format"], str(run_dir), kit, objectives, n_tasks, seed, row["method_kwargs"]))
     return rows
+
+
+def evaluated(method: str, policy, kit, objectives, n_tasks: int, seed: int, method_kwargs=None) -> dict:
+    """``em@k``, ``peak@k``, ``invalid@k``, ``sec_per_episode@k`` of ``policy`` (any policy spec, a run
+    directory, a loaded model) greedily on the held-out tasks of :func:`compare_runs`: the columns of a
+    start that had no RL (a baseline's row, budget 0) as well as a run's."""
+    from memkit.lab.evaluation import evaluate
+
+    res = evaluate(method, kit, objectives, n_tasks, policy=policy, seed=seed, method_kwargs=method_kwargs or {})
+    return {f"{col}@{k}": summary[key] for k, (summary, _) in res.items() for key, col in PER_K.items()}
 
 
 def by_method(rows: list[dict]) -> list[dict]:
@@ -99,11 +119,11 @@ def format_compare(rows: list[dict], objectives) -> str:
     """The table ``memkit compare`` prints: per method (mean +- std over its runs), budget then EM and
     peak tokens at each k."""
     pooled = by_method(rows)
-    head = f"{'method':<13}{'runs':>5}{'minutes':>16}{'rollout tokens':>22}"
+    head = f"{'method':<24}{'runs':>5}{'minutes':>16}{'rollout tokens':>22}"
     head += "".join(f"{'EM@' + str(k):>16}{'peak@' + str(k):>12}" for k in objectives)
     lines = [head]
     for r in pooled:
-        line = f"{r['method']:<13}{r['runs']:>5}{_pm(r, 'train_minutes', 1):>16}{_pm(r, 'rollout_tokens', 0):>22}"
+        line = f"{r['method']:<24}{r['runs']:>5}{_pm(r, 'train_minutes', 1):>16}{_pm(r, 'rollout_tokens', 0):>22}"
         line += "".join(f"{_pm(r, f'em@{k}', 3):>16}{r[f'peak@{k}']:>12.0f}" for k in objectives)
         lines.append(line)
     return "\n".join(lines)
@@ -113,15 +133,9 @@ def _pm(row: dict, key: str, digits: int) -> str:
     return f"{row[key]:.{digits}f} +- {row[key + '_std']:.{digits}f}"
 
 
-def plot_pareto(rows: list[dict], k: int, path) -> Path:
-    """EM against peak tokens at ``k``, one point per run, one colour per method, the Pareto front joined
-    (MemAct Fig. 3's axes); saved to ``path`` (PNG)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.5, 4))
+def draw_pareto(ax, rows: list[dict], k: int) -> None:
+    """EM against peak tokens at ``k`` on ``ax``: one point per row, one colour per method, the Pareto
+    front (:func:`pareto_front`) joined (MemAct Fig. 3's axes)."""
     for method in dict.fromkeys(r["method"] for r in rows):
         pts = [(r[f"peak@{k}"], r[f"em@{k}"]) for r in rows if r["method"] == method]
         ax.scatter(*zip(*pts), label=method, s=36)
@@ -129,11 +143,30 @@ def plot_pareto(rows: list[dict], k: int, path) -> Path:
     ax.plot(*zip(*front), "k--", lw=1, label="Pareto front")
     ax.set(xlabel=f"peak tokens in context (k = {k})", ylabel=f"EM (k = {k})", title="memory formats, one budget each")
     ax.legend(fontsize=8)
+
+
+def plot_pareto(rows: list[dict], k: int, path) -> Path:
+    """:func:`draw_pareto` saved to ``path`` (PNG). A bare ``Figure``: no pyplot backend is switched, so a
+    notebook's inline plots are left alone."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5.5, 4))
+    draw_pareto(fig.subplots(), rows, k)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
     return path
 
 
-__all__ = ["PER_K", "by_method", "compare_runs", "format_compare", "pareto_front", "plot_pareto", "run_budget"]
+__all__ = [
+    "PER_K",
+    "by_method",
+    "compare_runs",
+    "draw_pareto",
+    "evaluated",
+    "format_compare",
+    "method_label",
+    "pareto_front",
+    "plot_pareto",
+    "run_budget",
+]

@@ -26,6 +26,8 @@ LAB_ORACLE = OracleConfig(p_wasted_search=0.05, p_drop_fact=0.05, flaw="forget_e
 
 #: the formats the lab trains (notebooks 02, 03, 04 and 05)
 LAB_FORMATS = ("mem1", "memsearcher", "mempo", "memact")
+#: the head-to-head's formats (notebook 08): ReAct, the full-context baseline, cloned like the lab's four
+H2H_FORMATS = ("react", *LAB_FORMATS)
 
 #: what the lab's SFT changes from SFTConfig's defaults (steps, not minutes: the same model on any machine)
 LAB_SFT = dict(objectives=(1, 2), steps=3000)
@@ -37,9 +39,9 @@ LAB_RL_MINUTES = 5
 
 
 def lab_sft_config(method: str) -> SFTConfig:
-    """The lab's SFT recipe for ``method`` (a format outside :data:`LAB_FORMATS` gets the flawed teacher
+    """The lab's SFT recipe for ``method`` (a format outside :data:`H2H_FORMATS` gets the flawed teacher
     with SFTConfig's other defaults)."""
-    return SFTConfig(method=method, max_seconds=None, oracle=LAB_ORACLE, **(LAB_SFT if method in LAB_FORMATS else {}))
+    return SFTConfig(method=method, max_seconds=None, oracle=LAB_ORACLE, **(LAB_SFT if method in H2H_FORMATS else {}))
 
 
 def ensure_lab_sft(method: str, kit, progress: bool = True) -> Path:
@@ -91,6 +93,7 @@ LAB_CLONES = {
     c.name: c
     for c in (
         LabClone("kit", (), 0.2),
+        LabClone("react", ("kit",), 20),  # notebook 08 only; its contexts hold the whole history
         *(LabClone(m, ("kit",), t) for m, t in zip(LAB_FORMATS, (18, 12, 16, 38))),
         LabClone("memact-window", ("memact",), 15),
         LabClone("base", ("kit",), 8, wide=True),
@@ -100,7 +103,11 @@ LAB_CLONES = {
 }
 
 #: one-core minutes of each notebook's lab run with its clones cached (one seed; the scheduling order)
-LAB_NOTEBOOK_MINUTES = {"00": 1, "01": 6, "02": 7, "03": 7, "04": 6, "05": 7, "06": 7, "07": 26}
+LAB_NOTEBOOK_MINUTES = {"00": 1, "01": 6, "02": 7, "03": 7, "04": 6, "05": 7, "06": 7, "07": 26, "08": 25}
+
+#: notebooks the lab mode runs only with ``memkit reproduce --full`` (``make reproduce FULL=1``) or when
+#: named with ``--only``: the head-to-head spends RL minutes on six contestants and needs a ReAct clone
+FULL_STUDY_NOTEBOOKS = ("08",)
 
 #: the lab clones each notebook loads (by notebook number)
 NOTEBOOK_CLONES = {
@@ -112,6 +119,7 @@ NOTEBOOK_CLONES = {
     "05": ("memact", "memact-window"),
     "06": ("memt-retrieval", "memt-construction"),
     "07": (),  # SmolLM2 + LoRA, trained by the notebook itself (no tiny clone)
+    "08": (*H2H_FORMATS, "memact-window"),
 }
 
 
@@ -123,7 +131,7 @@ def ensure_lab_clone(name: str, progress: bool = False) -> str | None:
     if name not in LAB_CLONES:
         raise ValueError(f"no lab clone {name!r}; choose from {', '.join(LAB_CLONES)}")
     kit = load_kit()
-    if name in LAB_FORMATS:
+    if name in H2H_FORMATS:
         return str(ensure_lab_sft(name, kit, progress=progress))
     if name == "memact-window":
         return str(ensure_lab_window_sft(kit, progress=progress))

@@ -166,6 +166,20 @@ EXPECTATIONS: dict[str, dict] = {
         "solution_1_peak_gap_max": 1e-9,
         "solution_2_top1_gap_max": 1e-9,
     },
+    # SMOKE: 20-step clones and one RL step each, so EM is noise; the budgets, the front and the costs are not
+    "08_head_to_head": {
+        "oracle_em_min": 0.95,
+        "oracle_peak_ratio_big_max": 0.6,
+        "contestants_eq": 6,
+        "runs_eq": 6,
+        "pareto_size_min": 1,
+        "rollout_tokens_min_min": 1,
+        "memt_teacher_f1_min": 0.95,
+        "memt_tokens_ratio_full_max": 0.7,
+        "solution_1_rollout_tokens_per_minute_min_min": 1,
+        "solution_1_per_token_finite_eq": True,
+        "solution_2_front_min_min": 1,
+    },
 }
 
 REQUIRED = {"SMOKE", "MODEL", "SEED", "OUT_DIR"}
@@ -372,6 +386,15 @@ def test_run_notebook_refuses_undeclared_parameter(tmp_path):
     with pytest.raises(ValueError, match=r"does not declare parameter\(s\) \['LR', 'MODEL'\]"):
         run_notebook(p, {"SEED": 1, "MODEL": "tiny", "LR": 0.1}, tmp_path / "exec")
     assert not (tmp_path / "exec" / "small.ipynb").exists()  # refused before running anything
+
+
+def test_the_lab_mode_leaves_full_study_notebooks_to_full(tmp_path):
+    """``make reproduce`` skips notebook 08 (the head-to-head) unless FULL=1 or --only names it."""
+    from memkit.course.reproduce import without_full_study
+
+    paths = [tmp_path / f"{n}.ipynb" for n in ("00_tour", "07_real_data", "08_head_to_head")]
+    assert [p.stem for p in without_full_study(paths)] == ["00_tour", "07_real_data"]
+    assert without_full_study(paths[2:]) == paths[2:]
 
 
 def test_select_notebooks(tmp_path):

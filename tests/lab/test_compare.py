@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from memkit.lab.compare import by_method, compare_runs, pareto_front, run_budget
+from memkit.lab.compare import by_method, compare_runs, evaluated, method_label, pareto_front, run_budget
 from tests.rl.test_trainer import _loop_cfg
 
 
@@ -59,6 +59,28 @@ def test_every_run_is_evaluated_on_the_same_tasks_as_memkit_eval(runs, kit):
     a, b = rows[0]["peak@2"], rows[1]["peak@2"]
     assert pooled[0]["peak@2"] == pytest.approx((a + b) / 2)
     assert pooled[0]["peak@2_std"] == pytest.approx(abs(a - b) / math.sqrt(2)) and pooled[1]["peak@2_std"] == 0.0
+
+
+def test_a_baseline_schedule_is_its_own_row_and_evaluated_under_its_schedule(kit, tmp_path):
+    """A MemAct run under the sliding window (``method_kwargs``) is labelled ``memact[window=1]`` and
+    evaluated with the window (no prune tool): its numbers equal ``evaluate(..., method_kwargs=...)``'s."""
+    from memkit.lab.evaluation import evaluate
+    from memkit.lab.runs import train
+
+    window = dict(schedule="window", window=1)
+    path = tmp_path / "memact-window"
+    train(_loop_cfg(path, 1, algo="grpo", method="memact", method_kwargs=window, eval_every=0), kit, progress=False)
+    (row,) = compare_runs([path], kit, objectives=(2,), n_tasks=3, seed=7)
+    assert row["method"] == "memact[window=1]" == method_label("memact", window) and row["format"] == "memact"
+    res = evaluate("memact", kit, (2,), 3, policy=str(path), seed=7, method_kwargs=window)
+    assert row["peak@2"] == res[2][0]["peak_tokens"] and row["em@2"] == res[2][0]["em"]
+    # the options reach the rollout (the teacher's contexts shrink under a one-record window)
+    assert (
+        evaluated("memact", "oracle", kit, (2,), 3, 7, window)["peak@2"]
+        < evaluated("memact", "oracle", kit, (2,), 3, 7)["peak@2"]
+    )
+    assert method_label("memact", dict(schedule="fixed", interval=3)) == "memact[fixed,interval=3]"
+    assert method_label("mem1", {}) == "mem1"
 
 
 def test_pareto_front_keeps_the_runs_nothing_beats_on_both_axes():
