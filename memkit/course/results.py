@@ -320,6 +320,9 @@ def render_results(records_by_notebook: dict[str, dict], metas: list[dict]) -> s
         f"| `{r['notebook']}` |"
         for r in rows
     ]
+    from memkit.lab.compare import results_section
+
+    lines += results_section(records_by_notebook.get("08_head_to_head", {}))
     lines += [
         "",
         "## Runs",

@@ -158,6 +158,34 @@ def plot_pareto(rows: list[dict], k: int, path) -> Path:
     return path
 
 
+def results_section(records: dict) -> list[str]:
+    """docs/results.md's head-to-head section from notebook 08's records (``h2h``: per method EM, its std,
+    peak tokens, minutes and rollout tokens at the largest k; ``front``; ``h2h_k``; ``h2h_seeds``), best EM
+    first; [] when the notebook has not run."""
+    h2h, k = records.get("h2h"), records.get("h2h_k")
+    if not h2h or k is None:
+        return []
+    front = set(records.get("front", ()))
+    lines = [
+        "",
+        f"## Head to head (notebook 08): one budget, the same held-out tasks, k = {k}",
+        "",
+        f"Each format from the same teacher's clone, the same RL minutes with its own credit rule "
+        f"({records.get('h2h_seeds', 1)} seed(s) each; mean +- std). * = on the EM-vs-peak-tokens Pareto front.",
+        "",
+        "| method | EM | peak tokens | RL minutes | rollout tokens | start's EM |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    starts = records.get("h2h_starts", {})
+    for m, r in sorted(h2h.items(), key=lambda kv: -kv[1]["em"]):
+        start = starts.get(f"{m} (SFT)")
+        lines.append(
+            f"| {m}{' *' if m in front else ''} | {r['em']:.3f} +- {r['em_std']:.3f} | {r['peak']:.0f} "
+            f"| {r['minutes']:.1f} | {r['rollout_tokens']:,.0f} | {'-' if start is None else f'{start:.3f}'} |"
+        )
+    return lines
+
+
 __all__ = [
     "PER_K",
     "by_method",
@@ -168,5 +196,6 @@ __all__ = [
     "method_label",
     "pareto_front",
     "plot_pareto",
+    "results_section",
     "run_budget",
 ]

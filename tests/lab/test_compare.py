@@ -8,7 +8,15 @@ import math
 
 import pytest
 
-from memkit.lab.compare import by_method, compare_runs, evaluated, method_label, pareto_front, run_budget
+from memkit.lab.compare import (
+    by_method,
+    compare_runs,
+    evaluated,
+    method_label,
+    pareto_front,
+    results_section,
+    run_budget,
+)
 from tests.rl.test_trainer import _loop_cfg
 
 
@@ -111,3 +119,25 @@ def test_bad_runs_get_one_clear_error(runs, tmp_path, capsys):
     assert main(["compare", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "not a finished `memkit train --out` directory" in err and err.count("\n") == 1, err
+
+
+def test_results_page_section_from_notebook_08s_records():
+    """docs/results.md's head-to-head table: best EM first, the front starred, the start's EM beside each."""
+    from memkit.course.results import render_results
+
+    one = {"em_std": 0.0, "minutes": 3.0, "rollout_tokens": 1e4}
+    rec = {
+        "h2h": {"react": {"em": 0.2, "peak": 900.0, **one}, "mem1": {"em": 0.5, "peak": 300.0, **one}},
+        "h2h_starts": {"mem1 (SFT)": 0.3},
+        "front": ["mem1"],
+        "h2h_k": 4,
+        "h2h_seeds": 1,
+    }
+    lines = results_section(rec)
+    rows = [x for x in lines if x.startswith("| mem1") or x.startswith("| react")]
+    assert (
+        rows[0].startswith("| mem1 * | 0.500") and rows[1].startswith("| react | 0.200") and rows[1].endswith("| - |")
+    )
+    assert "| 0.300 |" in rows[0] and "k = 4" in "\n".join(lines)
+    assert results_section({}) == []
+    assert "## Head to head" in render_results({"08_head_to_head": rec}, [])
