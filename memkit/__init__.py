@@ -198,6 +198,7 @@ _EXPORTS = {
         "LAB_ORACLE",
         "LAB_RL_MINUTES",
         "LAB_WINDOW",
+        "LAB_SUMMARY",
     ),
     "memkit.lab.memt.retrieval": (
         "answer_with",

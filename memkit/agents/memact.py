@@ -21,7 +21,10 @@ Who decides when to prune (``schedule``): ``agent`` (the paper: the policy); ``f
 dagger row: a Prune&Write is forced every ``interval`` calls by ending the context with the
 teacher's prune opening, :data:`PRUNE_OPENER`, and one at any other call is an invalid turn);
 ``window`` (Table 1's sliding window: no prune tool, the context keeps the last ``window``
-records; a Prune&Write is an invalid turn).
+records; a Prune&Write is an invalid turn); ``summary`` (Table 1's summarisation: the window plus a
+summary of the discarded content, written by the model itself; once more than ``window`` records are
+live, the call's context ends with the prune opening *and the ids of every record but the newest*, so
+the model writes only the note that replaces them; a Prune&Write anywhere else is an invalid turn).
 
 Prompt: the system instruction of App. A.4.2 verbatim, with the ``prune_context`` tool
 (A.4.1) written as tags. Deviations: ids are short sequential ``r1, r2, ...`` (the paper's
@@ -83,7 +86,7 @@ _ID_RE = re.compile(r"[A-Za-z0-9_-]+")
 #: (None for the answer) and the record ids its Prune&Write deleted ([] for other calls).
 INFO_RECORD_IDS, INFO_PRUNED_IDS = "record_ids", "pruned_ids"
 #: who decides when to prune (the module docstring)
-SCHEDULES = ("agent", "fixed", "window")
+SCHEDULES = ("agent", "fixed", "window", "summary")
 #: how the teacher opens a Prune&Write; the ``fixed`` schedule ends a due call's context with it
 PRUNE_OPENER = "<think>Let me prune the context and keep the facts.</think><prune>"
 
@@ -112,15 +115,25 @@ class MemAct(Method):
         self.schedule, self.interval, self.window = schedule, interval, window
 
     def prune_due(self, state: AgentState) -> bool:
-        """``fixed`` schedule: this call must be a Prune&Write (every ``interval``-th call: 3rd, 6th, ...)."""
+        """This call must be a Prune&Write: ``fixed``, every ``interval``-th call (3rd, 6th, ...);
+        ``summary``, once more than ``window`` records are live."""
+        if self.schedule == "summary":
+            return len(self._mem(state)["records"]) > self.window
         return self.schedule == "fixed" and (state.turn + 1) % self.interval == 0
+
+    def forced_prefix(self, state: AgentState) -> str:
+        """How a due call's context ends: the prune opening (``fixed``: the model picks the ids), or the
+        opening, the ids of every live record but the newest and ``<note>`` (``summary``: it writes the note)."""
+        if self.schedule != "summary":
+            return PRUNE_OPENER
+        return f"{PRUNE_OPENER}{', '.join(r['id'] for r in self._mem(state)['records'][:-1])}</prune><note>"
 
     def suggested_max_turns(self, task) -> int:
         """Search turns + one Prune&Write per ``prune_after`` searches (memory actions are turns, §3.2)."""
         hops = super().suggested_max_turns(task) - 4
         if self.schedule == "window":
             return hops + 4
-        every = self.prune_after if self.schedule == "agent" else self.interval - 1
+        every = {"agent": self.prune_after, "fixed": self.interval - 1}.get(self.schedule, self.window)
         return hops + -(-hops // max(every, 1)) + 4
 
     def _mem(self, state: AgentState) -> dict:
@@ -140,7 +153,7 @@ class MemAct(Method):
             )
             if call.observation_text:
                 segs.append(Segment("information", call.observation_text, ref=(rec["call"], "observation")))
-        prefix = PRUNE_OPENER if self.prune_due(state) else ""
+        prefix = self.forced_prefix(state) if self.prune_due(state) else ""
         if prefix:
             segs.append(Segment("hint", prefix))
         return CallSpec(
@@ -179,9 +192,10 @@ class MemAct(Method):
             return None
         if parsed.action == "prune_write" and self.schedule != "agent" and not due:
             state.fail(
-                "no prune tool under the sliding window"
-                if self.schedule == "window"
-                else f"memory action off the fixed schedule (every {self.interval} calls)"
+                {
+                    "window": "no prune tool under the sliding window",
+                    "summary": f"memory action before the window is full (more than {self.window} records)",
+                }.get(self.schedule, f"memory action off the fixed schedule (every {self.interval} calls)")
             )
             return None
         if parsed.action == "prune_write":
@@ -223,7 +237,7 @@ class MemAct(Method):
         n_search = sum(r["kind"] == "search" for r in m["records"])
         hop = script.next_hop(state)
         # agent: prune when enough records piled up, unless the turns left are needed for searching;
-        # fixed: exactly when due (the context already ends with the opening); window: never
+        # fixed, summary: exactly when due (the context already ends with the opening); window: never
         due = self.prune_due(state)
         wants = (
             self.schedule == "agent"
@@ -242,9 +256,10 @@ class MemAct(Method):
                 f"[OBJECTIVE] Answer {k} question{'s' if k > 1 else ''}. [CONCLUSIONS/FACTS] "
                 f"{script.facts_text(state, cfg)} [STATUS] {status}"
             )
-            ids = ", ".join(r["id"] for r in m["records"])
+            kept = 1 if self.schedule == "summary" else 0  # summary: the newest record stays
+            ids = ", ".join(r["id"] for r in m["records"][: len(m["records"]) - kept])
             text = f"{PRUNE_OPENER}{ids}</prune><note>{note}</note>"
-            return text[len(PRUNE_OPENER) :] if due else text
+            return text[len(self.forced_prefix(state)) :] if due else text
         d = script.decide(state, rng, cfg)
         if d.kind == "answer":
             return f"<think>{d.plan}</think><answer>{script.answer_text(state, rng, cfg)}</answer>"

@@ -53,16 +53,20 @@ def ensure_lab_sft(method: str, kit, progress: bool = True) -> Path:
 #: (``schedule="window"``), continued from :func:`lab_sft_config`'s checkpoint for this many steps
 LAB_WINDOW = dict(schedule="window", window=3)
 LAB_WINDOW_STEPS = 1000
+#: MemAct's summarisation baseline (Table 1): the 3-record window plus a note the model writes about the
+#: records that fall out (``schedule="summary"``); continued from the MemAct clone like the window agent
+LAB_SUMMARY = dict(schedule="summary", window=3)
 
 
-def lab_window_sft_config() -> SFTConfig:
-    """SFT of MemAct's sliding-window agent: the lab's MemAct clone, continued on the flawed teacher
-    under a 3-record window and no prune tool (the same questions and teacher, fewer steps)."""
+def lab_window_sft_config(method_kwargs: dict | None = None) -> SFTConfig:
+    """SFT of MemAct's sliding-window agent (``method_kwargs`` = :data:`LAB_WINDOW`, the default) or of its
+    summarisation agent (:data:`LAB_SUMMARY`): the lab's MemAct clone, continued on the flawed teacher
+    under that schedule (the same questions and teacher, fewer steps)."""
     from memkit.lab.policies import sft_cache_key
 
     return SFTConfig(
         method="memact",
-        method_kwargs=dict(LAB_WINDOW),
+        method_kwargs=dict(method_kwargs or LAB_WINDOW),
         max_seconds=None,
         oracle=LAB_ORACLE,
         objectives=LAB_SFT["objectives"],
@@ -71,10 +75,11 @@ def lab_window_sft_config() -> SFTConfig:
     )
 
 
-def ensure_lab_window_sft(kit, progress: bool = True) -> Path:
-    """The sliding-window MemAct checkpoint: cached, trained now (after the lab's MemAct clone) when missing."""
+def ensure_lab_window_sft(kit, progress: bool = True, method_kwargs: dict | None = None) -> Path:
+    """The sliding-window MemAct checkpoint (or, with ``method_kwargs=LAB_SUMMARY``, the summarisation
+    one): cached, trained now (after the lab's MemAct clone) when missing."""
     ensure_lab_sft("memact", kit, progress=progress)
-    return ensure_sft("memact", kit, lab_window_sft_config(), progress=progress)
+    return ensure_sft("memact", kit, lab_window_sft_config(method_kwargs), progress=progress)
 
 
 # ---- the lab's cached models, for `memkit reproduce --jobs` --------------------------------------
@@ -96,6 +101,7 @@ LAB_CLONES = {
         LabClone("react", ("kit",), 20),  # notebook 08 only; its contexts hold the whole history
         *(LabClone(m, ("kit",), t) for m, t in zip(LAB_FORMATS, (18, 12, 16, 38))),
         LabClone("memact-window", ("memact",), 15),
+        LabClone("memact-summary", ("memact",), 15),  # notebook 08 only
         LabClone("base", ("kit",), 8, wide=True),
         LabClone("memt-retrieval", ("base",), 15),
         LabClone("memt-construction", ("base",), 20),
@@ -106,7 +112,7 @@ LAB_CLONES = {
 LAB_NOTEBOOK_MINUTES = {"00": 1, "01": 6, "02": 7, "03": 7, "04": 6, "05": 7, "06": 7, "07": 26, "08": 25}
 
 #: notebooks the lab mode runs only with ``memkit reproduce --full`` (``make reproduce FULL=1``) or when
-#: named with ``--only``: the head-to-head spends RL minutes on six contestants and needs a ReAct clone
+#: named with ``--only``: the head-to-head spends RL minutes on seven contestants and needs the ReAct and summarisation clones
 FULL_STUDY_NOTEBOOKS = ("08",)
 
 #: the lab clones each notebook loads (by notebook number)
@@ -119,7 +125,7 @@ NOTEBOOK_CLONES = {
     "05": ("memact", "memact-window"),
     "06": ("memt-retrieval", "memt-construction"),
     "07": (),  # SmolLM2 + LoRA, trained by the notebook itself (no tiny clone)
-    "08": (*H2H_FORMATS, "memact-window"),
+    "08": (*H2H_FORMATS, "memact-window", "memact-summary"),
 }
 
 
@@ -133,8 +139,9 @@ def ensure_lab_clone(name: str, progress: bool = False) -> str | None:
     kit = load_kit()
     if name in H2H_FORMATS:
         return str(ensure_lab_sft(name, kit, progress=progress))
-    if name == "memact-window":
-        return str(ensure_lab_window_sft(kit, progress=progress))
+    if name in ("memact-window", "memact-summary"):
+        kw = LAB_SUMMARY if name == "memact-summary" else LAB_WINDOW
+        return str(ensure_lab_window_sft(kit, progress=progress, method_kwargs=kw))
     if name == "base":
         from memkit.lab.policies import ensure_base
 

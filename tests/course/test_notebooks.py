@@ -169,9 +169,9 @@ EXPECTATIONS: dict[str, dict] = {
     # SMOKE: 20-step clones and one RL step each, so EM is noise; the budgets, the front and the costs are not
     "08_head_to_head": {
         "oracle_em_min": 0.95,
-        "oracle_peak_ratio_big_max": 0.6,
-        "contestants_eq": 6,
-        "runs_eq": 6,
+        "oracle_peak_ratio_big_max": 0.8,  # k = 4 under SMOKE (summarisation 0.67); at 16 the lab reads far less
+        "contestants_eq": 7,
+        "runs_eq": 7,
         "pareto_size_min": 1,
         "rollout_tokens_min_min": 1,
         "memt_teacher_f1_min": 0.95,

@@ -284,6 +284,30 @@ def test_window_keeps_the_last_records_and_has_no_prune_tool():
             assert shown == list(range(max(0, i - 2), i))
 
 
+def test_summary_replaces_what_falls_out_of_the_window_with_a_note(model):
+    """Table 1's summarisation: once more than ``window`` records are live the context ends with the prune
+    opening and the ids of every record but the newest, the teacher writes only the note (its facts),
+    so answers stay right; contexts never hold more than window + 1 records, and DCPO's segments, cut
+    at each summary, stay exact."""
+    from memkit.lab.evaluation import rollout
+
+    tasks = list(oracle_tasks(4, 3, 11))
+    trajs = rollout("memact", tasks, kit(), policy="oracle", method_kwargs=dict(schedule="summary", window=2))
+    m = get_method("memact", schedule="summary", window=2)
+    for traj in trajs:
+        assert traj.valid and traj.reward == 1.0
+        due = [i for i, c in enumerate(traj.calls) if c.context_text.endswith("<note>")]
+        assert due and due == _pruned(traj) and [s[-1] for s in segment_calls(traj)[:-1]] == due
+        live = [len({ref[2] for ref in c.context_refs if ref[3] == "output"}) for c in traj.calls]  # records shown
+        for i in due:
+            assert live[i] == 3 and len(traj.info["pruned_ids"][i]) == live[i] - 1
+            assert not traj.calls[i].output_text.startswith("<think>") and traj.calls[i].output_text.endswith("</note>")
+        assert max(live) <= 3
+    assert m.suggested_max_turns(tasks[0]) > get_method("memact", schedule="window").suggested_max_turns(tasks[0])
+    units = [u for t in trajs for u in segment_units(t)]
+    assert packing_gap(model, units, "mem1_exact")["max_abs"] <= 1e-4
+
+
 def test_off_schedule_prunes_are_invalid_turns():
     from memkit.rollout.engine import RolloutConfig, run_rollouts
 
@@ -293,6 +317,7 @@ def test_off_schedule_prunes_are_invalid_turns():
     cases = [
         (dict(schedule="window"), [search, prune], "no prune tool under the sliding window"),
         (dict(schedule="fixed", interval=3), [search, prune], "off the fixed schedule (every 3 calls)"),
+        (dict(schedule="summary", window=3), [search, prune], "before the window is full (more than 3 records)"),
     ]
     for kw, texts, reason in cases:
         m = get_method("memact", **kw)
