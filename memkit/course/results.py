@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from memkit.lab.compare import results_section
+
 REPRODUCED, NOT_REPRODUCED, NOT_APPLICABLE, NOT_RUN = "shape reproduced", "not reproduced", "not applicable", "not run"
 Verdict = tuple[str, str]  # (status, what was measured)
 
@@ -320,10 +322,8 @@ def render_results(records_by_notebook: dict[str, dict], metas: list[dict]) -> s
         f"| `{r['notebook']}` |"
         for r in rows
     ]
-    from memkit.lab.compare import results_section
-
-    lines += results_section(records_by_notebook.get("08_head_to_head", {}))
     lines += [
+        *results_section(records_by_notebook.get("08_head_to_head", {})),
         "",
         "## Runs",
         "",
@@ -355,13 +355,9 @@ def write_results(run_dirs: list[str | Path], out: str | Path) -> Path:
 
 # ---- REPORT.md: one run's minutes and records ---------------------------------------------------
 def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        s = f"{v:.4g}"
-    elif isinstance(v, (list, dict)):
-        s = json.dumps(v)
-        s = s if len(s) <= 60 else s[:57] + "..."
-    else:
-        s = str(v)
+    s = f"{v:.4g}" if isinstance(v, float) else json.dumps(v) if isinstance(v, (list, dict)) else str(v)
+    if isinstance(v, (list, dict)) and len(s) > 60:
+        s = s[:57] + "..."
     return s.replace("|", "\\|").replace("\n", " ")
 
 
