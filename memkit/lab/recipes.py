@@ -101,7 +101,7 @@ LAB_CLONES = {
         LabClone("react", ("kit",), 20),  # notebook 08 only; its contexts hold the whole history
         *(LabClone(m, ("kit",), t) for m, t in zip(LAB_FORMATS, (18, 12, 16, 38))),
         LabClone("memact-window", ("memact",), 15),
-        LabClone("memact-summary", ("memact",), 15),  # notebook 08 only
+        LabClone("memact-summary", ("memact",), 6),  # notebook 08 only
         LabClone("base", ("kit",), 8, wide=True),
         LabClone("memt-retrieval", ("base",), 15),
         LabClone("memt-construction", ("base",), 20),
