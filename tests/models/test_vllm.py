@@ -261,7 +261,7 @@ def test_smollm2_greedy_and_sampled_logprobs_match_the_hf_loop():
 @pytest.mark.parametrize(
     "why_recompute",
     [
-        ["--top-p", "0.9"],
+        pytest.param(["--top-p", "0.9"], id="top-p"),
         # a bf16 engine beside float32 training: its own cold compile (minutes), so make test-real-model
         pytest.param(["--backend-dtype", "bfloat16"], marks=pytest.mark.realmodel, id="bf16-engine"),
     ],
