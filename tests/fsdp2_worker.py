@@ -165,8 +165,70 @@ def rollout(out_dir: str) -> None:
     torch.distributed.destroy_process_group()
 
 
+def fsdp2_on_cpu():
+    """An ``Accelerator`` whose ``prepare`` shards the model as accelerate's FSDP2 plugin does on a GPU
+    (``fully_shard`` per decoder layer, then the root; the optimizer's parameters rebound to the sharded
+    ones), with memkit's :func:`~memkit.rl.engines.sharded` reading True for it: the plugin itself
+    engages only on a GPU (module doc), so this is how memkit's side of FSDP (lockstep rollouts and
+    scoring forwards, idle micro-batches, the sharded reference) runs on CPU over gloo. The rest of
+    accelerate sees ``MULTI_CPU``: ``backward`` is the loss's, ``no_sync`` absent (gradients are
+    reduce-scattered every micro-batch, which sums them the same), ``clip_grad_norm_`` torch's over
+    DTensors, as accelerate's FSDP2 path calls it."""
+    from accelerate import Accelerator
+
+    import memkit.rl.update as up
+    from memkit.rl.engines import shard_like_policy
+
+    class FSDP2OnCPU(Accelerator):
+        def prepare(self, model, opt):
+            shard_like_policy(model)
+            opt.param_groups[0]["params"] = [p for p in model.parameters() if p.requires_grad]
+            return model, opt
+
+    up.sharded = lambda acc: isinstance(acc, FSDP2OnCPU)
+    return FSDP2OnCPU(cpu=True)
+
+
+def trainer_probe(out_dir: str) -> None:
+    """memkit's Learner and Trainer over FSDP2-sharded weights on 2 CPU ranks (:func:`fsdp2_on_cpu`):
+    (1) one GRPO update of :mod:`dist_worker`'s batch split 3/2 (one rank has an empty micro-batch),
+    old log-probs recomputed and a sharded KL reference; (2) the trainer's held-out evaluation
+    (lockstep rollouts of 3 + 2 tasks at k = 1, 2, then ``mem_p``'s probes); (3) two training steps of the
+    tiny model with an evaluation. Rank 0 saves the full parameters, the rows and forward counts to
+    ``OUT_DIR/trainer-<rank>.pt``."""
+    import dist_worker as dw
+
+    from memkit.lab.kit import load_kit
+    from memkit.models.tiny import build_tiny
+    from memkit.rl.config import TrainConfig
+    from memkit.rl.trainer import Trainer
+
+    acc = fsdp2_on_cpu()
+    learner = dw.make_learner("grpo", sort_micro_batches=False, accelerator=acc, recompute_old_logprobs=True)
+    stats = learner.update(dw.trajectories(range(acc.process_index, dw.N_TASKS, acc.num_processes)))
+    full = {f"policy.{k}": p.detach().full_tensor().clone() for k, p in learner.policy.named_parameters()}
+    out = {"params": full, "stats": stats, "sharded_ref": type(learner.ref).__name__}
+    kit = load_kit(0)
+    cfg = TrainConfig.from_flags(algo="grpo", method="mem1", init="tiny", out_dir="", **dw.EVAL).validate()
+    trainer = Trainer(cfg, build_tiny(kit.tokenizer, seed=0), kit.tokenizer, kit=kit, accelerator=acc)
+    out["eval"] = trainer.evaluate()
+    cfg = TrainConfig.from_flags(
+        algo="grpo", method="mem1", init="tiny", out_dir="", steps=2, tasks_per_step=3, n_samples=2,
+        eval_every=2, eval_tasks=3, eval_objectives=(1,), max_turns=3, kl_coef=0.01,
+    ).validate()  # fmt: skip
+    trainer = Trainer(cfg, build_tiny(kit.tokenizer, seed=0), kit.tokenizer, kit=kit, accelerator=acc)
+    trainer.run(progress=False)
+    out |= {"history": trainer.history, "eval_history": trainer.eval_history}
+    out |= {"rounds": trainer.policy.rounds, "dummies": trainer.policy.dummies}
+    torch.save(out, Path(out_dir) / f"trainer-{acc.process_index}.pt")
+    torch.distributed.destroy_process_group()
+
+
 if __name__ == "__main__":
     if sys.argv[2:] == ["rollout"]:
         rollout(sys.argv[1])
+        sys.exit()
+    if sys.argv[2:] == ["trainer"]:
+        trainer_probe(sys.argv[1])
         sys.exit()
     learner_probe(sys.argv[1]) if sys.argv[2:] == ["learner"] else main(sys.argv[1])

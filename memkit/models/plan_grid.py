@@ -7,9 +7,9 @@ mode), in the order a user should reach for them:
     1 GPU                 one process (``memkit train --device cuda``)
     N GPUs, zero 0        DDP, full copies            configs/accelerate/ddp.yaml
     N GPUs, zero 2        DeepSpeed ZeRO-2            configs/accelerate/deepspeed_zero2.yaml (GRPO-family rules)
-    N GPUs, zero 3        FSDP2 / DeepSpeed ZeRO-3    configs/accelerate/fsdp2.yaml, deepspeed_zero3.yaml
-                                                       (``memkit train`` refuses both until rollouts gather
-                                                       sharded weights: issue 57)
+    N GPUs, zero 3        FSDP2                       configs/accelerate/fsdp2.yaml (GRPO-family rules; rollouts
+                                                       and scoring forwards in lockstep: memkit.rl.engines.
+                                                       DeepSpeed ZeRO-3 is refused by ``memkit train``)
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ ENGINES = {
     (False, 0): "memkit train --device cuda",
     (True, 0): "configs/accelerate/ddp.yaml",
     (True, 2): "configs/accelerate/deepspeed_zero2.yaml (GRPO)",
-    (True, 3): "configs/accelerate/fsdp2.yaml or deepspeed_zero3.yaml (refused by memkit train: issue 57)",
+    (True, 3): "configs/accelerate/fsdp2.yaml (GRPO)",
 }
 
 

@@ -21,8 +21,12 @@ _LOGIT_POSTPROCESSING = ("final_logit_softcapping", "logit_scale", "logits_scali
 
 
 def _wrapped_for_training(model) -> bool:
-    """DDP, FSDP (1 or 2) or a DeepSpeed engine around the model."""
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel) or type(model).__name__ == "DeepSpeedEngine":
+    """DDP, FSDP (1 or 2), a DeepSpeed engine or a :class:`~memkit.models.lockstep.Lockstep` around the model."""
+    from memkit.models.lockstep import Lockstep
+
+    if isinstance(model, (torch.nn.parallel.DistributedDataParallel, Lockstep)):
+        return True
+    if type(model).__name__ == "DeepSpeedEngine":
         return True
     try:
         from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel

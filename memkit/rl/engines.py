@@ -5,9 +5,16 @@
     DeepSpeed ZeRO-0/1/2      the engine's own ``backward`` per micro-batch with the accumulation
       (GRPO-family rules)     boundary set on the last one only (:func:`deepspeed_backward`), then
                               ``engine.step()`` (clips at ``cfg.max_grad_norm``, steps, zeroes)
-    refused                   FSDP (rollouts read parameters it shards; ranks' decode loops stop at
-                              different lengths), DeepSpeed ZeRO-3 (the same), DeepSpeed with a
-                              critic (PPO: accelerate prepares one model per DeepSpeed engine)
+    FSDP2 (GRPO-family rules, accelerate's backward per micro-batch as under DDP; every forward outside
+      the HF loop)            the gradient loop runs on every rank in step: rollouts, old / reference
+                              log-probs and memory probes through :class:`~memkit.models.lockstep.Lockstep`
+                              (a rank out of work follows the others' forwards), a rank with an empty
+                              micro-batch runs the same forwards on one token; the KL reference sharded
+                              like the policy (:func:`shard_like_policy`)
+    refused                   FSDP with a critic (accelerate prepares one model under FSDP2) or another
+                              rollout backend (vLLM would need the gathered weights each step), DeepSpeed
+                              ZeRO-3 (its partitioned weights under the HF loop: not run yet), DeepSpeed
+                              with a critic (PPO: accelerate prepares one model per DeepSpeed engine)
 
 memkit's loss weights (:func:`memkit.rl.critic.loss_weights`) are normalised over the *global*
 mini-batch, so the micro-batch losses already sum to the mini-batch's loss and only the average
@@ -67,27 +74,51 @@ def zero_stage(acc) -> int:
     return int(getattr(plugin, "zero_stage", 0) or 0)
 
 
-def check_engine(acc, critic: bool = False) -> None:
+def check_engine(acc, critic: bool = False, backend: str = "hf") -> None:
     """Refuse, with the config that works, the engines memkit cannot train with (issue 57), instead
-    of a hang or a wrong update: FSDP and DeepSpeed ZeRO-3 shard the parameters rollouts read, with
-    ranks whose decode loops stop at different lengths; PPO's critic would be a second model in one
-    DeepSpeed engine. One process, DDP and DeepSpeed ZeRO-0/1/2 for critic-free rules are tested."""
+    of a hang or a wrong update. One process, DDP, FSDP2 and DeepSpeed ZeRO-0/1/2 for critic-free
+    rules are tested (module doc)."""
     kind = engine_kind(acc)
-    if kind == "FSDP":
+    if kind == "FSDP" and critic:
         raise ValueError(
-            "memkit trains under DDP, DeepSpeed ZeRO-2 or one process, not FSDP yet (issue 57: rollouts over "
-            "sharded weights); launch with configs/accelerate/ddp.yaml or deepspeed_zero2.yaml"
+            "a credit rule with a critic (PPO/GAE) trains two models, and accelerate prepares one under FSDP2; "
+            "use a critic-free rule (grpo, ...) under FSDP, or launch with configs/accelerate/ddp.yaml"
+        )
+    if kind == "FSDP" and backend != "hf":
+        raise ValueError(
+            f"--backend {backend} under FSDP would need the sharded weights gathered into the engine at every "
+            "sync (not built); train with --backend hf under FSDP, or launch with configs/accelerate/ddp.yaml"
         )
     if kind == "DEEPSPEED" and zero_stage(acc) >= 3:
         raise ValueError(
             "memkit trains under DeepSpeed ZeRO-0/1/2, not ZeRO-3 yet (issue 57: rollouts over partitioned "
-            "weights); launch with configs/accelerate/deepspeed_zero2.yaml or ddp.yaml"
+            "weights); launch with configs/accelerate/fsdp2.yaml (sharded weights) or deepspeed_zero2.yaml"
         )
     if kind == "DEEPSPEED" and critic:
         raise ValueError(
             "a credit rule with a critic (PPO/GAE) trains two models, and accelerate prepares one per DeepSpeed "
             "engine; use a critic-free rule (grpo, ...) under DeepSpeed, or launch with configs/accelerate/ddp.yaml"
         )
+
+
+def sharded(acc) -> bool:
+    """Whether the policy's parameters are sharded between the processes (FSDP), so that every
+    forward is a collective: all ranks must run it (module doc)."""
+    return engine_kind(acc) == "FSDP"
+
+
+def shard_like_policy(ref) -> None:
+    """Shard the frozen KL reference as accelerate's FSDP2 plugin shards the policy: ``fully_shard`` on
+    each block the model names unsplittable (``_no_split_modules``: its decoder layers), then on the
+    root. Each rank keeps 1/W of it; its forwards all-gather a layer at a time, so they too run on every
+    rank in step (the Learner's one-token forwards for an empty micro-batch)."""
+    from torch.distributed.fsdp import fully_shard
+
+    names = set(getattr(ref, "_no_split_modules", None) or ())
+    for module in ref.modules():
+        if type(module).__name__ in names:
+            fully_shard(module)
+    fully_shard(ref)
 
 
 def configure_deepspeed(acc, cfg: TrainConfig) -> None:
@@ -125,5 +156,7 @@ __all__ = [
     "engine_kind",
     "make_accelerator",
     "reference_dtype",
+    "shard_like_policy",
+    "sharded",
     "zero_stage",
 ]

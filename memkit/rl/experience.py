@@ -109,10 +109,10 @@ class ExperienceMaker:
         log-probs, critic values, advantages and returns (all ``[B, L]``, token aligned).
         ``unit_traj``: which of the update's trajectories (``rewards [N]``, ``group_ids``) each unit is."""
         if not units:
-            return None
+            return self._idle_forwards()
         batch = pack(units, self.packing, self.pad_id)
         if batch.input_ids.shape[1] == 0:
-            return None
+            return self._idle_forwards()
         dev, inputs = self.acc.device, self._inputs(batch)
         lengths = batch.lengths.tolist()
         # one forward per micro-batch across processes: DDP's reducer expects one forward per backward
@@ -153,6 +153,20 @@ class ExperienceMaker:
         if returns is not None:
             exp.returns = returns.to(dev)
         return exp
+
+    def _idle_forwards(self) -> None:
+        """An empty micro-batch (this rank has fewer units than another): no experience, and under FSDP
+        the forwards a real one runs, in its order, on one token (old log-probs when recomputed, then the
+        reference's), so every rank all-gathers the same layers in step (memkit.rl.engines). None."""
+        if not self.sharded:
+            return None
+        ids = torch.full((1, 1), self.pad_id, dtype=torch.long, device=self.acc.device)
+        if self.recompute:
+            self.policy(input_ids=ids, use_cache=False)
+        if self.cfg.kl.coef > 0:
+            with adapters_disabled(self.policy) if self.is_peft else contextlib.nullcontext():
+                (self.policy if self.is_peft else self.ref)(input_ids=ids, use_cache=False)
+        return None
 
     def _whiten(self, exps) -> None:
         """Whiten advantages over the whole rollout batch, every micro-batch and process (verl's PPO)."""

@@ -154,6 +154,7 @@ class Trainer(Learner):
     def gather_shared(self, local: list, sizes: list[int]) -> list:
         """Every rank's ``local`` results back on every rank, in one process's order: work unit ``i``
         (``sizes[i]`` results) was done by rank ``i % world``, its units in order. As is on one process."""
+        self.join_forwards()  # under FSDP: every rank done with its forwards before the gather
         if self.world == 1:
             return local
         from accelerate.utils import gather_object
@@ -182,6 +183,7 @@ class Trainer(Learner):
             raise ValueError("this Trainer has no kit; pass kit=memkit.lab.kit.load_kit() to roll out")
         local = self.plan.tasks(self, self.step)[self.rank :: self.world]
         trajs, units = self.plan.rollout(self, local, self.step)
+        self.join_forwards()  # under FSDP: ranks rolled out different numbers of forwards
         t1 = time.perf_counter()
         stats = self.update(trajs, units)
         t_update = time.perf_counter()

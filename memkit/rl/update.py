@@ -42,6 +42,8 @@ from memkit.rl.engines import (
     engine_kind,
     make_accelerator,
     reference_dtype,
+    shard_like_policy,
+    sharded,
 )
 from memkit.rl.experience import Experience, ExperienceMaker
 from memkit.rl.losses import kl_penalty, ppo_clip_terms, value_terms
@@ -71,8 +73,10 @@ class Learner(ExperienceMaker):
         self.recompute = cfg.resolved_recompute()
         self.credit = get_credit(cfg.resolved_credit())
         self.acc = accelerator or make_accelerator(cfg)
-        check_engine(self.acc, critic=self.credit.needs_values)
+        check_engine(self.acc, critic=self.credit.needs_values, backend=cfg.runtime.backend)
         self.deepspeed = engine_kind(self.acc) == "DEEPSPEED"  # memkit.rl.engines: its backward and step
+        self.sharded = sharded(self.acc)  # FSDP: every forward a collective (memkit.rl.engines)
+        self._lockstep = None
         if self.deepspeed:
             configure_deepspeed(self.acc, cfg)
         self.tokenizer, self.wrap = tokenizer, wrap
@@ -109,6 +113,8 @@ class Learner(ExperienceMaker):
             self.critic = self.copt = self.csched = None
             self.model, self.opt = self.acc.prepare(model, self.opt)
             self.acc.register_for_checkpointing(self.sched)
+        if self.sharded and self.ref is not None:
+            shard_like_policy(self.ref)
         # schedulers stay unprepared: accelerate would step them once per process
 
     def _warmup(self, s: int) -> float:
@@ -117,8 +123,24 @@ class Learner(ExperienceMaker):
     # ------------------------------------------------------------------------- properties
     @property
     def policy(self):
-        """The unwrapped policy model (what rollouts and checkpoints use)."""
-        return self.acc.unwrap_model(self.model)
+        """The unwrapped policy model (what rollouts, scoring forwards and checkpoints use). Under FSDP,
+        the sharded model in a :class:`~memkit.models.lockstep.Lockstep`: each forward outside the
+        gradient loop is a round every rank takes part in (:meth:`join_forwards` after each phase)."""
+        model = self.acc.unwrap_model(self.model)
+        if not self.sharded:
+            return model
+        if self._lockstep is None or self._lockstep.module is not model:
+            from memkit.models.lockstep import Lockstep
+
+            self._lockstep = Lockstep(model)
+        return self._lockstep
+
+    def join_forwards(self) -> None:
+        """End a phase of forwards whose number differs between ranks (rollouts, memory probes): under
+        FSDP, a rank that is done follows the others' forwards until every rank is (``Lockstep.join``);
+        elsewhere nothing. Call it on every rank before the next collective."""
+        if self.sharded:
+            self.policy.join()
 
     @property
     def rank(self) -> int:
@@ -197,6 +219,7 @@ class Learner(ExperienceMaker):
             ]
             for mini in plan
         ]
+        self.join_forwards()  # (every rank ran the same forwards: _experience's idle ones)
         if self.credit.whiten and cfg.critic.whiten_advantages:
             self._whiten([e for mini in exps for e in mini])
         for e in (e for mini in exps for e in mini if e is not None):
@@ -265,7 +288,7 @@ class Learner(ExperienceMaker):
 
         cfg = self.cfg
         with self.acc.autocast():
-            return score_memories(
+            rows = score_memories(
                 self.policy,
                 self.tokenizer,
                 trajs,
@@ -278,6 +301,8 @@ class Learner(ExperienceMaker):
                 cfg.runtime.attention,
                 cfg.mem_reward.score,
             )
+        self.join_forwards()  # ranks score different trajectories
+        return rows
 
     def _minibatch(self, mini: list, acc: dict) -> None:
         """One optimizer step over one mini-batch (a list of micro-batch experiences)."""

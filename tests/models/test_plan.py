@@ -243,7 +243,7 @@ def test_the_grid_picks_the_first_engine_that_fits():
         assert r["engine"] == (ENGINES[(r["gpus"] > 1, first)] if first is not None else "does not fit")
     by = {(r["model"], r["lora"], r["gpus"]): r for r in rows}
     assert by["qwen2.5-7b", False, 8]["zero"] == 2 and by["qwen2.5-7b", False, 1]["zero"] is None
-    assert by["qwen2.5-14b", False, 8]["zero"] == 3 and "refused" in by["qwen2.5-14b", False, 8]["engine"]
+    assert by["qwen2.5-14b", False, 8]["zero"] == 3 and "fsdp2.yaml" in by["qwen2.5-14b", False, 8]["engine"]
     assert all(by[m, True, 1]["zero"] == 0 for m in PRESETS)  # LoRA: every size on one 80 GB GPU
 
 

@@ -75,11 +75,13 @@ def test_ddp_config_launches_a_one_step_train(tmp_path):
     assert (out / "checkpoints" / "step-000001" / "memkit.json").is_file()
 
 
-def test_fsdp_zero3_and_a_deepspeed_critic_are_refused_with_the_config_that_works():
-    """FSDP and DeepSpeed ZeRO-3 (rollouts over sharded weights) and PPO under DeepSpeed (two models,
-    one engine each) stop at once and name the config that works (issue 57); DeepSpeed ZeRO-2 with a
-    critic-free rule, DDP and one process pass (ZeRO-2's update equals one process's: tests/gpu_check.py,
-    on a GPU: accelerate engages DeepSpeed only there)."""
+def test_engines_memkit_cannot_train_with_are_refused_with_the_config_that_works():
+    """FSDP with a critic (accelerate prepares one model under FSDP2) or a vLLM backend (no gathered
+    weights for it), DeepSpeed ZeRO-3 (the HF loop over partitioned weights is not run) and PPO under
+    DeepSpeed (two models, one engine each) stop at once and name the config that works (issue 57);
+    FSDP and DeepSpeed ZeRO-2 with a critic-free rule and the HF loop, DDP and one process pass
+    (tests/rl/test_fsdp2.py runs memkit's side of FSDP on CPU; ZeRO-2's and FSDP2's updates equal one
+    process's on a GPU: tests/gpu_check.py, accelerate engages either only there)."""
     from types import SimpleNamespace
 
     from accelerate.utils import DistributedType
@@ -91,13 +93,15 @@ def test_fsdp_zero3_and_a_deepspeed_critic_are_refused_with_the_config_that_work
         plugin = SimpleNamespace(zero_stage=stage) if stage is not None else None
         return SimpleNamespace(distributed_type=kind, state=SimpleNamespace(deepspeed_plugin=plugin))
 
-    with pytest.raises(ValueError, match=r"not FSDP yet .*configs/accelerate/ddp.yaml or deepspeed_zero2.yaml"):
-        make_learner("grpo", accelerator=acc(DistributedType.FSDP))
-    with pytest.raises(ValueError, match=r"not ZeRO-3 yet .*deepspeed_zero2.yaml"):
+    with pytest.raises(ValueError, match=r"prepares one under FSDP2; use a critic-free rule .*ddp.yaml"):
+        make_learner("ppo", accelerator=acc(DistributedType.FSDP))
+    with pytest.raises(ValueError, match=r"--backend vllm under FSDP .*--backend hf"):
+        make_learner("grpo", accelerator=acc(DistributedType.FSDP), backend="vllm")
+    with pytest.raises(ValueError, match=r"not ZeRO-3 yet .*fsdp2.yaml .*deepspeed_zero2.yaml"):
         make_learner("grpo", accelerator=acc(DistributedType.DEEPSPEED, 3))
     with pytest.raises(ValueError, match=r"one per DeepSpeed engine; use a critic-free rule"):
         make_learner("ppo", accelerator=acc(DistributedType.DEEPSPEED, 2))
-    for kind, stage in [(DistributedType.DEEPSPEED, 2), (DistributedType.DEEPSPEED, 1)]:
+    for kind, stage in [(DistributedType.DEEPSPEED, 2), (DistributedType.DEEPSPEED, 1), (DistributedType.FSDP, None)]:
         check_engine(acc(kind, stage))
     for kind in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
         check_engine(acc(kind), critic=True)

@@ -1,8 +1,9 @@
 """FSDP2 on CPU (issue 57): what this torch and accelerate can run, tested against one process.
 
-accelerate's FSDP plugin does not engage on CPU, so memkit's Learner cannot run under FSDP2 here
-(tests/fsdp2_worker.py says how it was measured); torch's own ``fully_shard`` over gloo does, and
-one GRPO step of the sharded tiny Llama with memkit's loss pieces equals one process's.
+accelerate's FSDP plugin does not engage on CPU (tests/fsdp2_worker.py says how it was measured);
+torch's own ``fully_shard`` over gloo does: one GRPO step of the sharded tiny Llama with memkit's loss
+pieces equals one process's, and memkit's Learner and Trainer run over weights sharded as the plugin
+shards them on a GPU (``fsdp2_worker.fsdp2_on_cpu``).
 """
 
 from __future__ import annotations
@@ -70,3 +71,37 @@ def test_rollouts_over_fsdp2_sharded_weights_run_in_lockstep(tmp_path):
     rounds = [g["rounds"] for g in got]
     assert rounds[0] != rounds[1], rounds  # different work: the lockstep had something to do
     assert [g["rounds"] + g["dummies"] for g in got] == [max(rounds)] * 2  # one forward per round on each rank
+
+
+@pytest.mark.slow  # two torchrun processes (gloo)
+def test_learner_and_trainer_over_fsdp2_sharded_weights(tmp_path):
+    """memkit's side of FSDP on 2 CPU ranks, the weights sharded as accelerate's FSDP2 plugin shards them:
+    a GRPO update with recomputed old log-probs and a sharded KL reference, one rank with an empty
+    micro-batch (its idle forwards), equals one unsharded process's; the held-out evaluation (lockstep
+    rollouts, then the gather) gives every rank one process's rows; two training steps with an
+    evaluation finish on both ranks with the same global rows."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(TESTS.parent), str(TESTS)]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    proc = subprocess.run(
+        [*cmd, str(TESTS / "fsdp2_worker.py"), str(tmp_path), "trainer"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = [torch.load(tmp_path / f"trainer-{rank}.pt") for rank in (0, 1)]
+    assert got[0]["sharded_ref"] == "FSDPLlamaForCausalLM"  # the reference is sharded too
+    one = dw.make_learner("grpo", sort_micro_batches=False, recompute_old_logprobs=True)
+    stats = one.update(dw.trajectories())
+    assert stats["kl"] > 0 and abs(stats["pg_loss"] - got[0]["stats"]["pg_loss"]) < 1e-7
+    moved = 0.0
+    for name, p in one.policy.named_parameters():
+        torch.testing.assert_close(got[0]["params"][f"policy.{name}"], p.detach(), atol=1e-5, rtol=0, msg=name)
+        moved = max(moved, float((p - dw.tiny_llama().get_parameter(name)).detach().abs().max()))
+    assert moved > 1e-3  # the update moved the weights well past the bound
+    assert got[0]["eval"] == got[1]["eval"] == [pytest.approx(row, abs=1e-9) for row in dw.eval_rows()]
+    rows = [[{k: v for k, v in r.items() if not k.startswith("seconds")} for r in g["history"]] for g in got]
+    assert rows[0] == rows[1] and [r["processes"] for r in rows[0]] == [2, 2]  # global rows: the same on both
+    assert got[0]["eval_history"] == got[1]["eval_history"] and [r["step"] for r in got[0]["eval_history"]] == [0, 2]
+    assert sum(g["dummies"] for g in got) > 0  # the ranks decoded different numbers of forwards
