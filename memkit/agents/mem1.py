@@ -17,11 +17,20 @@ answers differs from the number of questions; no format penalty (§4.4, App. F.2
 
 Deviation: Alg. 1 writes ``T - t`` turns left before incrementing t, which counts the turn
 just taken; memkit writes the number of calls the agent really has left.
+
+``answers="each"`` (a protocol deviation for long horizons, issue 58; ``docs/deviations.md``): the agent
+sees and answers the questions one at a time, in order, each in its own ``<answer>``; the environment
+records it and shows the next question, in ``<information>`` and in place of the question list; after
+the k-th the episode ends with the k answers joined by ";" (the same reward). No context or output
+depends on k: the agent never counts questions or writes a k-slot answer, and its ``<think>`` holds the
+current question's entry only (the teacher's :func:`~memkit.agents.oracle.ledger_entry`, keyed by
+words, no number), so a clone trained on small k is asked nothing at k = 16 that it did not do at k = 2.
 """
 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from memkit.agents import oracle as script
 from memkit.agents.base import (
@@ -57,6 +66,14 @@ PROMPT_MULTI = (
     "... </search> or <think> ... </think><answer> ... </answer>.\n"
     "- Do not search multiple queries or questions simultaneously.\n\n"
 )
+#: ``answers="each"``: PROMPT_MULTI's answer rule, one question at a time (the deviation above)
+PROMPT_EACH = PROMPT_MULTI.replace(
+    "- If all questions are answered, provide the final answers--separated by semicolons--within "
+    "<answer> answer1; answer2; ... </answer>.",
+    "- If the current question is answered, provide its answer within <answer> ... </answer>; the next "
+    "question then follows in <information>. Answer the questions one at a time, in order.",
+)
+ANSWERS = ("final", "each")
 PROMPT_SINGLE = (
     "You will answer a complex question through iterative reasoning, summarization, and web searches.\n\n"
     "At each step, you can see the question, previous summary in <think> ... </think>, search query in "
@@ -102,17 +119,33 @@ def turns_left_hint(state: AgentState) -> str:
 
 
 class MEM1(Method):
+    """``answers``: "final" (the paper: one ``<answer>`` with every question's answer) or "each"
+    (module doc: one question at a time)."""
+
     name = "mem1"
     format_penalty = 0.0
     default_packing = "mem1_mask"  # one row per trajectory with a 2D mask (§3.2)
+
+    def __init__(self, answers: str = "final"):
+        if answers not in ANSWERS:
+            raise ValueError(f"unknown MEM1 answers mode {answers!r}; choose one of {ANSWERS}")
+        self.answers = answers
+
+    def suggested_max_turns(self, task) -> int:
+        """The base's, plus one answer turn per question but the last under ``answers="each"``."""
+        return super().suggested_max_turns(task) + (task.k - 1 if self.answers == "each" else 0)
 
     def next_call(self, state: AgentState) -> CallSpec:
         k = state.task.k
         # k > 1: task.prompt is already the §3.3 composite ("Answer each of the following questions: ...")
         instruction, prefix = (PROMPT_MULTI, "") if k > 1 else (PROMPT_SINGLE, "Question: ")
+        question = question_segments(instruction, state, prefix)
+        if k > 1 and self.answers == "each":  # the current question alone (its text, as at k = 1)
+            current = state.task.questions[len(state.memory.get("answers", []))].text
+            question = [Segment("system", PROMPT_EACH), Segment("question", f"Question: {current}\n")]
         return CallSpec(
-            question_segments(instruction, state, prefix) + last_step_segments(state, "think"),
-            max_new_tokens=96 + 32 * k,
+            question + last_step_segments(state, "think"),
+            max_new_tokens=96 + 32 * (1 if self.answers == "each" else k),
             stop=("</search>", "</answer>"),
         )
 
@@ -120,8 +153,26 @@ class MEM1(Method):
         return parse_action(text, ("search", "answer"), required=("think",))
 
     def apply(self, state: AgentState, parsed: Parsed, env: Env) -> str | None:
+        if self.answers == "each" and parsed.action == "answer":
+            return self._commit(state, (parsed.argument or "").strip())
         obs = self.search_or_answer(state, parsed, env)
         return None if obs is None else wrap_information(obs, hint=turns_left_hint(state))
+
+    def _commit(self, state: AgentState, answer: str) -> str | None:
+        """``answers="each"``: record the current question's answer; the next question, or the end with
+        the k answers joined as the final answer. An empty answer or one with ";" (two answers) is an
+        invalid turn."""
+        if not answer or ";" in answer:
+            state.answer = answer
+            state.fail("one answer per question expected" if answer else "empty answer")
+            return None
+        done = state.memory.setdefault("answers", [])
+        done.append(answer)
+        if len(done) == state.task.k:
+            state.answer, state.done = "; ".join(done), True
+            return None
+        nxt = state.task.questions[len(done)].text
+        return wrap_information(f"Answer recorded. Next question: {nxt}", hint=turns_left_hint(state))
 
     def reward(self, state: AgentState) -> float:
         """App. B.4.1: one point per correct answer, 0 for broken tags or a wrong answer count."""
@@ -131,8 +182,24 @@ class MEM1(Method):
 
     def oracle(self, state: AgentState, rng: random.Random, cfg: OracleConfig) -> str:
         script.observe(state, rng, cfg)
+        if self.answers == "each":
+            return self._oracle_each(state, rng, cfg)
         d = script.decide(state, rng, cfg)
         state_text = f"{script.facts_text(state, cfg)} {script.plan_text(d)}"
         if d.kind == "answer":
             return f"<think>{state_text}</think><answer>{script.answer_text(state, rng, cfg)}</answer>"
         return f"<think>{state_text}</think><search>{d.query}</search>"
+
+    def _oracle_each(self, state: AgentState, rng: random.Random, cfg: OracleConfig) -> str:
+        """The teacher under ``answers="each"``: the current question's ledger entry as the memory; its
+        next hop's search, or its answer once settled (or out of turns)."""
+        qi = len(state.memory.get("answers", []))
+        cfg = replace(cfg, memory="ledger")  # plans name a hop by its words, never "Q<n>"
+        d = script.decide(state, rng, cfg, turns_needed_to_answer=state.task.k - qi, upto=qi)
+        entry = script.ledger_entry(state, qi)
+        if d.kind == "answer":
+            distractors = [s.answer for q in state.task.questions for s in q.decomposition]
+            answer = script.slot_answer(state, qi, rng, cfg, distractors)
+            plan = "This question is answered." if d.plan == script.ANSWER_PLAN else d.plan
+            return f"<think>{entry} {plan}</think><answer>{answer}</answer>"
+        return f"<think>{entry} {script.plan_text(d)}</think><search>{d.query}</search>"

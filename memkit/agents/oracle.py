@@ -132,10 +132,12 @@ def observe(state: AgentState, rng: random.Random, cfg: OracleConfig, forgetful:
             o["derived"] = qi
 
 
-def next_hop(state: AgentState) -> tuple[int, int] | None:
-    """First (question, hop) whose answer is not yet a fact."""
+def next_hop(state: AgentState, upto: int | None = None) -> tuple[int, int] | None:
+    """First (question, hop) whose answer is not yet a fact (among questions ``0..upto`` when given)."""
     o = _o(state)
     for qi, q in enumerate(state.task.questions):
+        if upto is not None and qi > upto:
+            break
         if qi in o["gave_up"] or qi in o["believed"]:
             continue
         for hi in range(len(q.decomposition)):
@@ -155,12 +157,15 @@ def hops_left(state: AgentState) -> int:
     )
 
 
-def decide(state: AgentState, rng: random.Random, cfg: OracleConfig, turns_needed_to_answer: int = 1) -> Decision:
-    """Search the next missing hop, or answer when nothing is missing or turns run out."""
+def decide(
+    state: AgentState, rng: random.Random, cfg: OracleConfig, turns_needed_to_answer: int = 1, upto: int | None = None
+) -> Decision:
+    """Search the next missing hop, or answer when nothing is missing or turns run out. ``upto``: only
+    questions ``0..upto`` count (answers committed one question at a time: "answer" = question ``upto``'s)."""
     o = _o(state)
     remaining = state.max_turns - state.turn
     while True:
-        hop = next_hop(state)
+        hop = next_hop(state, upto)
         if hop is None or remaining <= turns_needed_to_answer:
             done = hop is None
             return Decision("answer", plan=ANSWER_PLAN if done else "Out of turns; answer now.")
@@ -207,15 +212,8 @@ def believed_answer(state: AgentState, qi: int) -> str | None:
 
 def answer_text(state: AgentState, rng: random.Random, cfg: OracleConfig) -> str:
     """The final answer: one slot per question, in order, joined by "; " (MEM1 Prompt 1)."""
-    slots = []
     distractors = [s.answer for q in state.task.questions for s in q.decomposition]
-    for qi, q in enumerate(state.task.questions):
-        a = believed_answer(state, qi) or UNKNOWN
-        if cfg.p_wrong_answer > 0 and rng.random() < cfg.p_wrong_answer:
-            wrong = [d for d in distractors if d.lower() not in {g.lower() for g in q.answers}]
-            a = rng.choice(wrong) if wrong else UNKNOWN
-        slots.append(a)
-    return "; ".join(slots)
+    return "; ".join(slot_answer(state, qi, rng, cfg, distractors) for qi in range(len(state.task.questions)))
 
 
 def facts_text(state: AgentState, cfg: OracleConfig | None = None) -> str:
@@ -257,19 +255,37 @@ def ledger_text(state: AgentState) -> str:
 
     "open" = nothing found, ":" = hops found so far, "=>" = settled (the answer slot copies what
     follows; "unknown" where a flaw dropped it or the search gave up)."""
+    return " ".join(ledger_entry(state, qi) for qi in range(len(state.task.questions)))
+
+
+def settled(state: AgentState, qi: int) -> bool:
+    """Question ``qi`` has its answer, or the teacher's belief of it, or was given up on."""
     o = _o(state)
-    parts = []
-    for qi, q in enumerate(state.task.questions):
-        key = q.decomposition[0].query if q.decomposition else q.text
-        settled = qi in o["believed"] or qi in o["gave_up"] or question_answer(state, qi) is not None
-        found = [o["known"][_key(qi, hi)] for hi in range(len(q.decomposition)) if _key(qi, hi) in o["known"]]
-        if settled:
-            parts.append(f"{key} => {believed_answer(state, qi) or UNKNOWN}.")
-        elif found:
-            parts.append(f"{key}: {'; '.join(found)}.")
-        else:
-            parts.append(f"{key}: open.")
-    return " ".join(parts)
+    return qi in o["believed"] or qi in o["gave_up"] or question_answer(state, qi) is not None
+
+
+def ledger_entry(state: AgentState, qi: int) -> str:
+    """Question ``qi``'s entry of :func:`ledger_text` (also the whole memory when answers are committed
+    one question at a time: MEM1's ``answers="each"``)."""
+    o, q = _o(state), state.task.questions[qi]
+    key = q.decomposition[0].query if q.decomposition else q.text
+    found = [o["known"][_key(qi, hi)] for hi in range(len(q.decomposition)) if _key(qi, hi) in o["known"]]
+    if settled(state, qi):
+        return f"{key} => {believed_answer(state, qi) or UNKNOWN}."
+    if found:
+        return f"{key}: {'; '.join(found)}."
+    return f"{key}: open."
+
+
+def slot_answer(state: AgentState, qi: int, rng: random.Random, cfg: OracleConfig, distractors: list[str]) -> str:
+    """Question ``qi``'s answer slot: the teacher's belief, or "unknown"; at ``p_wrong_answer`` a
+    distractor from the same task instead."""
+    a = believed_answer(state, qi) or UNKNOWN
+    if cfg.p_wrong_answer > 0 and rng.random() < cfg.p_wrong_answer:
+        golds = {g.lower() for g in state.task.questions[qi].answers}
+        wrong = [d for d in distractors if d.lower() not in golds]
+        a = rng.choice(wrong) if wrong else UNKNOWN
+    return a
 
 
 def plan_text(d: Decision) -> str:

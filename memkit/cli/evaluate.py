@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from memkit.cli.args import methods, positive
+from memkit.cli.args import json_object, methods, positive
 from memkit.cli.rollout import add_context_options, add_policy, add_real_data, data_config, kit_and_tasks, placed_policy
 from memkit.cli.world import add_common
 
@@ -18,6 +18,13 @@ def add_arguments(sp) -> None:
 
     add_common(sp, objectives="1,2,4,8", world_seed=False)
     sp.add_argument("--method", type=methods, default=list(METHODS), help="comma-separated: " + ", ".join(METHODS))
+    sp.add_argument(
+        "--method-kwargs",
+        type=json_object,
+        default={},
+        metavar="JSON",
+        help='keyword arguments of the format, as the model was cloned with, e.g. mem1 {"answers": "each"}',
+    )
     add_policy(sp)
     sp.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     sp.add_argument("--out-dir", default=None, help="write JSONL traces here")
@@ -103,6 +110,7 @@ def run(args) -> int:
             k_docs=args.k_docs,
             min_new_tokens=args.min_new_tokens,
             task_sets=sets,
+            method_kwargs=args.method_kwargs,
         )
         for k, (summary, trajs) in results.items():
             rows.append({"method": method, "k": k, **summary})

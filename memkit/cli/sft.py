@@ -77,7 +77,14 @@ def run(args) -> int:
     if note:
         print(note, file=sys.stderr, flush=True)
     if args.eval_tasks:
-        results = evaluate(cfg.method, kit, objectives=args.eval_objectives, n_tasks=args.eval_tasks, policy=spec)
+        results = evaluate(
+            cfg.method,
+            kit,
+            objectives=args.eval_objectives,
+            n_tasks=args.eval_tasks,
+            policy=spec,
+            method_kwargs=cfg.method_kwargs,  # the format the model was cloned in (MemAct's window, MEM1's answers)
+        )
         for k, (summary, _) in results.items():
             kinds = ", ".join(f"{c[3:]} {v:.2f}" for c, v in summary.items() if c.startswith("em_"))
             print(

@@ -546,6 +546,47 @@ def test_ledger_memory_has_one_entry_per_question_from_the_first_turn(world, env
         assert traj.answer.split("; ")[:2] == ["unknown", "unknown"]
 
 
+def test_mem1_answers_each_question_in_turn_at_any_k(world, env):
+    """MEM1 ``answers="each"`` (issue 58): the teacher answers the current question in its own <answer>,
+    the environment shows the next question, the k answers joined are the final answer: EM 1.0 and
+    valid at k = 1 to 16, every memory the current question's entry alone (no "Q<n>"), and no output
+    longer at k = 16 than the longest at k = 2 plus a margin for longer entity names."""
+    m = get_method("mem1", answers="each")
+    longest = {}
+    for k in (1, 2, 4, 8, 16):
+        tasks = make_tasks(world, 6, k=k, seed=60 + k)
+        trajs = rollout(m, tasks, env, OracleConfig(), max_turns=max(m.suggested_max_turns(t) for t in tasks))
+        for traj, task in zip(trajs, tasks):
+            assert traj.valid and slot_em(traj) == 1.0, (k, traj.reason, traj.answer)
+            answers = [extract(c.output_text, "answer") for c in traj.calls if "<answer>" in c.output_text]
+            assert len(answers) == k and traj.answer == "; ".join(answers)
+            for c, q in zip([c for c in traj.calls if "<answer>" in c.output_text][:-1], task.questions[1:]):
+                assert f"Next question: {q.text}" in c.observation_text  # the next question, from the env
+            current = 0
+            for c in traj.calls:  # the memory: the current question's entry, keyed by its first search
+                assert memory_text("mem1", c).startswith(task.questions[current].decomposition[0].query)
+                assert not re.search(r"\bQ\d", memory_text("mem1", c)), c.output_text
+                current += "<answer>" in c.output_text
+        longest[k] = max(len(c.output_text) for t in trajs for c in t.calls)
+    assert longest[16] <= longest[2] + 60, longest
+    assert get_method("mem1").suggested_max_turns(tasks[0]) + 15 == m.suggested_max_turns(tasks[0])
+    with pytest.raises(ValueError, match="answers mode"):
+        get_method("mem1", answers="all")
+
+
+def test_mem1_answers_each_refuses_two_answers_in_one(world, env):
+    """Under ``answers="each"`` one <answer> holds one answer: two (";") or none is an invalid turn
+    with its reason, and the episode ends with MEM1's format penalty."""
+    task = make_tasks(world, 1, k=3, seed=7)[0]
+    m = get_method("mem1", answers="each")
+    for text, reason in (("<think>s</think><answer>a; b</answer>", "one answer per question"),
+                         ("<think>s</think><answer> </answer>", "empty answer")):  # fmt: skip
+        traj = run_scripted(m, task, env, [text])
+        assert not traj.valid and reason in traj.reason and traj.reward == m.format_penalty
+    traj = run_scripted(m, task, env, ["<think>s</think><answer>x</answer>"] * 3)
+    assert traj.valid and traj.answer == "x; x; x" and len(traj.calls) == 3
+
+
 # ---------------------------------------------------------------------- invalid turns
 @dataclass
 class Case:

@@ -235,6 +235,25 @@ def test_eval_n_names_the_two_counts(capsys):
     assert "--n-tasks" in err and "--n-conversations" in err and "ambiguous" not in err
 
 
+def test_eval_takes_the_formats_keyword_arguments(capsys, tmp_path):
+    """``memkit eval --method-kwargs``: the format a model was cloned in (here MEM1 answering one question
+    at a time); the oracle's traces show one <answer> per question, and a bad value is one clear error."""
+    import json
+
+    from memkit.cli import main
+
+    argv = ["eval", "--method", "mem1", "--policy", "oracle", "--objectives", "3", "--n-tasks", "2"]
+    assert main([*argv, "--method-kwargs", '{"answers": "each"}', "--out-dir", str(tmp_path)]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip().startswith("mem1")]
+    assert [(r[1], r[2], r[3]) for r in rows] == [("3", "2", "1.000")]  # k, n, em
+    (trace,) = tmp_path.glob("mem1-*-k3.jsonl")
+    for line in trace.read_text().splitlines():
+        assert sum("<answer>" in c["output_text"] for c in json.loads(line)["calls"]) == 3
+    with pytest.raises(SystemExit):
+        main([*argv, "--method-kwargs", "answers=each"])
+    assert "JSON" in capsys.readouterr().err
+
+
 def test_eval_on_real_questions_over_a_real_corpus(capsys):
     """``memkit eval --tasks <questions> --corpus <passages> --answerable``: the real fixtures (DPR topics
     lines, Wikipedia leads) composed into MEM1 tasks; the oracle answers every kept question. Without

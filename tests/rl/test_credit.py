@@ -297,6 +297,24 @@ def test_exact_packings_equal_per_call_recompute_on_real_rollouts(method):
         assert gap["n_tokens"] > 0 and gap["max_abs"] < 1e-4, (mode, gap["max_abs"])
 
 
+def test_exact_packings_hold_when_mem1_answers_each_question_in_turn():
+    """MEM1 ``answers="each"`` (issue 58): a commit's observation (the next question) is a ref like a
+    search's, so ``separate`` and ``mem1_exact`` rows still reproduce every call's log-probs."""
+    from memkit.lab.evaluation import rollout
+    from memkit.models import build_tiny
+    from memkit.rl.packed_forward import packing_gap
+
+    trajs = rollout("mem1", list(oracle_tasks(3, 2, 12)), kit(), policy="oracle", method_kwargs={"answers": "each"})
+    assert (
+        all(t.valid for t in trajs)
+        and sum("Next question" in (c.observation_text or "") for t in trajs for c in t.calls) == 4
+    )
+    model = build_tiny(kit().tokenizer, seed=1)
+    for mode in ("separate", "mem1_exact"):
+        gap = packing_gap(model, trajs, mode)
+        assert gap["n_tokens"] > 0 and gap["max_abs"] < 1e-4, (mode, gap["max_abs"])
+
+
 def test_gae_refuses_a_unit_that_is_not_a_chain():
     _, tree = _tree()
     tree.reward = 1.0
