@@ -5,9 +5,9 @@
     DeepSpeed ZeRO-0/1/2      the engine's own ``backward`` per micro-batch with the accumulation
       (GRPO-family rules)     boundary set on the last one only (:func:`deepspeed_backward`), then
                               ``engine.step()`` (clips at ``cfg.max_grad_norm``, steps, zeroes)
-    FSDP2 (GRPO-family rules, accelerate's backward per micro-batch as under DDP; every forward outside
-      the HF loop)            the gradient loop runs on every rank in step: rollouts, old / reference
-                              log-probs and memory probes through :class:`~memkit.models.lockstep.Lockstep`
+    FSDP2                     accelerate's backward per micro-batch, as under DDP; every forward outside
+      (GRPO-family rules,     the gradient loop runs on every rank in step: rollouts, old / reference
+      the HF loop)            log-probs and memory probes through :class:`~memkit.models.lockstep.Lockstep`
                               (a rank out of work follows the others' forwards), a rank with an empty
                               micro-batch runs the same forwards on one token; the KL reference sharded
                               like the policy (:func:`shard_like_policy`)
