@@ -198,8 +198,7 @@ class MEM1(Method):
         d = script.decide(state, rng, cfg, turns_needed_to_answer=state.task.k - qi, upto=qi)
         entry = script.ledger_entry(state, qi)
         if d.kind == "answer":
-            distractors = [s.answer for q in state.task.questions for s in q.decomposition]
-            answer = script.slot_answer(state, qi, rng, cfg, distractors)
+            answer = script.slot_answer(state, qi, rng, cfg)
             plan = "This question is answered." if d.plan == script.ANSWER_PLAN else d.plan
             return f"<think>{entry} {plan}</think><answer>{answer}</answer>"
         return f"<think>{entry} {script.plan_text(d)}</think><search>{d.query}</search>"

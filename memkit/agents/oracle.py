@@ -212,8 +212,7 @@ def believed_answer(state: AgentState, qi: int) -> str | None:
 
 def answer_text(state: AgentState, rng: random.Random, cfg: OracleConfig) -> str:
     """The final answer: one slot per question, in order, joined by "; " (MEM1 Prompt 1)."""
-    distractors = [s.answer for q in state.task.questions for s in q.decomposition]
-    return "; ".join(slot_answer(state, qi, rng, cfg, distractors) for qi in range(len(state.task.questions)))
+    return "; ".join(slot_answer(state, qi, rng, cfg) for qi in range(len(state.task.questions)))
 
 
 def facts_text(state: AgentState, cfg: OracleConfig | None = None) -> str:
@@ -277,12 +276,13 @@ def ledger_entry(state: AgentState, qi: int) -> str:
     return f"{key}: open."
 
 
-def slot_answer(state: AgentState, qi: int, rng: random.Random, cfg: OracleConfig, distractors: list[str]) -> str:
+def slot_answer(state: AgentState, qi: int, rng: random.Random, cfg: OracleConfig) -> str:
     """Question ``qi``'s answer slot: the teacher's belief, or "unknown"; at ``p_wrong_answer`` a
-    distractor from the same task instead."""
+    distractor from the same task (another hop's answer) instead."""
     a = believed_answer(state, qi) or UNKNOWN
     if cfg.p_wrong_answer > 0 and rng.random() < cfg.p_wrong_answer:
         golds = {g.lower() for g in state.task.questions[qi].answers}
+        distractors = [s.answer for q in state.task.questions for s in q.decomposition]
         wrong = [d for d in distractors if d.lower() not in golds]
         a = rng.choice(wrong) if wrong else UNKNOWN
     return a

