@@ -21,8 +21,9 @@ mini-batch, so the micro-batch losses already sum to the mini-batch's loss and o
 over W processes is undone (``loss * W``). DeepSpeed would also divide each ``backward`` by its
 ``gradient_accumulation_steps``: :func:`configure_deepspeed` sets that to 1 and marks the boundary
 per micro-batch instead, so a mini-batch of any number of micro-batches is one exact step.
-Measured on an H200 (tests/gpu_check.py): accelerate's default (a step at every ``backward``)
-took 2 steps where 1 was due, a 5.5e-3 parameter gap; the boundary set per micro-batch: 9e-9.
+accelerate's default (a step at every ``backward``) steps more often than is due; the boundary set per
+micro-batch gives one process's update (``tests/gpu_check.py``; figures: docs/findings.md, the device
+check's DeepSpeed entries).
 """
 
 from __future__ import annotations
