@@ -238,7 +238,8 @@ def reproduce(
     notebook once its clones are trained. ``seeds``: the ``N_SEEDS`` parameter of the notebooks that
     declare it (04-06, 08: seeds per arm; their default is one). ``full``: the lab mode also runs the
     full-study notebooks (:data:`memkit.lab.recipes.FULL_STUDY_NOTEBOOKS`: 08), which otherwise run only
-    when ``notebooks`` names them. ``resume``: an earlier run directory;
+    when ``notebooks`` names them, and the parts the hour-long run leaves out
+    (:data:`memkit.lab.recipes.LAB_NOTEBOOK_PARAMS`: notebook 07's SmolLM2 SFT). ``resume``: an earlier run directory;
     its notebooks that finished ok are kept and the others run again (the report and summary are
     rewritten after every notebook). ``results``: also write the claims page (:mod:`memkit.course.results`)
     there; ``RESULTS.md`` in the run directory is always written.
@@ -294,6 +295,10 @@ def reproduce(
         flush=True,
     )
 
+    lab_params = {}
+    if not (notebooks or smoke or full):  # the hour-long lab run: what it leaves to the full study
+        from memkit.lab.recipes import LAB_NOTEBOOK_PARAMS as lab_params
+
     def params(p: Path) -> dict[str, Any]:
         return {
             "SMOKE": smoke,
@@ -301,6 +306,7 @@ def reproduce(
             "SEED": seed,
             "OUT_DIR": str((run_dir / p.stem).resolve()),
             **({"N_SEEDS": seeds} if seeds else {}),
+            **lab_params.get(p.stem[:2], {}),
         }
 
     runs = [done[p.stem] for p in paths if p.stem in done]

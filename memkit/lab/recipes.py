@@ -6,10 +6,11 @@ later question it drops an earlier answer from memory and answers that slot "unk
 inherits the habit under greedy decoding; outcome-reward RL has to learn to keep what the answer
 needs (MEM1 Tab. 5: RL vs. SFT, both trained on few objectives).
 
-Every format clones 1- and 2-question tasks for 3,000 steps (the measured recipe: docs/findings.md,
-'The RL lab'). The SFT checkpoints are cached by config, so notebooks 00, 01 and 02 share one MEM1
-model and 01 and 03 one MemSearcher model. MemAct's sliding-window baseline (notebook 05) continues
-the MemAct clone without its prune tool.
+Every format clones 1- and 2-question tasks for 1,500 steps from the pretrained base, the base Mem-T's
+clones start from too: the hour-long recipe (docs/findings.md, '`make reproduce` in an hour', has what
+it costs against 3,000 steps from scratch). The SFT checkpoints are cached by config, so notebooks 00,
+01 and 02 share one MEM1 model and 01 and 03 one MemSearcher model. MemAct's sliding-window baseline
+(notebook 05) continues the MemAct clone without its prune tool.
 """
 
 from __future__ import annotations
@@ -30,12 +31,12 @@ LAB_FORMATS = ("mem1", "memsearcher", "mempo", "memact")
 H2H_FORMATS = ("react", *LAB_FORMATS)
 
 #: what the lab's SFT changes from SFTConfig's defaults (steps, not minutes: the same model on any machine)
-LAB_SFT = dict(objectives=(1, 2), steps=3000)
+LAB_SFT = dict(objectives=(1, 2), steps=1500, init="base")
 
 #: minutes of RL notebooks 02 and 03 train for. The 3-seed study (docs/findings.md, 'The RL lab')
-#: reached its gains by the first evaluations (MEM1 at 40 steps, MemSearcher at 30); 5 minutes are
-#: ~100 MEM1 / ~50 MemSearcher steps on one core
-LAB_RL_MINUTES = 5
+#: reached its gains by the first evaluations (MEM1 at 40 steps, MemSearcher at 30); 4 minutes are
+#: ~80 MEM1 / ~40 MemSearcher steps on one core
+LAB_RL_MINUTES = 4
 
 
 def lab_sft_config(method: str) -> SFTConfig:
@@ -52,7 +53,7 @@ def ensure_lab_sft(method: str, kit, progress: bool = True) -> Path:
 #: MemAct's sliding-window baseline (Table 1): the lab clone taught to work without its prune tool
 #: (``schedule="window"``), continued from :func:`lab_sft_config`'s checkpoint for this many steps
 LAB_WINDOW = dict(schedule="window", window=3)
-LAB_WINDOW_STEPS = 1000
+LAB_WINDOW_STEPS = 500
 #: MemAct's summarisation baseline (Table 1): the 3-record window plus a note the model writes about the
 #: records that fall out (``schedule="summary"``); continued from the MemAct clone like the window agent
 LAB_SUMMARY = dict(schedule="summary", window=3)
@@ -98,18 +99,23 @@ LAB_CLONES = {
     c.name: c
     for c in (
         LabClone("kit", (), 0.2),
-        LabClone("react", ("kit",), 20),  # notebook 08 only; its contexts hold the whole history
-        *(LabClone(m, ("kit",), t) for m, t in zip(LAB_FORMATS, (18, 12, 16, 38))),
-        LabClone("memact-window", ("memact",), 15),
-        LabClone("memact-summary", ("memact",), 6),  # notebook 08 only
         LabClone("base", ("kit",), 8, wide=True),
-        LabClone("memt-retrieval", ("base",), 15),
-        LabClone("memt-construction", ("base",), 20),
+        LabClone("react", ("base",), 10),  # notebook 08 only; its contexts hold the whole history
+        *(LabClone(m, ("base",), t) for m, t in zip(LAB_FORMATS, (9, 7, 9, 12))),
+        LabClone("memact-window", ("memact",), 5),
+        LabClone("memact-summary", ("memact",), 3),  # notebook 08 only
+        LabClone("memt-retrieval", ("base",), 6),
+        LabClone("memt-construction", ("base",), 7),
     )
 }
 
-#: one-core minutes of each notebook's lab run with its clones cached (one seed; the scheduling order)
-LAB_NOTEBOOK_MINUTES = {"00": 1, "01": 6, "02": 7, "03": 7, "04": 6, "05": 7, "06": 7, "07": 26, "08": 25}
+#: one-core minutes of each notebook's lab run with its clones cached (one seed; the scheduling order);
+#: 07 without its SmolLM2 SFT (:data:`LAB_NOTEBOOK_PARAMS`)
+LAB_NOTEBOOK_MINUTES = {"00": 0.3, "01": 5.3, "02": 7.2, "03": 6.5, "04": 10.7, "05": 7.3, "06": 7, "07": 4, "08": 25}
+
+#: parameters the lab mode gives a notebook unless ``memkit reproduce --full`` (``make reproduce FULL=1``):
+#: notebook 07's SmolLM2 SFT on CPU (26 minutes on 2 cores, a correctness run no claim rests on) is skipped
+LAB_NOTEBOOK_PARAMS = {"07": {"SFT_MINUTES": 0}}
 
 #: notebooks the lab mode runs only with ``memkit reproduce --full`` (``make reproduce FULL=1``) or when
 #: named with ``--only``: the head-to-head spends RL minutes on seven contestants and needs the ReAct and summarisation clones

@@ -21,6 +21,7 @@ import nbformat
 import papermill
 import pytest
 from nbtools import (
+    DEFAULT_PARAMS,
     NOTEBOOKS_DIR,
     check_expectations,
     code_cells_with_outputs,
@@ -395,6 +396,23 @@ def test_the_lab_mode_leaves_full_study_notebooks_to_full(tmp_path):
     paths = [tmp_path / f"{n}.ipynb" for n in ("00_tour", "07_real_data", "08_head_to_head")]
     assert [p.stem for p in without_full_study(paths)] == ["00_tour", "07_real_data"]
     assert without_full_study(paths[2:]) == paths[2:]
+
+
+@pytest.mark.slow
+def test_the_hour_long_lab_run_skips_notebook_07s_sft_unless_full(tmp_path):
+    """``make reproduce`` gives notebook 07 ``SFT_MINUTES = 0`` (its SmolLM2 SFT on CPU, which no claim reads);
+    FULL=1 keeps the notebook's own budget (memkit.lab.recipes.LAB_NOTEBOOK_PARAMS)."""
+    nbs = tmp_path / "nbs"
+    make_notebook(
+        nbs / "07_real_data.ipynb",
+        ["import memkit.course.nb as nb; nb.record('sft_minutes', SFT_MINUTES)"],
+        parameters=DEFAULT_PARAMS + "SFT_MINUTES = 12\n",
+    )
+    for full, minutes in ((False, 0), (True, 12)):
+        run = reproduce(
+            smoke=False, out_root=tmp_path / f"runs{full}", notebooks_dir=nbs, stream=io.StringIO(), full=full
+        )
+        assert mnb.load_records(run / "07_real_data.record.json")["sft_minutes"] == minutes
 
 
 def test_select_notebooks(tmp_path):

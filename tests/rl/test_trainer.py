@@ -670,7 +670,7 @@ def test_readme_train_commands_parse_to_the_notebooks_settings():
         5,
     )
     assert (ms.lr, ms.temperature, ms.eval.seed, ms.eval.every) == (3e-4, 0.5, 3000, 10)
-    # the lab's 5 minutes of RL from the lab's SFT recipe (memkit.lab.recipes), which tiny-sft:flaw-fe names
+    # the lab's minutes of RL from the lab's SFT recipe (memkit.lab.recipes), which tiny-sft:flaw-fe names
     from memkit.lab.recipes import LAB_RL_MINUTES, lab_sft_config
 
     assert mem1.steps == ms.steps == 300 and mem1.max_seconds == ms.max_seconds == LAB_RL_MINUTES * 60
@@ -700,7 +700,13 @@ def test_readme_train_commands_parse_to_the_notebooks_settings():
     assert 'agg="seq-mean-token-mean"' in nb05 and "KS = (2,)" in nb05 and ma.init == "tiny-sft:flaw-fe"
     for method in ("mem1", "memsearcher", "mempo", "memact"):
         lab = lab_sft_config(method)
-        assert (lab.oracle.flaw, lab.steps, lab.objectives, lab.max_seconds) == ("forget_earlier", 3000, (1, 2), None)
+        assert (lab.oracle.flaw, lab.steps, lab.objectives, lab.max_seconds, lab.init) == (
+            "forget_earlier",
+            1500,
+            (1, 2),
+            None,
+            "base",
+        )
 
 
 def test_objectives_take_one_count_or_several():

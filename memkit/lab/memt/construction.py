@@ -58,7 +58,7 @@ class ConstructionLab:
     train_conversations: int = 300  # ~1,200 formation and ~2,700 evolution calls to clone
     teacher: OracleConfig = field(default_factory=lambda: OracleConfig(flaw="forget_earlier", flaw_rate=0.5))
     sft_steps: int = 6000
-    sft_seconds: float | None = 1200.0  # formation calls are long (~520 tokens): ~2,000 steps
+    sft_seconds: float | None = 360.0  # formation calls are long (~520 tokens): ~600 steps on one core
     seed: int = 0
     init: str = "base"
 

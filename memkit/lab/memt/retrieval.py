@@ -40,7 +40,7 @@ class MemTLab:
         default_factory=lambda: OracleConfig(flaw="stop_early", flaw_rate=0.65, p_wasted_search=0.05, quote_source=True)
     )
     sft_steps: int = 6000
-    sft_seconds: float | None = 900.0
+    sft_seconds: float | None = 300.0
     seed: int = 0
     init: str = "base"
     """Where the clone's SFT starts (``SFTConfig.init``): the pretrained base; SMOKE starts from
