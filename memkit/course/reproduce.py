@@ -1,8 +1,8 @@
 """Run the notebooks end to end with papermill and write a report: ``memkit reproduce``.
 
 Two modes: SMOKE (``--smoke``: small sizes, what ``make test`` runs, minutes) and the lab
-(``SMOKE = False``: the RL lab of :mod:`memkit.lab.recipes`, real learned numbers; about 1.5 hours on 2 cores
-from an empty cache, about half an hour with the clones cached: 47 one-core minutes of notebooks on
+(``SMOKE = False``: the RL lab of :mod:`memkit.lab.recipes`, real learned numbers; under an hour on 2 cores
+from an empty cache, about 25 minutes with the clones cached: ~50 one-core minutes of notebooks on
 two lanes; docs/findings.md, '`make reproduce` in an hour').
 Each notebook runs (:mod:`memkit.course.execute`) in a fresh kernel of *this* Python environment with
 its ``parameters`` cell overridden (only the parameters it declares: ``SMOKE``, ``MODEL``, ``SEED``,
