@@ -30,7 +30,8 @@ LAB_FORMATS = ("mem1", "memsearcher", "mempo", "memact")
 #: the head-to-head's formats (notebook 08): ReAct, the full-context baseline, cloned like the lab's four
 H2H_FORMATS = ("react", *LAB_FORMATS)
 
-#: what the lab's SFT changes from SFTConfig's defaults (steps, not minutes: the same model on any machine)
+#: what the lab's SFT changes from SFTConfig's defaults (steps, not minutes; the base they continue is
+#: time-budgeted, so a slower machine's base has had fewer steps: docs/findings.md)
 LAB_SFT = dict(objectives=(1, 2), steps=1500, init="base")
 
 #: minutes of RL notebooks 02 and 03 train for. The 3-seed study (docs/findings.md, 'The RL lab')
