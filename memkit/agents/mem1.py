@@ -118,6 +118,12 @@ def turns_left_hint(state: AgentState) -> str:
     return f"You have {left} turn{'s' if left != 1 else ''} left.\n"
 
 
+def _committed(state: AgentState) -> list[str]:
+    """``answers="each"``: the answers committed so far, in question order (their count is the index of
+    the current question)."""
+    return state.memory.setdefault("answers", [])
+
+
 class MEM1(Method):
     """``answers``: "final" (the paper: one ``<answer>`` with every question's answer) or "each"
     (module doc: one question at a time)."""
@@ -138,11 +144,12 @@ class MEM1(Method):
     def next_call(self, state: AgentState) -> CallSpec:
         k = state.task.k
         # k > 1: task.prompt is already the §3.3 composite ("Answer each of the following questions: ...")
-        instruction, prefix = (PROMPT_MULTI, "") if k > 1 else (PROMPT_SINGLE, "Question: ")
-        question = question_segments(instruction, state, prefix)
         if k > 1 and self.answers == "each":  # the current question alone (its text, as at k = 1)
-            current = state.task.questions[len(state.memory.get("answers", []))].text
+            current = state.task.questions[len(_committed(state))].text
             question = [Segment("system", PROMPT_EACH), Segment("question", f"Question: {current}\n")]
+        else:
+            instruction, prefix = (PROMPT_MULTI, "") if k > 1 else (PROMPT_SINGLE, "Question: ")
+            question = question_segments(instruction, state, prefix)
         return CallSpec(
             question + last_step_segments(state, "think"),
             max_new_tokens=96 + 32 * (1 if self.answers == "each" else k),
@@ -166,7 +173,7 @@ class MEM1(Method):
             state.answer = answer
             state.fail("one answer per question expected" if answer else "empty answer")
             return None
-        done = state.memory.setdefault("answers", [])
+        done = _committed(state)
         done.append(answer)
         if len(done) == state.task.k:
             state.answer, state.done = "; ".join(done), True
@@ -193,7 +200,7 @@ class MEM1(Method):
     def _oracle_each(self, state: AgentState, rng: random.Random, cfg: OracleConfig) -> str:
         """The teacher under ``answers="each"``: the current question's ledger entry as the memory; its
         next hop's search, or its answer once settled (or out of turns)."""
-        qi = len(state.memory.get("answers", []))
+        qi = len(_committed(state))
         cfg = replace(cfg, memory="ledger")  # plans name a hop by its words, never "Q<n>"
         d = script.decide(state, rng, cfg, turns_needed_to_answer=state.task.k - qi, upto=qi)
         entry = script.ledger_entry(state, qi)

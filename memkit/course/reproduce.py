@@ -259,7 +259,8 @@ def reproduce(
         raise ValueError(f"--seeds {seeds}: give at least 1 seed per arm (3 for the seed spread)")
     nb_dir = Path(notebooks_dir) if notebooks_dir else default_notebooks_dir()
     paths = select_notebooks(notebooks, nb_dir)
-    if not (notebooks or smoke or full):
+    hour_run = not (notebooks or smoke or full)  # the lab run make reproduce times: the full study left out
+    if hour_run:
         paths = without_full_study(paths)
     kernel_name = resolve_kernel(kernel)
     if resume is not None:
@@ -296,7 +297,7 @@ def reproduce(
     )
 
     lab_params = {}
-    if not (notebooks or smoke or full):  # the hour-long lab run: what it leaves to the full study
+    if hour_run:
         from memkit.lab.recipes import LAB_NOTEBOOK_PARAMS as lab_params
 
     def params(p: Path) -> dict[str, Any]:
