@@ -49,11 +49,12 @@ def positive(text: str) -> int:
 
 
 def methods(text: str, streams: bool = True) -> list[str]:
-    """Comma-separated memory formats (``memkit.agents.METHODS``, and ``STREAM_METHODS`` if ``streams``)."""
-    from memkit.agents import METHODS, STREAM_METHODS
+    """Comma-separated memory formats (``memkit.agents.METHODS``, the baselines' ``BASELINE_METHODS``, and
+    ``STREAM_METHODS`` if ``streams``)."""
+    from memkit.agents import BASELINE_METHODS, METHODS, STREAM_METHODS
 
     names = [m.strip() for m in text.split(",") if m.strip()]
-    allowed = METHODS + STREAM_METHODS if streams else METHODS
+    allowed = METHODS + BASELINE_METHODS + (STREAM_METHODS if streams else ())
     for name in names:
         if name in STREAM_METHODS and not streams:
             raise argparse.ArgumentTypeError(

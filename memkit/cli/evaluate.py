@@ -13,11 +13,17 @@ HELP = "evaluate methods at several objective counts and print the table"
 
 
 def add_arguments(sp) -> None:
-    from memkit.agents import METHODS
+    from memkit.agents import BASELINE_METHODS, METHODS, STREAM_METHODS
     from memkit.world.streams import SIZES
 
     add_common(sp, objectives="1,2,4,8", world_seed=False)
-    sp.add_argument("--method", type=methods, default=list(METHODS), help="comma-separated: " + ", ".join(METHODS))
+    sp.add_argument(
+        "--method",
+        type=methods,
+        default=list(METHODS),
+        help="comma-separated (default: the papers' formats): "
+        + ", ".join(METHODS + BASELINE_METHODS + STREAM_METHODS),
+    )
     sp.add_argument(
         "--method-kwargs",
         type=json_object,

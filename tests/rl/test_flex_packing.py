@@ -112,7 +112,13 @@ def _logps_and_grads(model, batch, path):
 
 @pytest.mark.parametrize(
     "method,k,mode",
-    [("mem1", 4, "mem1_mask"), ("mem1", 4, "mem1_exact"), ("memsearcher", 2, "mem1_exact"), ("mem1", 2, "separate")],
+    [
+        ("mem1", 4, "mem1_mask"),
+        ("mem1", 4, "mem1_exact"),
+        ("memsearcher", 2, "mem1_exact"),
+        ("amem", 4, "mem1_exact"),
+        ("mem1", 2, "separate"),
+    ],
 )
 def test_blocks_logprobs_and_gradients_equal_the_dense_path(model, method, k, mode):
     batch = pack(_trajs(method, k), mode, kit().tokenizer.pad_token_id)
