@@ -112,6 +112,10 @@ class Env(Protocol):
         """Return the observation text (``<information>...</information>``) for a query."""
 
 
+#: turns beyond one per retrieval hop in :meth:`Method.suggested_max_turns`: one answer and 3 re-searches
+SPARE_TURNS = 4
+
+
 class Method(ABC):
     """One memory format (ReAct, MEM1, MemSearcher, MemPO, MemAct)."""
 
@@ -133,7 +137,7 @@ class Method(ABC):
         """Turns a competent agent needs, with slack: one search per retrieval hop, one answer,
         and 3 spare turns for re-searches (MEM1 trains with a turn limit that grows with the
         number of objectives). MemAct adds its Prune&Write turns."""
-        return sum(max(len(q.decomposition), 1) for q in task.questions) + 4
+        return sum(max(len(q.decomposition), 1) for q in task.questions) + SPARE_TURNS
 
     @abstractmethod
     def next_call(self, state: AgentState) -> CallSpec: ...

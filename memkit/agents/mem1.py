@@ -25,6 +25,9 @@ the k-th the episode ends with the k answers joined by ";" (the same reward). No
 depends on k: the agent never counts questions or writes a k-slot answer, and its ``<think>`` holds the
 current question's entry only (the teacher's :func:`~memkit.agents.oracle.ledger_entry`, keyed by
 words, no number), so a clone trained on small k is asked nothing at k = 16 that it did not do at k = 2.
+The turn limit is per question too (:func:`question_turns`, a 1-question task's), and the hint counts the
+current question's turns left: a shared limit would print numbers that grow with k, and a question that
+loops would spend the turns of the questions after it.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from dataclasses import replace
 
 from memkit.agents import oracle as script
 from memkit.agents.base import (
+    SPARE_TURNS,
     AgentState,
     CallSpec,
     Env,
@@ -107,15 +111,29 @@ def last_step_segments(state: AgentState, output_kind: str) -> list[Segment]:
     return segs
 
 
-def turns_left_hint(state: AgentState) -> str:
+def turns_left_hint(state: AgentState, left: int | None = None) -> str:
     """Alg. 1 line 18's hint, written after turn ``state.turn`` (counted from 0, as Alg. 1's t).
 
     Alg. 1 prints "You have {T - t} turns left"; this returns the turns left *after* the current
     one, ``T - t - 1``, as MEM1's released rollout does (``num_turns_left = max_turns - step - 1``
     in ``Mem1/train/rollout/llm_agent/generation_think.py``). A declared deviation
-    (``docs/deviations.md``, 'Notebook 02', item 8)."""
-    left = max(state.max_turns - state.turn - 1, 0)
+    (``docs/deviations.md``, 'Notebook 02', item 8). ``left``: another count to print (the current
+    question's turns under ``answers="each"``, :func:`question_turns_left`)."""
+    left = max(state.max_turns - state.turn - 1 if left is None else left, 0)
     return f"You have {left} turn{'s' if left != 1 else ''} left.\n"
+
+
+def question_turns(question) -> int:
+    """``answers="each"``: one question's turn limit, a 1-question task's (one turn per hop + the spare
+    ones, :meth:`Method.suggested_max_turns`), so a question at k = 16 has the turns it had at k = 1."""
+    return max(len(question.decomposition), 1) + SPARE_TURNS
+
+
+def question_turns_left(state: AgentState) -> int:
+    """``answers="each"``: the current question's turns left after turn ``state.turn``,
+    ``T_q - t_q - 1`` with ``t_q`` counted from the turn the question was shown."""
+    q = state.task.questions[len(_committed(state))]
+    return question_turns(q) - (state.turn - state.memory.get("question_start", 0)) - 1
 
 
 def _committed(state: AgentState) -> list[str]:
@@ -138,8 +156,10 @@ class MEM1(Method):
         self.answers = answers
 
     def suggested_max_turns(self, task) -> int:
-        """The base's, plus one answer turn per question but the last under ``answers="each"``."""
-        return super().suggested_max_turns(task) + (task.k - 1 if self.answers == "each" else 0)
+        """The base's; under ``answers="each"`` the sum of the questions' own limits (:func:`question_turns`)."""
+        if self.answers == "each":
+            return sum(question_turns(q) for q in task.questions)
+        return super().suggested_max_turns(task)
 
     def next_call(self, state: AgentState) -> CallSpec:
         k = state.task.k
@@ -160,10 +180,19 @@ class MEM1(Method):
         return parse_action(text, ("search", "answer"), required=("think",))
 
     def apply(self, state: AgentState, parsed: Parsed, env: Env) -> str | None:
-        if self.answers == "each" and parsed.action == "answer":
+        if self.answers != "each":
+            obs = self.search_or_answer(state, parsed, env)
+            return None if obs is None else wrap_information(obs, hint=turns_left_hint(state))
+        if parsed.action == "answer":
             return self._commit(state, (parsed.argument or "").strip())
-        obs = self.search_or_answer(state, parsed, env)
-        return None if obs is None else wrap_information(obs, hint=turns_left_hint(state))
+        left = question_turns_left(state)
+        if left <= 0:  # the paper's turn limit, per question: no turn is left for this question's answer
+            qi = len(_committed(state))
+            state.fail(
+                f"max turns ({question_turns(state.task.questions[qi])}) of question {qi + 1} reached without an answer"
+            )
+            return None
+        return wrap_information(env.search(parsed.argument or ""), hint=turns_left_hint(state, left))
 
     def _commit(self, state: AgentState, answer: str) -> str | None:
         """``answers="each"``: record the current question's answer; the next question, or the end with
@@ -178,8 +207,11 @@ class MEM1(Method):
         if len(done) == state.task.k:
             state.answer, state.done = "; ".join(done), True
             return None
-        nxt = state.task.questions[len(done)].text
-        return wrap_information(f"Answer recorded. Next question: {nxt}", hint=turns_left_hint(state))
+        nxt = state.task.questions[len(done)]
+        state.memory["question_start"] = state.turn + 1  # the next call is the next question's first turn
+        return wrap_information(
+            f"Answer recorded. Next question: {nxt.text}", hint=turns_left_hint(state, question_turns(nxt))
+        )
 
     def reward(self, state: AgentState) -> float:
         """App. B.4.1: one point per correct answer, 0 for broken tags or a wrong answer count."""
@@ -202,7 +234,7 @@ class MEM1(Method):
         next hop's search, or its answer once settled (or out of turns)."""
         qi = len(_committed(state))
         cfg = replace(cfg, memory="ledger")  # plans name a hop by its words, never "Q<n>"
-        d = script.decide(state, rng, cfg, turns_needed_to_answer=state.task.k - qi, upto=qi)
+        d = script.decide(state, rng, cfg, upto=qi, remaining=question_turns_left(state) + 1)
         entry = script.ledger_entry(state, qi)
         if d.kind == "answer":
             answer = script.slot_answer(state, qi, rng, cfg)

@@ -39,6 +39,7 @@ import re
 
 from memkit.agents import oracle as script
 from memkit.agents.base import (
+    SPARE_TURNS,
     AgentState,
     CallSpec,
     Env,
@@ -130,11 +131,11 @@ class MemAct(Method):
 
     def suggested_max_turns(self, task) -> int:
         """Search turns + one Prune&Write per ``prune_after`` searches (memory actions are turns, §3.2)."""
-        hops = super().suggested_max_turns(task) - 4
+        hops = super().suggested_max_turns(task) - SPARE_TURNS
         if self.schedule == "window":
-            return hops + 4
+            return hops + SPARE_TURNS
         every = {"agent": self.prune_after, "fixed": self.interval - 1}.get(self.schedule, self.window)
-        return hops + -(-hops // max(every, 1)) + 4
+        return hops + -(-hops // max(every, 1)) + SPARE_TURNS
 
     def _mem(self, state: AgentState) -> dict:
         m = state.memory

@@ -158,15 +158,16 @@ def hops_left(state: AgentState) -> int:
 
 
 def decide(
-    state: AgentState, rng: random.Random, cfg: OracleConfig, turns_needed_to_answer: int = 1, upto: int | None = None
+    state: AgentState, rng: random.Random, cfg: OracleConfig, upto: int | None = None, remaining: int | None = None
 ) -> Decision:
     """Search the next missing hop, or answer when nothing is missing or turns run out. ``upto``: only
-    questions ``0..upto`` count (answers committed one question at a time: "answer" = question ``upto``'s)."""
+    questions ``0..upto`` count (answers committed one question at a time: "answer" = question ``upto``'s).
+    ``remaining``: the turns left including this one (None: the episode's, ``max_turns - turn``)."""
     o = _o(state)
-    remaining = state.max_turns - state.turn
+    remaining = state.max_turns - state.turn if remaining is None else remaining
     while True:
         hop = next_hop(state, upto)
-        if hop is None or remaining <= turns_needed_to_answer:
+        if hop is None or remaining <= 1:
             done = hop is None
             return Decision("answer", plan=ANSWER_PLAN if done else "Out of turns; answer now.")
         qi, hi = hop

@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from test_fuzz import depth
 
 from memkit.agents import METHODS, get_method
-from memkit.agents.base import OracleConfig, Parsed
+from memkit.agents.base import SPARE_TURNS, OracleConfig, Parsed
+from memkit.agents.mem1 import question_turns
 from memkit.agents.memact import parse_ids
 from memkit.agents.tags import extract, tool_call_query
 from memkit.envs import SearchEnv, make_retriever
@@ -567,9 +568,19 @@ def test_mem1_answers_each_question_in_turn_at_any_k(world, env):
                 assert memory_text("mem1", c).startswith(task.questions[current].decomposition[0].query)
                 assert not re.search(r"\bQ\d", memory_text("mem1", c)), c.output_text
                 current += "<answer>" in c.output_text
+            current, start = 0, 0  # the hint counts the current question's turns, as at k = 1
+            for c in traj.calls:
+                q = task.questions[min(current, k - 1)]
+                if "<answer>" in c.output_text:
+                    current, start = current + 1, c.turn
+                    if current < k:
+                        assert f"You have {question_turns(task.questions[current])} turns left" in c.observation_text
+                elif c.observation_text:
+                    left = question_turns(q) - (c.turn - start)
+                    assert f"You have {left} turn{'s' if left != 1 else ''} left" in c.observation_text
         longest[k] = max(len(c.output_text) for t in trajs for c in t.calls)
     assert longest[16] <= longest[2] + 60, longest
-    assert get_method("mem1").suggested_max_turns(tasks[0]) + 15 == m.suggested_max_turns(tasks[0])
+    assert get_method("mem1").suggested_max_turns(tasks[0]) + SPARE_TURNS * 15 == m.suggested_max_turns(tasks[0])
     with pytest.raises(ValueError, match="answers mode"):
         get_method("mem1", answers="all")
 
@@ -585,6 +596,24 @@ def test_mem1_answers_each_refuses_two_answers_in_one(world, env):
         assert not traj.valid and reason in traj.reason and traj.reward == m.format_penalty
     traj = run_scripted(m, task, env, ["<think>s</think><answer>x</answer>"] * 3)
     assert traj.valid and traj.answer == "x; x; x" and len(traj.calls) == 3
+
+
+def test_mem1_answers_each_has_a_turn_limit_per_question(world, env):
+    """Under ``answers="each"`` every question has a 1-question task's turn limit (``question_turns``):
+    a search that leaves the current question no turn for its answer ends the episode as invalid, with
+    MEM1's format penalty, however many turns the episode has left."""
+    task = make_tasks(world, 1, k=3, seed=7)[0]
+    m = get_method("mem1", answers="each")
+    q1, q2 = (question_turns(q) for q in task.questions[:2])
+    search, answer = "<think>s</think><search>a</search>", "<think>s</think><answer>x</answer>"
+    traj = run_scripted(m, task, env, [search] * 20, max_turns=m.suggested_max_turns(task))
+    assert not traj.valid and "of question 1 reached without an answer" in traj.reason and len(traj.calls) == q1
+    assert traj.reward == m.format_penalty and q1 < m.suggested_max_turns(task)
+    # answering on the last turn is in time; the next question starts with its own count
+    texts = [search] * (q1 - 1) + [answer] + [search] * 20
+    traj = run_scripted(m, task, env, texts, max_turns=m.suggested_max_turns(task))
+    assert "of question 2 reached without an answer" in traj.reason and len(traj.calls) == q1 + q2
+    assert "You have 1 turn left" in traj.calls[q1 - 2].observation_text
 
 
 # ---------------------------------------------------------------------- invalid turns
