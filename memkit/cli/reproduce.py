@@ -48,8 +48,8 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--full",
         action="store_true",
-        help="lab mode: also the full-study notebooks (08, the head-to-head: RL minutes for seven contestants "
-        "and the ReAct and summarisation clones; make reproduce FULL=1); --only runs any notebook it names",
+        help="lab mode: also the full-study notebooks (08, the head-to-head: RL minutes for eight contestants "
+        "and the ReAct, A-MEM and summarisation clones; make reproduce FULL=1); --only runs any notebook it names",
     )
     p.add_argument("--timeout", type=float, default=None, help="per-cell timeout in seconds")
     p.add_argument(

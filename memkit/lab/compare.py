@@ -133,16 +133,27 @@ def _pm(row: dict, key: str, digits: int) -> str:
     return f"{row[key]:.{digits}f} +- {row[key + '_std']:.{digits}f}"
 
 
+#: the label suffix of a format's start (its SFT model without RL) beside its runs: notebook 08's baseline rows
+START = " (SFT)"
+
+
 def draw_pareto(ax, rows: list[dict], k: int) -> None:
-    """EM against peak tokens at ``k`` on ``ax``: one point per row, one colour per method, the Pareto
-    front (:func:`pareto_front`) joined (MemAct Fig. 3's axes)."""
-    for method in dict.fromkeys(r["method"] for r in rows):
-        pts = [(r[f"peak@{k}"], r[f"em@{k}"]) for r in rows if r["method"] == method]
-        ax.scatter(*zip(*pts), label=method, s=36)
+    """EM against peak tokens at ``k`` on ``ax``: one point per row, one colour per method (a start,
+    ``"<method> (SFT)"``, hollow in its method's colour; past ten methods the marker changes too), the
+    Pareto front (:func:`pareto_front`) joined (MemAct Fig. 3's axes)."""
+    labels = list(dict.fromkeys(r["method"] for r in rows))
+    methods = list(dict.fromkeys(m.removesuffix(START) for m in labels))
+    for label in labels:
+        i = methods.index(label.removesuffix(START))
+        colour, marker = f"C{i % 10}", "os^Dv"[i // 10 % 5]
+        pts = [(r[f"peak@{k}"], r[f"em@{k}"]) for r in rows if r["method"] == label]
+        face = "none" if label.endswith(START) else colour
+        ax.scatter(*zip(*pts), label=label, s=36, marker=marker, facecolors=face, edgecolors=colour)
     front = sorted((rows[i][f"peak@{k}"], rows[i][f"em@{k}"]) for i in pareto_front(rows, k))
     ax.plot(*zip(*front), "k--", lw=1, label="Pareto front")
     ax.set(xlabel=f"peak tokens in context (k = {k})", ylabel=f"EM (k = {k})", title="memory formats, one budget each")
-    ax.legend(fontsize=8)
+    many = len(labels) > 8  # beside the axes, not over the points
+    ax.legend(fontsize=7 if many else 8, **(dict(loc="upper left", bbox_to_anchor=(1.02, 1)) if many else {}))
 
 
 def plot_pareto(rows: list[dict], k: int, path) -> Path:
@@ -178,7 +189,7 @@ def results_section(records: dict) -> list[str]:
     ]
     starts = records.get("h2h_starts", {})
     for m, r in sorted(h2h.items(), key=lambda kv: -kv[1]["em"]):
-        start = starts.get(f"{m} (SFT)")
+        start = starts.get(m + START)
         lines.append(
             f"| {m}{' *' if m in front else ''} | {r['em']:.3f} +- {r['em_std']:.3f} | {r['peak']:.0f} "
             f"| {r['minutes']:.1f} | {r['rollout_tokens']:,.0f} | {'-' if start is None else f'{start:.3f}'} |"
@@ -188,6 +199,7 @@ def results_section(records: dict) -> list[str]:
 
 __all__ = [
     "PER_K",
+    "START",
     "by_method",
     "compare_runs",
     "draw_pareto",

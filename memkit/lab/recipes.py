@@ -27,8 +27,9 @@ LAB_ORACLE = OracleConfig(p_wasted_search=0.05, p_drop_fact=0.05, flaw="forget_e
 
 #: the formats the lab trains (notebooks 02, 03, 04 and 05)
 LAB_FORMATS = ("mem1", "memsearcher", "mempo", "memact")
-#: the head-to-head's formats (notebook 08): ReAct, the full-context baseline, cloned like the lab's four
-H2H_FORMATS = ("react", *LAB_FORMATS)
+#: the head-to-head's formats (notebook 08): ReAct, the full-context baseline, the lab's four and the A-MEM-style
+#: retrieval memory (``amem``, a baseline format: :data:`memkit.agents.BASELINE_METHODS`), each cloned alike
+H2H_FORMATS = ("react", *LAB_FORMATS, "amem")
 
 #: what the lab's SFT changes from SFTConfig's defaults (steps, not minutes; the base they continue is
 #: time-budgeted, so a slower machine's base has had fewer steps: docs/findings.md)
@@ -102,6 +103,7 @@ LAB_CLONES = {
         LabClone("kit", (), 0.2),
         LabClone("base", ("kit",), 8, wide=True),
         LabClone("react", ("base",), 10),  # notebook 08 only; its contexts hold the whole history
+        LabClone("amem", ("base",), 8),  # notebook 08 only; estimated: its calls are a little shorter than MEM1's
         *(LabClone(m, ("base",), t) for m, t in zip(LAB_FORMATS, (9, 7, 9, 12))),
         LabClone("memact-window", ("memact",), 5),
         LabClone("memact-summary", ("memact",), 3),  # notebook 08 only
@@ -112,14 +114,15 @@ LAB_CLONES = {
 
 #: one-core minutes of each notebook's lab run with its clones cached (one seed; the scheduling order);
 #: 07 without its SmolLM2 SFT (:data:`LAB_NOTEBOOK_PARAMS`)
-LAB_NOTEBOOK_MINUTES = {"00": 0.3, "01": 5.3, "02": 7.2, "03": 6.5, "04": 10.7, "05": 7.3, "06": 7, "07": 4, "08": 25}
+LAB_NOTEBOOK_MINUTES = {"00": 0.3, "01": 5.3, "02": 7.2, "03": 6.5, "04": 10.7, "05": 7.3, "06": 7, "07": 4, "08": 29}
 
 #: parameters the lab mode gives a notebook unless ``memkit reproduce --full`` (``make reproduce FULL=1``):
 #: notebook 07's SmolLM2 SFT on CPU (26 minutes on 2 cores, a correctness run no claim rests on) is skipped
 LAB_NOTEBOOK_PARAMS = {"07": {"SFT_MINUTES": 0}}
 
 #: notebooks the lab mode runs only with ``memkit reproduce --full`` (``make reproduce FULL=1``) or when
-#: named with ``--only``: the head-to-head spends RL minutes on seven contestants and needs the ReAct and summarisation clones
+#: named with ``--only``: the head-to-head spends RL minutes on eight contestants and needs the ReAct, A-MEM and
+#: summarisation clones
 FULL_STUDY_NOTEBOOKS = ("08",)
 
 #: the lab clones each notebook loads (by notebook number)

@@ -171,8 +171,8 @@ EXPECTATIONS: dict[str, dict] = {
     "08_head_to_head": {
         "oracle_em_min": 0.95,
         "oracle_peak_ratio_big_max": 0.8,  # k = 4 under SMOKE (summarisation 0.67); at 16 the lab reads far less
-        "contestants_eq": 7,
-        "runs_eq": 7,
+        "contestants_eq": 8,
+        "runs_eq": 8,
         "pareto_size_min": 1,
         "rollout_tokens_min_min": 1,
         "memt_teacher_f1_min": 0.95,
@@ -396,6 +396,23 @@ def test_the_lab_mode_leaves_full_study_notebooks_to_full(tmp_path):
     paths = [tmp_path / f"{n}.ipynb" for n in ("00_tour", "07_real_data", "08_head_to_head")]
     assert [p.stem for p in without_full_study(paths)] == ["00_tour", "07_real_data"]
     assert without_full_study(paths[2:]) == paths[2:]
+
+
+def test_only_the_full_study_trains_the_head_to_heads_own_clones(tmp_path):
+    """The lanes of the hour-long run (every notebook but the full-study ones) train no clone that only notebook
+    08 loads (ReAct, A-MEM, summarisation); with notebook 08 they train every head-to-head contestant's start."""
+    from memkit.course.reproduce import _lab_tasks, without_full_study
+    from memkit.lab.recipes import H2H_FORMATS, LAB_CLONES, NOTEBOOK_CLONES
+
+    paths = [tmp_path / f"{n}_x.ipynb" for n in NOTEBOOK_CLONES]
+
+    def clones(ps):
+        names = {t.name.removeprefix("clone ") for t in _lab_tasks(ps, tmp_path, lambda p: {}, "python3", None)}
+        return names & set(LAB_CLONES)
+
+    hour, full = clones(without_full_study(paths)), clones(paths)
+    assert full - hour == {"react", "amem", "memact-summary"}
+    assert set(H2H_FORMATS) | {"memact-window", "memact-summary"} <= full and "amem" in H2H_FORMATS
 
 
 @pytest.mark.slow

@@ -102,6 +102,34 @@ def test_pareto_front_keeps_the_runs_nothing_beats_on_both_axes():
     assert pareto_front(rows, 2) == [0, 2, 3, 4]
 
 
+def test_pareto_figure_tells_every_contestant_and_its_start_apart():
+    """Notebook 08's figure: eight formats and their eight starts (16 labels, more than one colour cycle):
+    each format its own colour, its start hollow in that colour."""
+    from matplotlib.colors import to_rgba
+    from matplotlib.figure import Figure
+
+    from memkit.lab.compare import START, draw_pareto
+
+    names = ["react", "mem1", "memsearcher", "mempo", "memact", "amem", "memact[window=3]", "memact[summary,window=3]"]
+    rows = [
+        {"method": m + s, "em@2": i / 20, "peak@2": 100 + i}
+        for i, (m, s) in enumerate((m, s) for s in ("", START) for m in names)
+    ]
+    ax = Figure().subplots()
+    draw_pareto(ax, rows, 2)
+    dots = {c.get_label(): c for c in ax.collections}
+    assert len(dots) == 16
+
+    def look(label):
+        c = dots[label]
+        return tuple(c.get_edgecolor()[0]), tuple(c.get_facecolor()[0]) if len(c.get_facecolor()) else None
+
+    for m in names:
+        (edge, face), (start_edge, start_face) = look(m), look(m + START)
+        assert edge == start_edge == face and start_face in (None, to_rgba("none")), m
+    assert len({look(m)[0] for m in names}) == len(names)
+
+
 def test_cli_prints_the_table_and_writes_the_figure(runs, tmp_path, capsys):
     from memkit.cli import main
 

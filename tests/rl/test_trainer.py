@@ -698,7 +698,7 @@ def test_readme_train_commands_parse_to_the_notebooks_settings():
     )
     assert (ma.tasks_per_step, ma.n_samples, ma.lr, ma.temperature, ma.objectives) == (8, 4, 3e-4, 0.5, (2,))
     assert 'agg="seq-mean-token-mean"' in nb05 and "KS = (2,)" in nb05 and ma.init == "tiny-sft:flaw-fe"
-    for method in ("mem1", "memsearcher", "mempo", "memact"):
+    for method in ("mem1", "memsearcher", "mempo", "memact", "react", "amem"):  # the head-to-head's clones too
         lab = lab_sft_config(method)
         assert (lab.oracle.flaw, lab.steps, lab.objectives, lab.max_seconds, lab.init) == (
             "forget_earlier",
