@@ -148,7 +148,8 @@ def memory_actions(traj: Trajectory) -> int:
     * one MemAct Prune&Write per ``<prune>``/``<note>`` pair: a_mem = (I_target, c) is one
       action (MemAct §3.2 eq. 1) written as two tags, so a call counts
       max(#prune, #note, #prune_write) spans, not their sum (a ``<note>`` with no ``<prune>``,
-      a write that deletes nothing, is one action too);
+      a write that deletes nothing, is one action too; so is the A-MEM baseline's ``<note>``, the note
+      each of its calls adds to the store);
     * each prune ``tool_call`` (the paper's ``prune_context`` function-call form);
     * a ``role="memory"`` call with none of these (a bare MemSearcher memory update): one.
 

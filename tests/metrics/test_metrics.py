@@ -7,7 +7,7 @@ import pytest
 from fixtures.traces import oracle_traces
 from hypothesis import given, settings, strategies as st
 
-from memkit.agents import METHODS, get_method
+from memkit.agents import BASELINE_METHODS, METHODS, get_method
 from memkit.core.trajectory import Call, Trajectory
 from memkit.metrics.efficiency import (
     dependency,
@@ -181,7 +181,9 @@ def parsed_actions(t):
 
 
 def real_memory_actions(t) -> int:
-    return sum(p.action in ("prune_write", "memory") or "mem" in p.fields for p in parsed_actions(t))
+    return sum(
+        p.action in ("prune_write", "memory") or "mem" in p.fields or "note" in p.fields for p in parsed_actions(t)
+    )
 
 
 @pytest.mark.parametrize("k", [2, 4])
@@ -196,7 +198,7 @@ def test_memory_actions_count_each_memact_prune_write_once_on_real_traces(k):
         assert tool_calls(t) == sum(p.action == "search" for p in parsed_actions(t))
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", METHODS + BASELINE_METHODS)
 def test_action_counts_match_the_parsed_actions_on_real_traces(method):
     for t in oracle_traces(method, k=2):
         assert all(c.valid for c in t.calls)
@@ -211,6 +213,8 @@ def test_action_counts_match_the_parsed_actions_on_real_traces(method):
             assert memory_actions(t) == len(acts)
         elif method == "memact":  # one per Prune&Write, not one per <prune> and one per <note>
             assert memory_actions(t) == prune_writes >= 1
+        elif method == "amem":  # one <note> added to the store per call, the answering call's too
+            assert memory_actions(t) == len(acts)
         elif method in ("mem1", "react"):  # MEM1's <think> internal state is reasoning, not an action
             assert memory_actions(t) == 0
 
