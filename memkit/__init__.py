@@ -188,6 +188,7 @@ _EXPORTS = {
     ),
     "memkit.lab.runs": ("arm_table", "ensure_sft", "train_arms"),
     "memkit.lab.real": ("data_kit", "question_set", "REAL_K_DOCS"),
+    "memkit.lab.long_horizon": ("long_horizon_study", "long_horizon_summary"),
     "memkit.lab.recipes": (
         "ensure_lab_clone",
         "ensure_lab_sft",

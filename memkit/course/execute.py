@@ -1,4 +1,5 @@
-"""Run one notebook with papermill: :func:`execute_notebook` and the :class:`NotebookRun` it returns.
+"""Run one notebook with papermill: :func:`execute_notebook` and the :class:`NotebookRun` it returns;
+:func:`render_report` writes a run's NotebookRuns as its REPORT.md.
 
 The notebook runs in a fresh kernel of *this* Python environment with its ``parameters`` cell
 overridden (only the parameters it declares); its executed copy, its record sidecar
@@ -9,6 +10,7 @@ reports it and runs the other notebooks, and the notebook tests fail with it.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -125,3 +127,49 @@ def execute_notebook(
     except ValueError as e:
         records, error = {}, error or f"ValueError: {e}"
     return NotebookRun(path.stem, error is None, seconds, executed, rec, records, error)
+
+
+# ---- REPORT.md: one run's minutes and records ---------------------------------------------------
+def _fmt(v: Any) -> str:
+    s = f"{v:.4g}" if isinstance(v, float) else json.dumps(v) if isinstance(v, (list, dict)) else str(v)
+    if isinstance(v, (list, dict)) and len(s) > 60:
+        s = s[:57] + "..."
+    return s.replace("|", "\\|").replace("\n", " ")
+
+
+def render_report(runs: list, meta: dict[str, Any], clones: list = ()) -> str:
+    """REPORT.md of a run's ``memkit.course.execute.NotebookRun`` records: the minutes of each notebook
+    and the cache checkpoints it had to train (a run from an empty cache pays for every clone once: in
+    the first notebook that needs it, or with ``--jobs`` in a lane of its own, listed first), then each
+    notebook's recorded numbers."""
+    n_ok = sum(r.ok for r in runs)
+    lines = ["# memkit reproduce", ""]
+    lines += [f"- {k}: `{v}`" for k, v in meta.items()]
+    lines += [
+        f"- result: **{n_ok}/{len(runs)} notebooks ok**",
+        "",
+        "| notebook | status | minutes | trained into the cache |",
+        "|---|---|---:|---|",
+    ]
+    every = list(clones) + runs
+    for r in every:
+        lines.append(
+            f"| {r.name} | {r.status} | {r.seconds / 60:.1f} | {'<br>'.join(f'`{t}`' for t in r.trained) or '-'} |"
+        )
+    lines.append(
+        f"| **total** (sum; wall time above) | {n_ok}/{len(runs)} ok | **{sum(r.seconds for r in every) / 60:.1f}** | "
+        f"{sum(len(r.trained) for r in every)} checkpoints |"
+    )
+    for r in runs:
+        lines += [
+            "",
+            f"## {r.name}: {r.status} ({r.seconds:.1f} s)",
+            "",
+            f"executed notebook: `{r.executed_path.name}`, records: `{r.record_path.name}`, kernel log: `{r.name}.log`",
+        ]
+        if r.error:
+            lines += ["", f"**error**: `{_fmt(r.error)}`"]
+        if r.records:
+            lines += ["", "| name | value |", "|---|---|"]
+            lines += [f"| {k} | {_fmt(v)} |" for k, v in sorted(r.records.items())]
+    return "\n".join(lines) + "\n"

@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from memkit.core.io import atomic_write_text
-from memkit.course.execute import NotebookRun, execute_notebook
+from memkit.course.execute import NotebookRun, execute_notebook, render_report
 from memkit.course.nb import repo_root, resolve_kernel
-from memkit.course.results import render_report
 
 
 def default_notebooks_dir() -> Path:
@@ -236,10 +235,10 @@ def reproduce(
     and the report names the ones each notebook trained). ``jobs`` > 1 (lab mode, tiny model): the
     lab's clones and the notebooks run side by side on that many lanes (:mod:`memkit.core.lanes`), each
     notebook once its clones are trained. ``seeds``: the ``N_SEEDS`` parameter of the notebooks that
-    declare it (04-06, 08: seeds per arm; their default is one). ``full``: the lab mode also runs the
+    declare it (04-06, 08: seeds per arm, one by default; 02: §9's RL seeds, three by default). ``full``: the lab mode also runs the
     full-study notebooks (:data:`memkit.lab.recipes.FULL_STUDY_NOTEBOOKS`: 08), which otherwise run only
     when ``notebooks`` names them, and the parts the hour-long run leaves out
-    (:data:`memkit.lab.recipes.LAB_NOTEBOOK_PARAMS`: notebook 07's SmolLM2 SFT). ``resume``: an earlier run directory;
+    (:data:`memkit.lab.recipes.LAB_NOTEBOOK_PARAMS`: notebook 02's long-horizon study, 07's SmolLM2 SFT). ``resume``: an earlier run directory;
     its notebooks that finished ok are kept and the others run again (the report and summary are
     rewritten after every notebook). ``results``: also write the claims page (:mod:`memkit.course.results`)
     there; ``RESULTS.md`` in the run directory is always written.
