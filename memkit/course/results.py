@@ -229,7 +229,7 @@ CLAIMS: tuple[Claim, ...] = (
           "02_mem1_masked_trajectories", _mem1_lead_grows),
     Claim("MEM1", "§4, Fig. 2", "trained on 2 objectives, MEM1 generalises to 16 (valid, near-constant memory: 27.1% of Qwen2.5-14B's peak tokens at 16)",
           "02_mem1_masked_trajectories", lambda r: _long_horizon(r, "generalises")),
-    Claim("MEM1", "Tab. 5 (long horizons)", "the same claim as above, judged in notebook 02's long-horizon study (one question at a time, deviation 10), where the clones stay valid up to 16",
+    Claim("MEM1", "Tab. 5 (long horizons)", "RL's lead over SFT grows with the number of objectives (the row above), judged in notebook 02's long-horizon study: one question at a time (docs/deviations.md, Notebook 02, 10), SFT and RL from one teacher",
           "02_mem1_masked_trajectories", lambda r: _long_horizon(r, "lead")),
     Claim("MemSearcher", "Fig. 3", "tokens in context stay flat over turns; ReAct's grow",
           "03_memsearcher_multicontext_grpo", _flat_context, learned=False),
