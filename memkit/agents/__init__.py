@@ -39,6 +39,9 @@ from memkit.agents.react import ReAct
 METHODS = ("react", "mem1", "memsearcher", "mempo", "memact")
 BASELINE_METHODS = ("amem",)
 STREAM_METHODS = ("memt",)
+#: every wiki-QA format ``get_method`` builds (the papers' and the baselines'), and every format
+QA_METHODS = METHODS + BASELINE_METHODS
+ALL_METHODS = QA_METHODS + STREAM_METHODS
 _CLASSES = {
     "react": ReAct,
     "mem1": MEM1,
@@ -54,15 +57,15 @@ def get_method(name: str, **kw) -> Method:
     """The memory format called ``name`` (case-insensitive); unknown names list the choices."""
     key = str(name).strip().lower()
     if key not in _CLASSES:
-        raise ValueError(
-            f"unknown method {name!r}; choose from {', '.join(METHODS + BASELINE_METHODS + STREAM_METHODS)}"
-        )
+        raise ValueError(f"unknown method {name!r}; choose from {', '.join(ALL_METHODS)}")
     return _CLASSES[key](**kw)
 
 
 __all__ = [
     "METHODS",
     "BASELINE_METHODS",
+    "QA_METHODS",
+    "ALL_METHODS",
     "STREAM_METHODS",
     "get_method",
     "Method",

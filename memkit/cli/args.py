@@ -49,12 +49,11 @@ def positive(text: str) -> int:
 
 
 def methods(text: str, streams: bool = True) -> list[str]:
-    """Comma-separated memory formats (``memkit.agents.METHODS``, the baselines' ``BASELINE_METHODS``, and
-    ``STREAM_METHODS`` if ``streams``)."""
-    from memkit.agents import BASELINE_METHODS, METHODS, STREAM_METHODS
+    """Comma-separated memory formats (``memkit.agents.QA_METHODS``; ``ALL_METHODS`` if ``streams``)."""
+    from memkit.agents import ALL_METHODS, QA_METHODS, STREAM_METHODS
 
     names = [m.strip() for m in text.split(",") if m.strip()]
-    allowed = METHODS + BASELINE_METHODS + (STREAM_METHODS if streams else ())
+    allowed = ALL_METHODS if streams else QA_METHODS
     for name in names:
         if name in STREAM_METHODS and not streams:
             raise argparse.ArgumentTypeError(

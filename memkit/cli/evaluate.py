@@ -13,7 +13,7 @@ HELP = "evaluate methods at several objective counts and print the table"
 
 
 def add_arguments(sp) -> None:
-    from memkit.agents import BASELINE_METHODS, METHODS, STREAM_METHODS
+    from memkit.agents import ALL_METHODS, METHODS
     from memkit.world.streams import SIZES
 
     add_common(sp, objectives="1,2,4,8", world_seed=False)
@@ -21,8 +21,7 @@ def add_arguments(sp) -> None:
         "--method",
         type=methods,
         default=list(METHODS),
-        help="comma-separated (default: the papers' formats): "
-        + ", ".join(METHODS + BASELINE_METHODS + STREAM_METHODS),
+        help="comma-separated (default: the papers' formats): " + ", ".join(ALL_METHODS),
     )
     sp.add_argument(
         "--method-kwargs",

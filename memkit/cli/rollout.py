@@ -9,15 +9,10 @@ HELP = "roll out a method and write JSONL traces"
 
 
 def add_arguments(sp) -> None:
-    from memkit.agents import BASELINE_METHODS, METHODS
+    from memkit.agents import QA_METHODS
 
     add_common(sp, world_seed=False)
-    sp.add_argument(
-        "--method",
-        type=lambda s: methods(s, streams=False)[0],
-        required=True,
-        help=", ".join(METHODS + BASELINE_METHODS),
-    )
+    sp.add_argument("--method", type=lambda s: methods(s, streams=False)[0], required=True, help=", ".join(QA_METHODS))
     add_policy(sp)
     sp.add_argument("--n", type=int, default=1, help="trajectories per task (group size)")
     sp.add_argument("--temperature", type=float, default=1.0)

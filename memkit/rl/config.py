@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 
-from memkit.agents import BASELINE_METHODS, METHODS, STREAM_METHODS
+from memkit.agents import ALL_METHODS, STREAM_METHODS
 from memkit.agents.base import PROMPTS
 from memkit.core.fields import flat_names
 from memkit.rl.choices import AGG_MODES, PACKING_MODES
@@ -50,9 +50,8 @@ class TrainConfig:
     GRPO is the default because PPO's critic starts as a fresh value head: on the tiny model it
     never predicted the reward better than a constant, and a GRPO step costs half as much
     (measured: docs/findings.md, 'RL settings')."""
-    method: str = field(default="mem1", metadata={"choices": METHODS + BASELINE_METHODS + STREAM_METHODS})
-    """Memory format (``memkit.agents.METHODS``, ``BASELINE_METHODS`` or ``STREAM_METHODS``): decides contexts,
-    parsing and the outcome reward."""
+    method: str = field(default="mem1", metadata={"choices": ALL_METHODS})
+    """Memory format (``memkit.agents.ALL_METHODS``): decides contexts, parsing and the outcome reward."""
     method_kwargs: dict = field(default_factory=dict)
     """Keyword arguments of ``get_method`` (e.g. memsearcher ``memory_budget_words``)."""
     init: str = "tiny-sft"

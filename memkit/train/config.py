@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from memkit.agents import BASELINE_METHODS, METHODS
+from memkit.agents import QA_METHODS
 from memkit.agents.base import OracleConfig
 from memkit.rl.groups import REAL_K_DOCS, DataConfig, LoRAConfig
 
@@ -24,8 +24,8 @@ ATTENTION_KERNELS = ("eager", "sdpa")
 class SFTConfig:
     """Every knob of behaviour cloning (``memkit sft`` has one flag per field)."""
 
-    method: str = field(default="mem1", metadata={"choices": METHODS + BASELINE_METHODS})
-    """Memory format whose oracle is cloned (``memkit.agents.METHODS`` or ``BASELINE_METHODS``)."""
+    method: str = field(default="mem1", metadata={"choices": QA_METHODS})
+    """Memory format whose oracle is cloned (``memkit.agents.QA_METHODS``)."""
     method_kwargs: dict = field(default_factory=dict)
     """Keyword arguments of the format (``get_method``), e.g. memact ``{"schedule": "window"}``."""
     objectives: tuple[int, ...] = (1, 2)

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from test_fuzz import depth
 
-from memkit.agents import BASELINE_METHODS, METHODS, get_method
+from memkit.agents import METHODS, QA_METHODS, get_method
 from memkit.agents.base import SPARE_TURNS, OracleConfig, Parsed
 from memkit.agents.mem1 import question_turns
 from memkit.agents.memact import parse_ids
@@ -425,7 +425,7 @@ def test_oracle_knows_only_what_it_saw(world):
     from memkit.agents.oracle import MAX_ATTEMPTS
 
     tasks = make_tasks(world, 5, k=2, seed=13)
-    for name in METHODS + BASELINE_METHODS:
+    for name in QA_METHODS:
         trajs = rollout(name, tasks, NoResults(), max_turns=40)
         assert all(t.valid and t.answer == "unknown; unknown" for t in trajs), name
         n_search = sum(c.role == "act" and "No results" in (c.observation_text or "") for t in trajs for c in t.calls)
@@ -644,7 +644,7 @@ def test_invalid_turns_end_with_the_format_penalty(world, env):
         assert not traj.calls[-1].valid
 
 
-@pytest.mark.parametrize("method", METHODS + BASELINE_METHODS)
+@pytest.mark.parametrize("method", QA_METHODS)
 def test_context_over_the_limit_is_an_invalid_turn(world, env, method):
     """A call whose context outgrows RolloutConfig.max_context_tokens ends the episode as invalid
     with the format penalty, before the policy is asked; the calls before it are unchanged."""
@@ -721,7 +721,7 @@ def test_memsearcher_em_reward_gives_no_credit_to_a_near_miss(world, env):
 def test_oracle_text_parses_in_its_own_format(world, env):
     rng = random.Random(0)
     task = make_tasks(world, 1, k=4, seed=9)[0]
-    for name in METHODS + BASELINE_METHODS:
+    for name in QA_METHODS:
         m = get_method(name)
         state = m.new_state(task, max_turns=30)
         spec = m.next_call(state)

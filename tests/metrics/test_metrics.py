@@ -7,7 +7,7 @@ import pytest
 from fixtures.traces import oracle_traces
 from hypothesis import given, settings, strategies as st
 
-from memkit.agents import BASELINE_METHODS, METHODS, get_method
+from memkit.agents import QA_METHODS, get_method
 from memkit.core.trajectory import Call, Trajectory
 from memkit.metrics.efficiency import (
     dependency,
@@ -198,7 +198,7 @@ def test_memory_actions_count_each_memact_prune_write_once_on_real_traces(k):
         assert tool_calls(t) == sum(p.action == "search" for p in parsed_actions(t))
 
 
-@pytest.mark.parametrize("method", METHODS + BASELINE_METHODS)
+@pytest.mark.parametrize("method", QA_METHODS)
 def test_action_counts_match_the_parsed_actions_on_real_traces(method):
     for t in oracle_traces(method, k=2):
         assert all(c.valid for c in t.calls)

@@ -126,10 +126,10 @@ def test_registry_names_and_errors():
 
 
 def test_each_method_declares_its_packing_and_credit():
-    from memkit.agents import BASELINE_METHODS, METHODS, get_method
+    from memkit.agents import QA_METHODS, get_method
     from memkit.rl.config import TrainConfig
 
-    for name in METHODS + BASELINE_METHODS:
+    for name in QA_METHODS:
         m = get_method(name)
         assert m.default_packing in MODES and m.default_credit in CREDIT_RULES
         cfg = TrainConfig(method=name)
@@ -156,9 +156,9 @@ def test_rl_package_compares_no_method_names():
     import re
 
     import memkit.rl
-    from memkit.agents import BASELINE_METHODS, METHODS
+    from memkit.agents import QA_METHODS
 
-    pat = re.compile(r"==\s*[\"'](%s)[\"']" % "|".join(METHODS + BASELINE_METHODS))
+    pat = re.compile(r"==\s*[\"'](%s)[\"']" % "|".join(QA_METHODS))
     hits = [
         f"{p.name}:{i}"
         for p in pathlib.Path(memkit.rl.__file__).parent.glob("*.py")

@@ -16,7 +16,7 @@ from functools import lru_cache
 import pytest
 import torch
 
-from memkit.agents import BASELINE_METHODS, METHODS, STREAM_METHODS, get_method
+from memkit.agents import ALL_METHODS, get_method
 from memkit.agents.base import OracleConfig
 from memkit.core.trajectory import TrainingUnit, Trajectory
 from memkit.rl.credit import CREDIT_RULES, get_credit
@@ -123,9 +123,9 @@ def _first_calls(batch, n: int) -> torch.Tensor:
 # ============================================================================ coverage
 def test_every_format_and_credit_rule_is_covered():
     """A new memory format or credit rule must join FORMATS (and so every test below)."""
-    assert {m for m, _ in FORMATS.values()} == set(METHODS + BASELINE_METHODS + STREAM_METHODS)
+    assert {m for m, _ in FORMATS.values()} == set(ALL_METHODS)
     assert {r for _, r in FORMATS.values()} == set(CREDIT_RULES)
-    for name in METHODS + BASELINE_METHODS + STREAM_METHODS:
+    for name in ALL_METHODS:
         assert (name, get_method(name).default_credit) in FORMATS.values()
 
 
