@@ -19,10 +19,9 @@ from memkit.agents.base import SPARE_TURNS, OracleConfig, Parsed
 from memkit.agents.mem1 import question_turns
 from memkit.agents.memact import parse_ids
 from memkit.agents.tags import extract, tool_call_query
-from memkit.envs import SearchEnv, make_retriever
 from memkit.metrics.qa import exact_match, split_answers
 from memkit.rollout.engine import Generation, OraclePolicy, RolloutConfig, run_rollouts
-from memkit.world import make_tasks, make_world
+from memkit.world import make_tasks
 
 
 class CharTok:
@@ -35,16 +34,6 @@ class CharTok:
 
 TOK = CharTok()
 NO_LIMIT = 10**7
-
-
-@pytest.fixture(scope="module")
-def world():
-    return make_world(seed=0)
-
-
-@pytest.fixture(scope="module")
-def env(world):
-    return SearchEnv(make_retriever("bm25", world.passages), k=3)
 
 
 def turns_for(method: str, task) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
-from test_agents import RANDOM_CALLS, TAGGY, TOK, Drawn, peak, rollout, run_scripted, slot_em
+from test_agents import NO_LIMIT, RANDOM_CALLS, TAGGY, TOK, Drawn, peak, rollout, run_scripted, slot_em
 from test_fuzz import depth
 
 from memkit.agents import BASELINE_METHODS, METHODS, STREAM_METHODS, get_method
@@ -16,22 +16,10 @@ from memkit.agents.amem import INFO_NOTE_CALLS, INFO_NOTES, INFO_SHOWN, NOTHING_
 from memkit.agents.base import OracleConfig, Parsed
 from memkit.agents.oracle import FLAWS
 from memkit.agents.tags import extract
-from memkit.envs import SearchEnv, make_retriever
+from memkit.envs import make_retriever
 from memkit.rollout.engine import RolloutConfig, run_rollouts
-from memkit.world import make_tasks, make_world
+from memkit.world import make_tasks
 from memkit.world.schema import Passage
-
-NO_LIMIT = 10**7
-
-
-@pytest.fixture(scope="module")
-def world():
-    return make_world(seed=0)
-
-
-@pytest.fixture(scope="module")
-def env(world):
-    return SearchEnv(make_retriever("bm25", world.passages), k=3)
 
 
 @pytest.fixture(scope="module")
