@@ -28,6 +28,11 @@ words, no number), so a clone trained on small k is asked nothing at k = 16 that
 The turn limit is per question too (:func:`question_turns`, a 1-question task's), and the hint counts the
 current question's turns left: a shared limit would print numbers that grow with k, and a question that
 loops would spend the turns of the questions after it.
+
+``repeat_penalty`` (a reward deviation for RL, issue 58; 0 = the paper): each search whose query repeats
+the previous search's verbatim (no answer committed in between) costs that much reward,
+``r = r_EM - lambda * n_repeat``. Greedy decoding of a memory agent whose context is its last output and
+observation is at a fixed point once it repeats a call: the clones' long-horizon failures are such loops.
 """
 
 from __future__ import annotations
@@ -136,6 +141,15 @@ def question_turns_left(state: AgentState) -> int:
     return question_turns(q) - (state.turn - state.memory.get("question_start", 0)) - 1
 
 
+def count_repeat(state: AgentState, parsed: Parsed) -> None:
+    """Count a search whose query is the previous search's, verbatim (``state.memory["repeats"]``); an
+    answer in between resets the comparison."""
+    query = (parsed.argument or "").strip() if parsed.action == "search" else None
+    if query and query == state.memory.get("last_query"):
+        state.memory["repeats"] = state.memory.get("repeats", 0) + 1
+    state.memory["last_query"] = query
+
+
 def _committed(state: AgentState) -> list[str]:
     """``answers="each"``: the answers committed so far, in question order (their count is the index of
     the current question)."""
@@ -150,10 +164,12 @@ class MEM1(Method):
     format_penalty = 0.0
     default_packing = "mem1_mask"  # one row per trajectory with a 2D mask (§3.2)
 
-    def __init__(self, answers: str = "final"):
+    def __init__(self, answers: str = "final", repeat_penalty: float = 0.0):
         if answers not in ANSWERS:
             raise ValueError(f"unknown MEM1 answers mode {answers!r}; choose one of {ANSWERS}")
-        self.answers = answers
+        if not repeat_penalty >= 0:
+            raise ValueError(f"repeat_penalty {repeat_penalty!r}: give a reward cost >= 0 per repeated query")
+        self.answers, self.repeat_penalty = answers, float(repeat_penalty)
 
     def suggested_max_turns(self, task) -> int:
         """The base's; under ``answers="each"`` the sum of the questions' own limits (:func:`question_turns`)."""
@@ -180,6 +196,7 @@ class MEM1(Method):
         return parse_action(text, ("search", "answer"), required=("think",))
 
     def apply(self, state: AgentState, parsed: Parsed, env: Env) -> str | None:
+        count_repeat(state, parsed)
         if self.answers != "each":
             obs = self.search_or_answer(state, parsed, env)
             return None if obs is None else wrap_information(obs, hint=turns_left_hint(state))
@@ -214,10 +231,12 @@ class MEM1(Method):
         )
 
     def reward(self, state: AgentState) -> float:
-        """App. B.4.1: one point per correct answer, 0 for broken tags or a wrong answer count."""
+        """App. B.4.1: one point per correct answer, 0 for broken tags or a wrong answer count; less
+        ``repeat_penalty`` per repeated query (module doc)."""
+        cost = self.repeat_penalty * state.memory.get("repeats", 0)
         if not state.valid or state.answer is None:
-            return self.format_penalty
-        return float(sum(slot_scores(state.answer, state.task.golds, exact_match)))
+            return self.format_penalty - cost
+        return float(sum(slot_scores(state.answer, state.task.golds, exact_match))) - cost
 
     def oracle(self, state: AgentState, rng: random.Random, cfg: OracleConfig) -> str:
         script.observe(state, rng, cfg)

@@ -605,6 +605,30 @@ def test_mem1_answers_each_has_a_turn_limit_per_question(world, env):
     assert "You have 1 turn left" in traj.calls[q1 - 2].observation_text
 
 
+def test_mem1_repeat_penalty_costs_each_verbatim_repeat(world, env):
+    """``repeat_penalty`` (issue 58): each search repeating the previous search's query verbatim costs
+    that much reward; another query, or a committed answer in between, does not count; 0 is the paper's
+    reward, and a negative cost is refused."""
+    task = make_tasks(world, 1, k=2, seed=7)[0]
+    gold = [q.answers[0] for q in task.questions]
+    s = lambda q: f"<think>s</think><search>{q}</search>"  # noqa: E731
+    a = lambda x: f"<think>s</think><answer>{x}</answer>"  # noqa: E731
+    # q1: "a", "a" (1 repeat), "b", " a " (not the previous one); q2: "b" after an answer (no repeat), "b" (1)
+    texts = [s("a"), s("a"), s("b"), s(" a "), a(gold[0]), s("b"), s("b"), a(gold[1])]
+    for lam, want in ((0.0, 2.0), (0.25, 1.5)):
+        m = get_method("mem1", answers="each", repeat_penalty=lam)
+        traj = run_scripted(m, task, env, list(texts), max_turns=m.suggested_max_turns(task))
+        assert traj.valid and traj.reward == pytest.approx(want)
+    m = get_method("mem1", answers="each", repeat_penalty=0.5)  # an invalid episode pays its repeats too
+    traj = run_scripted(m, task, env, [s("a")] * 20, max_turns=m.suggested_max_turns(task))
+    assert not traj.valid and traj.reward == pytest.approx(-0.5 * (question_turns(task.questions[0]) - 1))
+    final = get_method("mem1", repeat_penalty=1.0)  # the paper's one final answer: the same count
+    traj = run_scripted(final, task, env, [s("a"), s("a"), a("; ".join(gold))])
+    assert traj.valid and traj.reward == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="reward cost >= 0"):
+        get_method("mem1", repeat_penalty=-1)
+
+
 # ---------------------------------------------------------------------- invalid turns
 @dataclass
 class Case:
