@@ -10,6 +10,7 @@ its rows to ``OUT_DIR/eval-<rank>.pt``.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -178,6 +179,16 @@ def main(out_dir: str) -> None:
     torch.distributed.destroy_process_group()
 
 
+def exit_now() -> None:
+    """End a worker whose results are written without the interpreter's teardown: objects that still
+    hold gloo work (FSDP2's hooks, autograd's graph) freed during finalisation can take the GIL from a
+    gloo thread and abort the rank (SIGABRT) after the work is done (pytorch/pytorch#179291 describes
+    it; seen once in CI each for this worker and the FSDP2 one)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 if __name__ == "__main__":
     if sys.argv[2:] in (["eval"], ["eval-memt"]):
         rows = eval_rows() if sys.argv[2] == "eval" else memt_eval_rows()
@@ -185,3 +196,4 @@ if __name__ == "__main__":
         torch.distributed.destroy_process_group()
     else:
         main(sys.argv[1])
+    exit_now()

@@ -225,10 +225,6 @@ def trainer_probe(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[2:] == ["rollout"]:
-        rollout(sys.argv[1])
-        sys.exit()
-    if sys.argv[2:] == ["trainer"]:
-        trainer_probe(sys.argv[1])
-        sys.exit()
-    learner_probe(sys.argv[1]) if sys.argv[2:] == ["learner"] else main(sys.argv[1])
+    mode = {"rollout": rollout, "trainer": trainer_probe, "learner": learner_probe}
+    mode[sys.argv[2]](sys.argv[1]) if sys.argv[2:] else main(sys.argv[1])
+    dw.exit_now()
