@@ -24,7 +24,13 @@ from pathlib import Path
 from memkit.core.io import latest_checkpoint
 
 #: per-k columns of a compare row: summary key -> column prefix
-PER_K = {"em": "em", "peak_tokens": "peak", "invalid_rate": "invalid", "seconds": "sec_per_episode"}
+PER_K = {
+    "em": "em",
+    "peak_tokens": "peak",
+    "dependency": "dep",
+    "invalid_rate": "invalid",
+    "seconds": "sec_per_episode",
+}
 
 
 def method_label(method: str, method_kwargs: dict | None = None) -> str:
@@ -78,7 +84,7 @@ def compare_runs(run_dirs, kit, objectives=(1, 2, 4), n_tasks: int = 50, seed: i
 
 
 def evaluated(method: str, policy, kit, objectives, n_tasks: int, seed: int, method_kwargs=None) -> dict:
-    """``em@k``, ``peak@k``, ``invalid@k``, ``sec_per_episode@k`` of ``policy`` (any policy spec, a run
+    """``em@k``, ``peak@k``, ``dep@k`` (MEM1's dependency), ``invalid@k``, ``sec_per_episode@k`` of ``policy`` (any policy spec, a run
     directory, a loaded model) greedily on the held-out tasks of :func:`compare_runs`: the columns of a
     start that had no RL (a baseline's row, budget 0) as well as a run's."""
     from memkit.lab.evaluation import evaluate
@@ -116,15 +122,21 @@ def pareto_front(rows: list[dict], k: int) -> list[int]:
 
 
 def format_compare(rows: list[dict], objectives) -> str:
-    """The table ``memkit compare`` prints: per method (mean +- std over its runs), budget then EM and
-    peak tokens at each k."""
+    """The table ``memkit compare`` prints: per method (mean +- std over its runs), budget then EM, peak
+    tokens, dependency and seconds per episode at each k."""
     pooled = by_method(rows)
     head = f"{'method':<24}{'runs':>5}{'minutes':>16}{'rollout tokens':>22}"
-    head += "".join(f"{'EM@' + str(k):>16}{'peak@' + str(k):>12}" for k in objectives)
+    head += "".join(
+        f"{'EM@' + str(k):>16}{'peak@' + str(k):>9}{'dep@' + str(k):>11}{'s/ep@' + str(k):>9}" for k in objectives
+    )
     lines = [head]
     for r in pooled:
         line = f"{r['method']:<24}{r['runs']:>5}{_pm(r, 'train_minutes', 1):>16}{_pm(r, 'rollout_tokens', 0):>22}"
-        line += "".join(f"{_pm(r, f'em@{k}', 3):>16}{r[f'peak@{k}']:>12.0f}" for k in objectives)
+        line += "".join(
+            f"{_pm(r, f'em@{k}', 3):>16}{r[f'peak@{k}']:>9.0f}{r.get(f'dep@{k}', math.nan):>11,.0f}"
+            f"{r.get(f'sec_per_episode@{k}', math.nan):>9.2f}"
+            for k in objectives
+        )
         lines.append(line)
     return "\n".join(lines)
 
@@ -184,14 +196,16 @@ def results_section(records: dict) -> list[str]:
         f"Each format from the same teacher's clone, the same RL minutes with its own credit rule "
         f"({records.get('h2h_seeds', 1)} seed(s) each; mean +- std). * = on the EM-vs-peak-tokens Pareto front.",
         "",
-        "| method | EM | peak tokens | RL minutes | rollout tokens | start's EM |",
-        "|---|---|---:|---:|---:|---:|",
+        "| method | EM | peak tokens | dependency | s / episode | RL minutes | rollout tokens | start's EM |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     starts = records.get("h2h_starts", {})
     for m, r in sorted(h2h.items(), key=lambda kv: -kv[1]["em"]):
         start = starts.get(m + START)
+        dep, sec = r.get("dep"), r.get("sec_per_episode")  # not recorded before 2026-12-05
         lines.append(
             f"| {m}{' *' if m in front else ''} | {r['em']:.3f} +- {r['em_std']:.3f} | {r['peak']:.0f} "
+            f"| {'-' if dep is None else f'{dep:,.0f}'} | {'-' if sec is None else f'{sec:.2f}'} "
             f"| {r['minutes']:.1f} | {r['rollout_tokens']:,.0f} | {'-' if start is None else f'{start:.3f}'} |"
         )
     return lines

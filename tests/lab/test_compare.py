@@ -138,6 +138,7 @@ def test_cli_prints_the_table_and_writes_the_figure(runs, tmp_path, capsys):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "mem1" in out and "memsearcher" in out and "rollout tokens" in out and "EM@2" in out, out
+    assert "dep@2" in out and "s/ep@2" in out and "nan" not in out, out
     assert fig.stat().st_size > 5_000
 
 
@@ -150,12 +151,16 @@ def test_bad_runs_get_one_clear_error(runs, tmp_path, capsys):
 
 
 def test_results_page_section_from_notebook_08s_records():
-    """docs/results.md's head-to-head table: best EM first, the front starred, the start's EM beside each."""
+    """docs/results.md's head-to-head table: best EM first, the front starred, the start's EM beside each;
+    dependency and seconds per episode where recorded (runs before them show "-")."""
     from memkit.course.results import render_results
 
     one = {"em_std": 0.0, "minutes": 3.0, "rollout_tokens": 1e4}
     rec = {
-        "h2h": {"react": {"em": 0.2, "peak": 900.0, **one}, "mem1": {"em": 0.5, "peak": 300.0, **one}},
+        "h2h": {
+            "react": {"em": 0.2, "peak": 900.0, **one},
+            "mem1": {"em": 0.5, "peak": 300.0, "dep": 12345.6, "sec_per_episode": 0.25, **one},
+        },
         "h2h_starts": {"mem1 (SFT)": 0.3},
         "front": ["mem1"],
         "h2h_k": 4,
@@ -167,5 +172,6 @@ def test_results_page_section_from_notebook_08s_records():
         rows[0].startswith("| mem1 * | 0.500") and rows[1].startswith("| react | 0.200") and rows[1].endswith("| - |")
     )
     assert "| 0.300 |" in rows[0] and "k = 4" in "\n".join(lines)
+    assert "| 300 | 12,346 | 0.25 | 3.0 |" in rows[0] and "| 900 | - | - | 3.0 |" in rows[1], rows
     assert results_section({}) == []
     assert "## Head to head" in render_results({"08_head_to_head": rec}, [])
