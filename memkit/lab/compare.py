@@ -183,7 +183,7 @@ def plot_pareto(rows: list[dict], k: int, path) -> Path:
 
 def results_section(records: dict) -> list[str]:
     """docs/results.md's head-to-head section from notebook 08's records (``h2h``: per method EM, its std,
-    peak tokens, minutes and rollout tokens at the largest k; ``front``; ``h2h_k``; ``h2h_seeds``), best EM
+    peak tokens, dependency and seconds per episode where recorded, minutes and rollout tokens at the largest k; ``front``; ``h2h_k``; ``h2h_seeds``), best EM
     first; [] when the notebook has not run."""
     h2h, k = records.get("h2h"), records.get("h2h_k")
     if not h2h or k is None:
@@ -196,17 +196,21 @@ def results_section(records: dict) -> list[str]:
         f"Each format from the same teacher's clone, the same RL minutes with its own credit rule "
         f"({records.get('h2h_seeds', 1)} seed(s) each; mean +- std). * = on the EM-vs-peak-tokens Pareto front.",
         "",
-        "| method | EM | peak tokens | dependency | s / episode | RL minutes | rollout tokens | start's EM |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    cost = any("dep" in r for r in h2h.values())  # dependency and s / episode: recorded since 2026-12-05
+    lines += [
+        f"| method | EM | peak tokens |{' dependency | s / episode |' if cost else ''} RL minutes | rollout tokens "
+        "| start's EM |",
+        "|---|---|---:|" + "---:|" * (2 * cost) + "---:|---:|---:|",
     ]
     starts = records.get("h2h_starts", {})
     for m, r in sorted(h2h.items(), key=lambda kv: -kv[1]["em"]):
         start = starts.get(m + START)
-        dep, sec = r.get("dep"), r.get("sec_per_episode")  # not recorded before 2026-12-05
+        dep, sec = r.get("dep"), r.get("sec_per_episode")
+        cols = f" {'-' if dep is None else f'{dep:,.0f}'} | {'-' if sec is None else f'{sec:.2f}'} |" if cost else ""
         lines.append(
-            f"| {m}{' *' if m in front else ''} | {r['em']:.3f} +- {r['em_std']:.3f} | {r['peak']:.0f} "
-            f"| {'-' if dep is None else f'{dep:,.0f}'} | {'-' if sec is None else f'{sec:.2f}'} "
-            f"| {r['minutes']:.1f} | {r['rollout_tokens']:,.0f} | {'-' if start is None else f'{start:.3f}'} |"
+            f"| {m}{' *' if m in front else ''} | {r['em']:.3f} +- {r['em_std']:.3f} | {r['peak']:.0f} |{cols}"
+            f" {r['minutes']:.1f} | {r['rollout_tokens']:,.0f} | {'-' if start is None else f'{start:.3f}'} |"
         )
     return lines
 

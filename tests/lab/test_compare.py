@@ -173,5 +173,7 @@ def test_results_page_section_from_notebook_08s_records():
     )
     assert "| 0.300 |" in rows[0] and "k = 4" in "\n".join(lines)
     assert "| 300 | 12,346 | 0.25 | 3.0 |" in rows[0] and "| 900 | - | - | 3.0 |" in rows[1], rows
+    del rec["h2h"]["mem1"]["dep"]  # a run that recorded neither: the table leaves both columns out
+    assert "dependency" not in "\n".join(results_section(rec)) and "| 300 | 3.0 |" in "\n".join(results_section(rec))
     assert results_section({}) == []
     assert "## Head to head" in render_results({"08_head_to_head": rec}, [])
