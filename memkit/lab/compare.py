@@ -84,9 +84,9 @@ def compare_runs(run_dirs, kit, objectives=(1, 2, 4), n_tasks: int = 50, seed: i
 
 
 def evaluated(method: str, policy, kit, objectives, n_tasks: int, seed: int, method_kwargs=None) -> dict:
-    """``em@k``, ``peak@k``, ``dep@k`` (MEM1's dependency), ``invalid@k``, ``sec_per_episode@k`` of ``policy`` (any policy spec, a run
-    directory, a loaded model) greedily on the held-out tasks of :func:`compare_runs`: the columns of a
-    start that had no RL (a baseline's row, budget 0) as well as a run's."""
+    """``em@k``, ``peak@k``, ``dep@k`` (MEM1's dependency), ``invalid@k``, ``sec_per_episode@k`` of
+    ``policy`` (any policy spec, a run directory, a loaded model) greedily on the held-out tasks of
+    :func:`compare_runs`: the columns of a start that had no RL (a baseline's row, budget 0) as well as a run's."""
     from memkit.lab.evaluation import evaluate
 
     res = evaluate(method, kit, objectives, n_tasks, policy=policy, seed=seed, method_kwargs=method_kwargs or {})
@@ -183,8 +183,8 @@ def plot_pareto(rows: list[dict], k: int, path) -> Path:
 
 def results_section(records: dict) -> list[str]:
     """docs/results.md's head-to-head section from notebook 08's records (``h2h``: per method EM, its std,
-    peak tokens, dependency and seconds per episode where recorded, minutes and rollout tokens at the largest k; ``front``; ``h2h_k``; ``h2h_seeds``), best EM
-    first; [] when the notebook has not run."""
+    peak tokens, dependency and seconds per episode where recorded, minutes and rollout tokens at the largest
+    k; ``front``; ``h2h_k``; ``h2h_seeds``), best EM first; [] when the notebook has not run."""
     h2h, k = records.get("h2h"), records.get("h2h_k")
     if not h2h or k is None:
         return []
