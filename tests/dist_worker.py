@@ -179,6 +179,13 @@ def main(out_dir: str) -> None:
     torch.distributed.destroy_process_group()
 
 
+def worker_error(stderr: str) -> str:
+    """What a failed torchrun launch says: the ranks' own error lines (a C++ ``terminate called ...`` /
+    ``what():`` of a rank that aborted is printed long before the launcher's summary), then the summary's tail."""
+    cause = [ln for ln in stderr.splitlines() if any(m in ln for m in ("terminate called", "what()", "Error:", "gloo"))]
+    return "\n".join(cause[:20]) + "\n...\n" + stderr[-1500:]
+
+
 def exit_now() -> None:
     """End a worker whose results are written without the interpreter's teardown: objects that still
     hold gloo work (FSDP2's hooks, autograd's graph) freed during finalisation can take the GIL from a

@@ -32,14 +32,7 @@ def run_worker(out_dir: Path, *mode: str, timeout: int = 240) -> None:
         text=True,
         timeout=timeout,
     )
-    assert proc.returncode == 0, worker_error(proc.stderr)
-
-
-def worker_error(stderr: str) -> str:
-    """What a failed launch says: the ranks' own error lines (a C++ ``terminate called ...`` / ``what():``
-    of a rank that aborted is printed long before the launcher's summary), then the summary's tail."""
-    cause = [ln for ln in stderr.splitlines() if any(m in ln for m in ("terminate called", "what()", "Error:", "gloo"))]
-    return "\n".join(cause[:20]) + "\n...\n" + stderr[-1500:]
+    assert proc.returncode == 0, dw.worker_error(proc.stderr)
 
 
 @pytest.mark.slow  # two torchrun processes (gloo)

@@ -255,9 +255,9 @@ def test_two_processes_match_one_process(tmp_path):
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     if proc.returncode != 0:  # one retry for the launcher, not the numbers: a rank once aborted in gloo's
-        first = proc.stderr[-1500:]  # thread teardown in CI ("terminate called without an active exception")
+        first = dw.worker_error(proc.stderr)  # thread teardown in CI ("terminate called without an active exception")
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-        assert proc.returncode == 0, f"failed twice; first:\n{first}\nsecond:\n{proc.stderr[-1500:]}"
+        assert proc.returncode == 0, f"failed twice; first:\n{first}\nsecond:\n{dw.worker_error(proc.stderr)}"
     for algo in dw.CASES:
         two = torch.load(tmp_path / f"{algo}.pt")
         conditioned = {}
@@ -280,7 +280,7 @@ def test_two_processes_evaluate_as_one_process(tmp_path, mode):
     proc = subprocess.run(
         [*cmd, str(worker), str(tmp_path), mode], env=env, capture_output=True, text=True, timeout=300
     )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == 0, dw.worker_error(proc.stderr)
     one = dw.eval_rows() if mode == "eval" else dw.memt_eval_rows()
     assert [r.get("k") for r in one] == ([1, 2] if mode == "eval" else [None, None])
     for rank in (0, 1):
