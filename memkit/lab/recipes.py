@@ -117,7 +117,7 @@ LAB_CLONES = {
 LAB_NOTEBOOK_MINUTES = {"00": 0.3, "01": 5.3, "02": 7.2, "03": 6.5, "04": 10.7, "05": 7.3, "06": 7, "07": 4, "08": 29}
 
 #: parameters the lab mode gives a notebook unless ``memkit reproduce --full`` (``make reproduce FULL=1``):
-#: notebook 02's long-horizon study (§9: a 3,000-step clone and 3 RL seeds, ~35 minutes on one core) and
+#: notebook 02's long-horizon study (§9: a 3,000-step clone and 3 RL seeds, ~40 minutes on one core) and
 #: notebook 07's SmolLM2 SFT on CPU (26 minutes on 2 cores, a correctness run no claim rests on) are skipped
 LAB_NOTEBOOK_PARAMS = {"02": {"LONG_HORIZON": False}, "07": {"SFT_MINUTES": 0}}
 

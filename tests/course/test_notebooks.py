@@ -718,3 +718,11 @@ def test_long_horizon_claims_judge_notebook_02s_study():
     assert verdicts({**flat, "lead_kmax": 0.40, "rl_invalid_max_k4_plus": 0.2}) == [NOT_REPRODUCED] * 2
     assert verdicts({**flat, "peak_over_react_kmax": 0.5})[0] == NOT_REPRODUCED
     assert verdicts(None) == [NOT_RUN, NOT_RUN]
+
+    def lead_text(h):
+        rows = judge_all({"02_mem1_masked_trajectories": {"long_horizon": h}})
+        return [r["measured"] for r in rows if "long-horizon study" in r["says"]][0]
+
+    assert "RL steps" not in lead_text(flat)  # a record from before the recipe was recorded
+    recorded = {**flat, "rl_steps": 60, "repeat_penalty": 0.5}
+    assert "3 seeds, 60 RL steps, repeated-query cost 0.5:" in lead_text(recorded)
