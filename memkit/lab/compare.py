@@ -45,8 +45,9 @@ def method_label(method: str, method_kwargs: dict | None = None) -> str:
 
 
 def run_budget(run_dir) -> dict:
-    """``{run, method, format, method_kwargs, algo, seed, steps, train_minutes, rollout_tokens}`` of a ``memkit
-    train`` run directory (``method``: :func:`method_label`, the row's name; ``format``: the registry's)."""
+    """``{run, method, format, method_kwargs, algo, seed, context_limit, steps, train_minutes, rollout_tokens}`` of
+    a ``memkit train`` run directory (``method``: :func:`method_label`, the row's name; ``format``: the registry's;
+    ``context_limit``: the ``max_context_tokens`` it trained under)."""
     run = Path(run_dir)
     ckpt = latest_checkpoint(run / "checkpoints")
     metrics = run / "metrics.jsonl"
@@ -61,6 +62,7 @@ def run_budget(run_dir) -> dict:
         "method_kwargs": config.get("method_kwargs") or {},
         "algo": config.get("algo"),
         "seed": config.get("seed"),
+        "context_limit": config.get("max_context_tokens"),
         "steps": len(rows),
         "train_minutes": sum(r["seconds"] for r in rows) / 60,
         "rollout_tokens": sum(r["response_tokens"] * r["n_trajectories"] for r in rows),
@@ -69,8 +71,9 @@ def run_budget(run_dir) -> dict:
 
 def compare_runs(run_dirs, kit, objectives=(1, 2, 4), n_tasks: int = 50, seed: int = 1000) -> list[dict]:
     """One row per run: :func:`run_budget` and, at each k, ``em@k``, ``peak@k``, ``invalid@k`` and
-    ``sec_per_episode@k`` of its final policy (under its method options) on ``held_out_tasks(kit.world,
-    n_tasks, k, seed)``."""
+    ``sec_per_episode@k`` of its final policy on ``held_out_tasks(kit.world, n_tasks, k, seed)``, under its
+    method options and the context limit it trained under (a call over it ends the episode as invalid, as in
+    the trainer's own evaluations: MemAct's limit that binds)."""
     rows = []
     for run_dir in run_dirs:
         row = run_budget(run_dir)
@@ -79,17 +82,28 @@ def compare_runs(run_dirs, kit, objectives=(1, 2, 4), n_tasks: int = 50, seed: i
                 f"{run_dir} is a Mem-T run: it answers conversation streams, not wiki tasks; compare it with "
                 "`memkit eval --method memt --policy RUN`"
             )
-        rows.append(row | evaluated(row["format"], str(run_dir), kit, objectives, n_tasks, seed, row["method_kwargs"]))
+        rows.append(
+            row
+            | evaluated(
+                row["format"], str(run_dir), kit, objectives, n_tasks, seed, row["method_kwargs"], row["context_limit"]
+            )
+        )
     return rows
 
 
-def evaluated(method: str, policy, kit, objectives, n_tasks: int, seed: int, method_kwargs=None) -> dict:
+def evaluated(
+    method: str, policy, kit, objectives, n_tasks: int, seed: int, method_kwargs=None, context_limit=None
+) -> dict:
     """``em@k``, ``peak@k``, ``dep@k`` (MEM1's dependency), ``invalid@k``, ``sec_per_episode@k`` of
     ``policy`` (any policy spec, a run directory, a loaded model) greedily on the held-out tasks of
-    :func:`compare_runs`: the columns of a start that had no RL (a baseline's row, budget 0) as well as a run's."""
+    :func:`compare_runs`: the columns of a start that had no RL (a baseline's row, budget 0) as well as a run's.
+    ``context_limit``: the longest context a call may have (None: the model's window)."""
     from memkit.lab.evaluation import evaluate
 
-    res = evaluate(method, kit, objectives, n_tasks, policy=policy, seed=seed, method_kwargs=method_kwargs or {})
+    res = evaluate(
+        method, kit, objectives, n_tasks, policy=policy, seed=seed, method_kwargs=method_kwargs or {},
+        max_context_tokens=context_limit,
+    )  # fmt: skip
     return {f"{col}@{k}": summary[key] for k, (summary, _) in res.items() for key, col in PER_K.items()}
 
 

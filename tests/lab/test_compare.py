@@ -91,6 +91,22 @@ def test_a_baseline_schedule_is_its_own_row_and_evaluated_under_its_schedule(kit
     assert method_label("mem1", {}) == "mem1"
 
 
+def test_a_run_is_evaluated_under_the_context_limit_it_trained_under(kit, tmp_path):
+    """A run trained with ``max_context_tokens`` L (MemAct's limit that binds) is evaluated with L, as the
+    trainer's own evaluations are: its row equals ``evaluate(..., max_context_tokens=L)``'s, not the
+    unlimited evaluation's (20 tokens: every episode ends at its first context, before generating)."""
+    from memkit.lab.evaluation import evaluate
+    from memkit.lab.runs import train
+
+    path = tmp_path / "memact-limit"
+    train(_loop_cfg(path, 1, algo="grpo", method="memact", max_context_tokens=20, eval_every=0), kit, progress=False)
+    (row,) = compare_runs([path], kit, objectives=(2,), n_tasks=3, seed=7)
+    assert row["context_limit"] == 20 and row["invalid@2"] == 1.0
+    limited = evaluate("memact", kit, (2,), 3, policy=str(path), seed=7, max_context_tokens=20)[2][0]
+    unlimited = evaluate("memact", kit, (2,), 3, policy=str(path), seed=7)[2][0]
+    assert row["peak@2"] == limited["peak_tokens"] != unlimited["peak_tokens"]
+
+
 def test_pareto_front_keeps_the_runs_nothing_beats_on_both_axes():
     rows = [
         {"em@2": 0.5, "peak@2": 100},  # front
