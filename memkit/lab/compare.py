@@ -82,12 +82,8 @@ def compare_runs(run_dirs, kit, objectives=(1, 2, 4), n_tasks: int = 50, seed: i
                 f"{run_dir} is a Mem-T run: it answers conversation streams, not wiki tasks; compare it with "
                 "`memkit eval --method memt --policy RUN`"
             )
-        rows.append(
-            row
-            | evaluated(
-                row["format"], str(run_dir), kit, objectives, n_tasks, seed, row["method_kwargs"], row["context_limit"]
-            )
-        )
+        kw, limit = row["method_kwargs"], row["context_limit"]
+        rows.append(row | evaluated(row["format"], str(run_dir), kit, objectives, n_tasks, seed, kw, limit))
     return rows
 
 

@@ -59,8 +59,8 @@ def long_horizon_rl(init, out_dir, smoke: bool = False, n_tasks: int = 50) -> Tr
     )
     return TrainConfig.from_flags(
         method="mem1", method_kwargs=EACH | {"repeat_penalty": REPEAT_PENALTY}, init=str(init), packing="mem1_exact",
-        objectives=(2,), eval_objectives=SMOKE_KS if smoke else LONG_HORIZON_KS, eval_tasks=n_tasks, eval_every=sizes["steps"],
-        eval_at_start=False, kl_coef=0.001, temperature=0.5, lr=3e-4, mini_batches=1, save_every=0,
+        objectives=(2,), eval_objectives=SMOKE_KS if smoke else LONG_HORIZON_KS, eval_tasks=n_tasks,
+        eval_every=sizes["steps"], eval_at_start=False, kl_coef=0.001, temperature=0.5, lr=3e-4, mini_batches=1, save_every=0,
         out_dir=str(out_dir), **sizes,
     )  # fmt: skip
 
@@ -118,5 +118,5 @@ def long_horizon_summary(study: dict) -> dict:
         "rl_invalid_max_k4_plus": max(r["rl_invalid_max"] for r in long),
         "sft_invalid_max_k4_plus": max(r["sft_invalid"] for r in long),
         "peak_over_react_kmax": rows[kmax]["rl_peak"] / max(rows[kmax]["react_peak"], 1e-9),
-        "rl_steps": study["steps"], "repeat_penalty": study.get("repeat_penalty", 0.0),
+        "rl_steps": study["steps"], "repeat_penalty": study["repeat_penalty"],
     }  # fmt: skip
