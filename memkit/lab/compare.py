@@ -22,6 +22,7 @@ import math
 from pathlib import Path
 
 from memkit.core.io import latest_checkpoint
+from memkit.metrics.efficiency import rollout_tokens
 
 #: per-k columns of a compare row: summary key -> column prefix
 PER_K = {
@@ -65,7 +66,7 @@ def run_budget(run_dir) -> dict:
         "context_limit": config.get("max_context_tokens"),
         "steps": len(rows),
         "train_minutes": sum(r["seconds"] for r in rows) / 60,
-        "rollout_tokens": sum(r["response_tokens"] * r["n_trajectories"] for r in rows),
+        "rollout_tokens": rollout_tokens(rows),
     }
 
 

@@ -212,3 +212,11 @@ def context_tokens_per_turn_loop(
             counts[turn] += 1
             turn += 1
     return [s / n for s, n in zip(sums, counts)], counts
+
+
+# ------------------------------------------------------------------------------ per run
+def rollout_tokens(history: list[dict]) -> int:
+    """Tokens the policy generated in a run's training rollouts (its step rows): sum over steps of ``response_tokens x
+    n_trajectories`` (the mean output tokens per trajectory times the step's trajectories, all processes).
+    A step row without them (a plan that logs no rollout stats) counts 0."""
+    return int(round(sum(r.get("response_tokens", 0.0) * r.get("n_trajectories", 0) for r in history)))

@@ -79,6 +79,9 @@ class TrainConfig:
     max_seconds: float | None = None
     """Wall-clock budget of the training loop (None = run all ``steps``). The loop stops before a
     step would start past it, then evaluates and saves where it stopped (``Trainer.run``)."""
+    max_rollout_tokens: int | None = None
+    """Rollout-token budget (None = all ``steps``): the loop stops before a step once its training rollouts have
+    generated this many tokens (:func:`memkit.metrics.efficiency.rollout_tokens`): equal-token arms."""
     tasks_per_step: int = 8
     """Distinct tasks per step (global, split over processes)."""
     n_samples: int = 4
@@ -264,8 +267,9 @@ class TrainConfig:
                 bad(name, "must be >= 0 (0 turns it off)")
         if not self.objectives or min(self.objectives) < 1:
             bad("objectives", "give question counts >= 1, e.g. (2,)")
-        if self.max_seconds is not None and self.max_seconds <= 0:
-            bad("max_seconds", "must be > 0, or None for no wall-clock budget")
+        for name, what in (("max_seconds", "wall-clock"), ("max_rollout_tokens", "token")):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                bad(name, f"must be > 0, or None for no {what} budget")
         if self.lr <= 0:
             bad("lr", "learning rates must be > 0")
         if self.critic.lr <= 0:

@@ -211,7 +211,8 @@ class Trainer(Learner):
         return row
 
     def run(self, progress: bool = True, log=None, desc: str | None = None) -> None:
-        """Train until ``cfg.steps`` or the ``cfg.max_seconds`` budget, whichever comes first.
+        """Train until ``cfg.steps``, the ``cfg.max_seconds`` budget or the ``cfg.max_rollout_tokens`` budget,
+        whichever comes first.
 
         A budget stop still ends like a full run: a final evaluation (unless this step was just
         evaluated) and a checkpoint. Every process takes the same decision (the slowest one's
@@ -223,7 +224,7 @@ class Trainer(Learner):
             from tqdm.auto import tqdm
 
             bar = tqdm(total=cfg.steps, initial=self.step, desc=desc or f"{cfg.algo} {cfg.method}")
-        while self.step < cfg.steps and not self._out_of_time(t0):
+        while self.step < cfg.steps and not self._out_of_time(t0) and not self._out_of_tokens():
             row = self.train_step()
             if log and self.acc.is_main_process:
                 log(row)
@@ -239,6 +240,13 @@ class Trainer(Learner):
                 self.evaluate()
             if self.files and getattr(self.last_checkpoint, "name", None) != f"step-{self.step:06d}":
                 self.save()
+
+    def _out_of_tokens(self) -> bool:
+        """The token budget is spent (every rank decides alike: the history's rows are global sums)."""
+        budget = self.cfg.max_rollout_tokens
+        from memkit.metrics.efficiency import rollout_tokens
+
+        return budget is not None and rollout_tokens(self.history) >= budget
 
     def _out_of_time(self, t0: float) -> bool:
         if self.cfg.max_seconds is None:

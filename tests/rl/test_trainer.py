@@ -418,6 +418,25 @@ def test_wall_clock_budget_stops_evaluates_and_saves(kit, tmp_path):
         TrainConfig(max_seconds=0).validate()
 
 
+def test_rollout_token_budget_stops_evaluates_and_saves(kit, tmp_path):
+    """`max_rollout_tokens`: the loop stops before a step would start once the tokens generated in training
+    rollouts reach the budget (the equal-tokens comparison of two arms), and ends like a finished run."""
+    from memkit.lab.runs import train
+    from memkit.metrics.efficiency import rollout_tokens
+
+    first = rollout_tokens(train(_loop_cfg(tmp_path / "a", 1, eval_every=0), kit, progress=False).history)
+    assert first > 0
+    res = train(_loop_cfg(tmp_path / "b", 50, max_rollout_tokens=first + 1, eval_every=10, save_every=10), kit,
+                progress=False)  # fmt: skip
+    assert len(res.history) == 2  # step 1 (the same rollouts) leaves the budget unspent by one token, step 2 spends it
+    assert rollout_tokens(res.history) >= first + 1 and rollout_tokens(res.history[:1]) == first
+    assert [e["step"] for e in res.eval_history] == [0, 2]
+    assert res.path == tmp_path / "b" / "checkpoints" / "step-000002"
+    assert rollout_tokens([{"seconds": 1.0}]) == 0  # a row without rollout stats counts nothing
+    with pytest.raises(ValueError, match="max_rollout_tokens"):
+        TrainConfig(max_rollout_tokens=0).validate()
+
+
 def test_task_pool_replaces_the_training_tasks(kit, tmp_path):
     """`Trainer.task_pool`: every step draws its tasks from it (the overfitting diagnostic trains
     on the evaluation tasks this way); the default pool asks only RL questions (none SFT cloned,
