@@ -189,6 +189,7 @@ _EXPORTS = {
     "memkit.lab.runs": ("arm_table", "ensure_sft", "train_arms"),
     "memkit.lab.real": ("data_kit", "question_set", "REAL_K_DOCS"),
     "memkit.lab.long_horizon": ("long_horizon_study", "long_horizon_summary"),
+    "memkit.lab.long_horizon_arms": ("memact_study", "memact_summary", "mempo_study", "mempo_summary"),
     "memkit.lab.recipes": (
         "ensure_lab_clone",
         "ensure_lab_sft",
@@ -220,7 +221,7 @@ _EXPORTS = {
         "store_quality",
     ),
     "memkit.lab.memt.evaluation": ("evaluate_streams", "format_stream_table"),
-    "memkit.course.results": ("seed_spread",),
+    "memkit.course.judges": ("seed_spread",),
     "memkit.viz": ("to_html", "TraceViewer", "TreeViewer"),
     "memkit.viz.mask": ("MaskViewer", "plot_mask"),
 }
