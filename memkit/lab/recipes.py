@@ -15,7 +15,7 @@ it costs against 3,000 steps from scratch). The SFT checkpoints are cached by co
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from memkit.agents.base import OracleConfig
@@ -61,21 +61,15 @@ LAB_WINDOW_STEPS = 500
 LAB_SUMMARY = dict(schedule="summary", window=3)
 
 
-def lab_window_sft_config(method_kwargs: dict | None = None) -> SFTConfig:
+def lab_window_sft_config(method_kwargs: dict | None = None, start: SFTConfig | None = None) -> SFTConfig:
     """SFT of MemAct's sliding-window agent (``method_kwargs`` = :data:`LAB_WINDOW`, the default) or of its
-    summarisation agent (:data:`LAB_SUMMARY`): the lab's MemAct clone, continued on the flawed teacher
-    under that schedule (the same questions and teacher, fewer steps)."""
+    summarisation agent (:data:`LAB_SUMMARY`): the MemAct clone of ``start`` (default the lab's,
+    :func:`lab_sft_config`), continued on its teacher under that schedule (the same questions, fewer steps)."""
     from memkit.lab.policies import sft_cache_key
 
-    return SFTConfig(
-        method="memact",
-        method_kwargs=dict(method_kwargs or LAB_WINDOW),
-        max_seconds=None,
-        oracle=LAB_ORACLE,
-        objectives=LAB_SFT["objectives"],
-        steps=LAB_WINDOW_STEPS,
-        init="tiny-sft:cfg" + sft_cache_key(lab_sft_config("memact")),
-    )
+    start = start or lab_sft_config("memact")
+    return replace(start, method_kwargs=dict(method_kwargs or LAB_WINDOW), steps=LAB_WINDOW_STEPS,
+                   init="tiny-sft:cfg" + sft_cache_key(start))  # fmt: skip
 
 
 def ensure_lab_window_sft(kit, progress: bool = True, method_kwargs: dict | None = None) -> Path:
@@ -117,9 +111,11 @@ LAB_CLONES = {
 LAB_NOTEBOOK_MINUTES = {"00": 0.3, "01": 5.3, "02": 7.2, "03": 6.5, "04": 10.7, "05": 7.3, "06": 7, "07": 4, "08": 29}
 
 #: parameters the lab mode gives a notebook unless ``memkit reproduce --full`` (``make reproduce FULL=1``):
-#: notebook 02's long-horizon study (§9: a 3,000-step clone and 3 RL seeds, ~40 minutes on one core) and
-#: notebook 07's SmolLM2 SFT on CPU (26 minutes on 2 cores, a correctness run no claim rests on) are skipped
-LAB_NOTEBOOK_PARAMS = {"02": {"LONG_HORIZON": False}, "07": {"SFT_MINUTES": 0}}
+#: the long-horizon studies (02 §9: a 3,000-step clone and 3 RL seeds, ~40 minutes on one core; 04 §8 and 05 §8,
+#: :mod:`memkit.lab.long_horizon_arms`: a 3,000-step clone and 3 seeds per arm, ~50 minutes each) and notebook 07's
+#: SmolLM2 SFT on CPU (26 minutes on 2 cores, a correctness run no claim rests on) are skipped
+LAB_NOTEBOOK_PARAMS = {"02": {"LONG_HORIZON": False}, "04": {"LONG_HORIZON": False}, "05": {"LONG_HORIZON": False},
+                       "07": {"SFT_MINUTES": 0}}  # fmt: skip
 
 #: notebooks the lab mode runs only with ``memkit reproduce --full`` (``make reproduce FULL=1``) or when
 #: named with ``--only``: the head-to-head spends RL minutes on eight contestants and needs the ReAct, A-MEM and

@@ -32,9 +32,10 @@ from nbtools import (
 
 from memkit.cli import main
 from memkit.course import nb as mnb
+from memkit.course.judges import THREE_SEED_SPREAD
 from memkit.course.nb import _runs_this_python, declared_parameters, resolve_kernel
 from memkit.course.reproduce import reproduce, select_notebooks
-from memkit.course.results import CLAIMS, NOT_REPRODUCED, NOT_RUN, REPRODUCED, THREE_SEED_SPREAD, judge_all
+from memkit.course.results import CLAIMS, NOT_REPRODUCED, NOT_RUN, REPRODUCED, judge_all
 
 # Recorded numbers each notebook must produce in SMOKE mode (SEED=0, MODEL="tiny").
 # Keys: <record>_min, <record>_max, <record>_eq, <record>_close=(target, abs_tol).
@@ -416,22 +417,23 @@ def test_only_the_full_study_trains_the_head_to_heads_own_clones(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_hour_long_lab_run_skips_02s_long_horizon_and_07s_sft_unless_full(tmp_path):
-    """``make reproduce`` gives notebook 02 ``LONG_HORIZON = False`` (§9's study, ~25 minutes) and 07
-    ``SFT_MINUTES = 0`` (its SmolLM2 SFT on CPU, which no claim reads); FULL=1 keeps the notebooks' own
-    values (memkit.lab.recipes.LAB_NOTEBOOK_PARAMS)."""
-    nbs = tmp_path / "nbs"
-    for stem, name, value in (("02_mem1", "LONG_HORIZON", True), ("07_real_data", "SFT_MINUTES", 12)):
+def test_the_hour_long_lab_run_skips_the_long_horizon_studies_and_07s_sft_unless_full(tmp_path):
+    """``make reproduce`` gives notebooks 02, 04 and 05 ``LONG_HORIZON = False`` (their long-horizon studies,
+    ~40-50 minutes each) and 07 ``SFT_MINUTES = 0`` (its SmolLM2 SFT on CPU, which no claim reads); FULL=1 keeps
+    the notebooks' own values (memkit.lab.recipes.LAB_NOTEBOOK_PARAMS)."""
+    nbs, stems = tmp_path / "nbs", ("02_mem1", "04_mempo", "05_memact", "07_real_data")
+    for stem in stems:
+        name, value = ("SFT_MINUTES", 12) if stem == "07_real_data" else ("LONG_HORIZON", True)
         make_notebook(
             nbs / f"{stem}.ipynb",
             [f"import memkit.course.nb as nb; nb.record('value', {name})"],
             parameters=DEFAULT_PARAMS + f"{name} = {value}\n",
         )
-    for full, values in ((False, (False, 0)), (True, (True, 12))):
+    for full, values in ((False, (False, False, False, 0)), (True, (True, True, True, 12))):
         run = reproduce(
             smoke=False, out_root=tmp_path / f"runs{full}", notebooks_dir=nbs, stream=io.StringIO(), full=full
         )
-        got = tuple(mnb.load_records(run / f"{stem}.record.json")["value"] for stem in ("02_mem1", "07_real_data"))
+        got = tuple(mnb.load_records(run / f"{stem}.record.json")["value"] for stem in stems)
         assert got == values
 
 
@@ -726,3 +728,40 @@ def test_long_horizon_claims_judge_notebook_02s_study():
     assert "RL steps" not in lead_text(flat)  # a record from before the recipe was recorded
     recorded = {**flat, "rl_steps": 60, "repeat_penalty": 0.5}
     assert "3 seeds, 60 RL steps, repeated-query cost 0.5:" in lead_text(recorded)
+
+
+def test_mempo_and_memact_long_horizon_claims_judge_their_study_records():
+    """Notebook 04's ``mempo_k3`` and 05's ``memact_limit`` records (memkit.lab.long_horizon_arms' summaries) each
+    judge two claims: a gain outside the sum of the arms' seed stds (a start's single value adds none), the text
+    naming the budgets and the searches; without the record (lab mode's hour run) all four are "not run"."""
+    mp = {"k": 3, "seeds": 3, "steps": 60, "em_mempo": 0.39, "em_mempo_std": 0.03, "em_grpo": 0.53, "em_grpo_std": 0.01,
+          "mem_p_mempo": 0.042, "mem_p_mempo_std": 0.007, "mem_p_grpo": 0.019, "mem_p_grpo_std": 0.001,
+          "searches_mempo": 0.6, "searches_grpo": 5.1, "searches_start": 5.2, "rollout_tokens_mempo": 270_000,
+          "rollout_tokens_grpo": 272_000}  # fmt: skip
+    ma = {"limit": 260, "seeds": 3, "steps": 40, "em_dcpo": 0.42, "em_dcpo_std": 0.03, "em_fixed": 0.37,
+          "em_fixed_std": 0.01, "em_start": 0.15, "em_start_std": 0.0, "invalid_start": 0.4, "invalid_dcpo": 0.0,
+          "context_tokens_dcpo": 152.1, "context_tokens_fixed": 148.7, "rollout_tokens_dcpo": 164_000,
+          "rollout_tokens_fixed": 165_000, "em_window": 0.0, "invalid_window": 1.0}  # fmt: skip
+
+    def judged(records):
+        rows = judge_all({"04_mempo_memory_reward": records, "05_memact_dcpo": records})
+        return [r for r in rows if "3 questions" in r["source"] or "binds" in r["source"]]
+
+    rows = judged({"mempo_k3": mp, "memact_limit": ma})
+    assert [r["source"] for r in rows] == ["Fig. 3 (3 questions)", "Fig. 5 (3 questions)"] + [
+        "§5, Tab. 1 (a limit that binds)"
+    ] * 2
+    # MemPO -0.14 EM; P[ans | mem] +0.023 > 0.008; DCPO +0.27 over its start (> 0.03), +0.05 over fixed (> 0.04)
+    assert [r["status"] for r in rows] == [NOT_REPRODUCED, REPRODUCED, REPRODUCED, REPRODUCED]
+    assert rows[0]["measured"].startswith(
+        "3 seeds: EM 0.390 vs 0.530 (-0.140; seed spread (sum of the stds, 3 seeds) 0.040)"
+    )
+    assert (
+        "searches per task MemPO 0.60, GRPO 5.10 (start 5.20); rollout tokens MemPO 270,000, GRPO 272,000"
+        in rows[0]["measured"]
+    )
+    assert "spread (sum of the stds, 3 seeds) 0.030)" in rows[2]["measured"]  # the start adds no spread
+    assert "rollout tokens DCPO 164,000, fixed 165,000" in rows[3]["measured"]
+    assert judged({"mempo_k3": {**mp, "em_mempo": 0.60}})[0]["status"] == REPRODUCED
+    assert judged({"memact_limit": {**ma, "em_fixed": 0.39}})[3]["status"] == NOT_REPRODUCED  # +0.03 inside 0.04
+    assert {r["status"] for r in judged({})} == {NOT_RUN}

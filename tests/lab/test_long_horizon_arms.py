@@ -1,0 +1,77 @@
+"""MemPO and MemAct where their mechanisms act (memkit.lab.long_horizon_arms): the equal-token arms, the rows
+they are judged by, and both studies end to end at SMOKE size (real training runs of the tiny model)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from memkit.core.io import latest_checkpoint
+from memkit.lab.long_horizon_arms import (
+    MEMACT_LIMIT,
+    RUN_KEYS,
+    arm_rows,
+    equal_token_arms,
+    memact_study,
+    memact_summary,
+    mempo_study,
+    mempo_summary,
+)
+from memkit.metrics.efficiency import rollout_tokens
+from tests.rl.test_trainer import _loop_cfg
+
+
+@pytest.fixture(scope="module")
+def kit():
+    from memkit.lab.kit import load_kit
+
+    return load_kit(0)
+
+
+def test_the_baseline_trains_until_it_has_the_paper_arms_tokens(kit, tmp_path):
+    """The paper's arm trains its steps; the baseline (here: half the tasks per step, so half the tokens per
+    step) trains until it has generated as many tokens, which takes it more steps, at most twice as many."""
+    base = _loop_cfg(tmp_path, 2, eval_every=10_000, save_every=0, eval_at_start=False)
+    runs = equal_token_arms(base, ("paper", {}), ("baseline", dict(tasks_per_step=1)), [0], kit)
+    paper, baseline = runs["paper", 0].history, runs["baseline", 0].history
+    budget = rollout_tokens(paper)
+    assert len(paper) == 2 and 2 < len(baseline) <= 4
+    assert rollout_tokens(baseline[:-1]) < budget and (rollout_tokens(baseline) >= budget or len(baseline) == 4)
+    assert [e["step"] for e in runs["baseline", 0].eval_history] == [len(baseline)]  # one evaluation, at the stop
+
+
+def test_arm_rows_average_over_seeds_and_keep_missing_values_missing():
+    starts = {"start": {key: 1.0 for key in RUN_KEYS} | {"mem_p": None}}
+
+    class Run:  # a TrainResult's two fields arm_rows reads
+        def __init__(self, em, mem_p):
+            self.history = [{"seconds": 60.0, "response_tokens": 10.0, "n_trajectories": 4}]
+            self.eval_history = [{"k": 2, "em": em, "invalid_rate": 0.0, "tool_calls": 2.0, "memory_actions": 1.0,
+                                  "context_tokens": 100.0, **({} if mem_p is None else {"mem_p": mem_p})}]  # fmt: skip
+
+    rows = arm_rows(starts, {("a", 0): Run(0.2, None), ("a", 1): Run(0.4, None), ("b", 0): Run(0.5, 0.3)}, 2)
+    by = {r["arm"]: r for r in rows}
+    assert by["start"]["em_std"] == 0.0 and by["start"]["mem_p"] is None
+    assert by["a"]["em"] == pytest.approx(0.3) and by["a"]["em_std"] == pytest.approx(0.1414, abs=1e-4)
+    assert by["a"]["em_seeds"] == [0.2, 0.4] and by["a"]["mem_p"] is None and by["a"]["mem_p_std"] is None
+    assert by["a"]["em_bridge"] is None  # no bridge question asked
+    assert (by["b"]["mem_p"], by["b"]["rollout_tokens"], by["b"]["minutes"], by["b"]["seeds"]) == (0.3, 40.0, 1.0, 1)
+
+
+def test_both_studies_run_end_to_end_at_smoke_size(kit, tmp_path):
+    """SMOKE: 20-step clones, one RL step per arm; every arm and start is in the table and in the summary the
+    results page judges, the baselines got the paper arms' tokens, and MemAct's evaluations ran under the limit."""
+    mp = mempo_study(kit, [0], tmp_path / "mp", smoke=True, n_tasks=2)
+    assert [r["arm"] for r in mp["rows"]] == ["SFT start", "MemPO", "GRPO"] and mp["k"] == 3
+    s = mempo_summary(mp)
+    assert s["rollout_tokens_grpo"] >= s["rollout_tokens_mempo"] > 0 or s["steps_grpo"] == 2
+    ma = memact_study(kit, [0], tmp_path / "ma", smoke=True, n_tasks=2)
+    assert [r["arm"] for r in ma["rows"]] == ["SFT start", "SFT start, window", "DCPO", "fixed interval",
+                                              "sliding window"]  # fmt: skip
+    s = memact_summary(ma)
+    assert s["limit"] == MEMACT_LIMIT and s["rollout_tokens_fixed"] >= s["rollout_tokens_dcpo"] or s["steps_fixed"] == 2
+    assert all(0.0 <= s[f"invalid_{a}"] <= 1.0 for a in ("start", "window_start", "dcpo", "fixed", "window"))
+    for run in ("DCPO-s0", "fixed interval-s0", "sliding window-s0"):
+        config = json.loads((latest_checkpoint(tmp_path / "ma" / run / "checkpoints") / "memkit.json").read_text())
+        assert config["config"]["max_context_tokens"] == MEMACT_LIMIT
