@@ -82,9 +82,9 @@ def minutes(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected minutes like 10 or 0.5, got {text!r}") from None
 
 
-def add_max_minutes(parser, default_seconds: float | None, zero: str | None = None) -> None:
-    """``--max-minutes M``: the ``max_seconds`` field in minutes. ``zero``: what 0 means, when it
-    means no budget (``max_seconds`` None); otherwise 0 reaches the config as is."""
+def add_max_minutes(parser, default_seconds: float | None, zero: str | None = None, dest: str = "max_seconds") -> None:
+    """``--max-minutes M``: the seconds field ``dest`` (``max_seconds``; TrainConfig's ``budget.seconds``) in
+    minutes. ``zero``: what 0 means, when it means no budget (None); otherwise 0 reaches the config as is."""
 
     def budget(text: str) -> float | None:
         seconds = minutes(text)
@@ -93,7 +93,7 @@ def add_max_minutes(parser, default_seconds: float | None, zero: str | None = No
     shown = "none" if default_seconds is None else f"{default_seconds / 60:g}"
     parser.add_argument(
         "--max-minutes",
-        dest="max_seconds",
+        dest=dest,
         type=budget,
         default=argparse.SUPPRESS,
         metavar="M",

@@ -28,7 +28,7 @@ def add_arguments(sp) -> None:
     add_config_flags(
         sp, TrainConfig, required={"method"}, aliases=ALIASES, defaults={"out_dir": Computed("runs/<method>-<algo>")}
     )
-    add_max_minutes(sp, TrainConfig.max_seconds)
+    add_max_minutes(sp, TrainConfig().budget.seconds, dest="budget.seconds")
     sp.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
 
 

@@ -112,7 +112,7 @@ class TrainResult:
 def train(
     cfg: TrainConfig, kit: Kit | None = None, progress=True, log=None, resume: bool = False, backend=None
 ) -> TrainResult:
-    """Run ``cfg.steps`` RL steps or ``cfg.max_seconds`` (continuing ``cfg.out_dir`` when ``resume``).
+    """Run ``cfg.steps`` RL steps or until ``cfg.budget`` (continuing ``cfg.out_dir`` when ``resume``).
 
     ``progress``: a tqdm bar (main process); ``log``: called with every step row; ``backend``: the
     rollout-backend factory (:mod:`memkit.models.backend`; None = memkit's HF loop).

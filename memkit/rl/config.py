@@ -22,6 +22,7 @@ from memkit.agents.base import PROMPTS
 from memkit.core.fields import flat_names
 from memkit.rl.choices import AGG_MODES, PACKING_MODES
 from memkit.rl.groups import (
+    BudgetConfig,
     ClipConfig,
     CriticConfig,
     DataConfig,
@@ -76,12 +77,9 @@ class TrainConfig:
     # ---- rollouts ----------------------------------------------------------------------
     steps: int = 50
     """Training steps; each is one rollout batch followed by ``ppo_epochs`` passes over it."""
-    max_seconds: float | None = None
-    """Wall-clock budget of the training loop (None = run all ``steps``). The loop stops before a
-    step would start past it, then evaluates and saves where it stopped (``Trainer.run``)."""
-    max_rollout_tokens: int | None = None
-    """Rollout-token budget (None = all ``steps``): the loop stops before a step once its training rollouts have
-    generated this many tokens (:func:`memkit.metrics.efficiency.rollout_tokens`): equal-token arms."""
+    budget: BudgetConfig = field(default_factory=BudgetConfig, metadata={"prefix": "max_"})
+    """Wall-clock and rollout-token budgets (None = run all ``steps``): :class:`memkit.rl.groups.BudgetConfig`,
+    flags ``--max-seconds`` / ``--max-minutes``, ``--max-rollout-tokens``."""
     tasks_per_step: int = 8
     """Distinct tasks per step (global, split over processes)."""
     n_samples: int = 4
@@ -267,8 +265,8 @@ class TrainConfig:
                 bad(name, "must be >= 0 (0 turns it off)")
         if not self.objectives or min(self.objectives) < 1:
             bad("objectives", "give question counts >= 1, e.g. (2,)")
-        for name, what in (("max_seconds", "wall-clock"), ("max_rollout_tokens", "token")):
-            if getattr(self, name) is not None and getattr(self, name) <= 0:
+        for name, what in (("budget.seconds", "wall-clock"), ("budget.rollout_tokens", "token")):
+            if at(name) is not None and at(name) <= 0:
                 bad(name, f"must be > 0, or None for no {what} budget")
         if self.lr <= 0:
             bad("lr", "learning rates must be > 0")

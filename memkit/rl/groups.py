@@ -139,6 +139,19 @@ class EvalConfig:
 
 
 @dataclass
+class BudgetConfig:
+    """What stops the loop before ``steps`` (None = no such budget); flags ``--max-seconds`` (``--max-minutes``),
+    ``--max-rollout-tokens``. The loop stops before a step would start past either, then evaluates and saves
+    where it stopped (``Trainer.run``)."""
+
+    seconds: float | None = None
+    """Wall-clock budget of the training loop."""
+    rollout_tokens: int | None = None
+    """Tokens the policy may generate in training rollouts (:func:`memkit.metrics.efficiency.rollout_tokens` of
+    the steps so far): two arms get equal tokens when one runs its steps and the other gets its count."""
+
+
+@dataclass
 class SaveConfig:
     """Checkpoints in ``out_dir/checkpoints``; flags ``--save-every``, ``--keep-checkpoints``."""
 
@@ -218,6 +231,7 @@ class RuntimeConfig:
 
 
 __all__ = [
+    "BudgetConfig",
     "LoRAConfig",
     "ClipConfig",
     "KLConfig",

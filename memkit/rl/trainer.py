@@ -211,8 +211,8 @@ class Trainer(Learner):
         return row
 
     def run(self, progress: bool = True, log=None, desc: str | None = None) -> None:
-        """Train until ``cfg.steps``, the ``cfg.max_seconds`` budget or the ``cfg.max_rollout_tokens`` budget,
-        whichever comes first.
+        """Train until ``cfg.steps`` or a ``cfg.budget`` (wall-clock seconds, rollout tokens), whichever comes
+        first.
 
         A budget stop still ends like a full run: a final evaluation (unless this step was just
         evaluated) and a checkpoint. Every process takes the same decision (the slowest one's
@@ -243,15 +243,15 @@ class Trainer(Learner):
 
     def _out_of_tokens(self) -> bool:
         """The token budget is spent (every rank decides alike: the history's rows are global sums)."""
-        budget = self.cfg.max_rollout_tokens
+        budget = self.cfg.budget.rollout_tokens
         from memkit.metrics.efficiency import rollout_tokens
 
         return budget is not None and rollout_tokens(self.history) >= budget
 
     def _out_of_time(self, t0: float) -> bool:
-        if self.cfg.max_seconds is None:
+        if self.cfg.budget.seconds is None:
             return False
-        return self.global_sums([float(time.perf_counter() - t0 >= self.cfg.max_seconds)])[0] > 0
+        return self.global_sums([float(time.perf_counter() - t0 >= self.cfg.budget.seconds)])[0] > 0
 
     def _rollout_stats(self, trajs) -> dict:
         from memkit.metrics.efficiency import peak_tokens

@@ -123,7 +123,7 @@ def test_optional_fields_accept_none_and_aliases_keep_working():
         ]
     )
     cfg = train_config(args)
-    assert (cfg.clip.high, cfg.critic.vf_clip, cfg.n_samples, cfg.out_dir, cfg.max_seconds, cfg.objectives) == (
+    assert (cfg.clip.high, cfg.critic.vf_clip, cfg.n_samples, cfg.out_dir, cfg.budget.seconds, cfg.objectives) == (
         0.28,
         None,
         6,

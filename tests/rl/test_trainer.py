@@ -414,8 +414,8 @@ def test_wall_clock_budget_stops_evaluates_and_saves(kit, tmp_path):
     assert len(res.history) == 1  # the first step starts inside the budget and overruns it
     assert [e["step"] for e in res.eval_history] == [0, 1]
     assert res.path == tmp_path / "r" / "checkpoints" / "step-000001" and (res.path / "policy").is_dir()
-    with pytest.raises(ValueError, match="max_seconds"):
-        TrainConfig(max_seconds=0).validate()
+    with pytest.raises(ValueError, match="--max-seconds"):
+        TrainConfig.from_flags(max_seconds=0).validate()
 
 
 def test_rollout_token_budget_stops_evaluates_and_saves(kit, tmp_path):
@@ -433,8 +433,8 @@ def test_rollout_token_budget_stops_evaluates_and_saves(kit, tmp_path):
     assert [e["step"] for e in res.eval_history] == [0, 2]
     assert res.path == tmp_path / "b" / "checkpoints" / "step-000002"
     assert rollout_tokens([{"seconds": 1.0}]) == 0  # a row without rollout stats counts nothing
-    with pytest.raises(ValueError, match="max_rollout_tokens"):
-        TrainConfig(max_rollout_tokens=0).validate()
+    with pytest.raises(ValueError, match="--max-rollout-tokens"):
+        TrainConfig.from_flags(max_rollout_tokens=0).validate()
 
 
 def test_task_pool_replaces_the_training_tasks(kit, tmp_path):
@@ -614,7 +614,7 @@ def test_bad_inputs_name_the_fix(tmp_path, capsys, monkeypatch):
     assert rc == 2 and "memkit sft --method mem1" in err and len(err.strip().splitlines()) == 1
     rc = main(["train", "--method", "mem1", "--init", "tiny", "--max-minutes", "0", "--out", str(tmp_path / "y")])
     err = capsys.readouterr().err
-    assert rc == 2 and "max_seconds" in err and len(err.strip().splitlines()) == 1
+    assert rc == 2 and "--max-seconds" in err and len(err.strip().splitlines()) == 1
 
 
 def test_train_rolls_out_with_the_prompt_sft_used(kit, tmp_path, monkeypatch):
@@ -692,7 +692,7 @@ def test_readme_train_commands_parse_to_the_notebooks_settings():
     # the lab's minutes of RL from the lab's SFT recipe (memkit.lab.recipes), which tiny-sft:flaw-fe names
     from memkit.lab.recipes import LAB_RL_MINUTES, lab_sft_config
 
-    assert mem1.steps == ms.steps == 300 and mem1.max_seconds == ms.max_seconds == LAB_RL_MINUTES * 60
+    assert mem1.steps == ms.steps == 300 and mem1.budget.seconds == ms.budget.seconds == LAB_RL_MINUTES * 60
     assert mem1.init == ms.init == mp.init == "tiny-sft:flaw-fe"
     # notebook 04's arms: MemPO's own credit rule (the baseline is --credit grpo), its per-step sizes
     nb04 = "".join(
