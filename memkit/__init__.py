@@ -189,7 +189,14 @@ _EXPORTS = {
     "memkit.lab.runs": ("arm_table", "ensure_sft", "train_arms"),
     "memkit.lab.real": ("data_kit", "question_set", "REAL_K_DOCS"),
     "memkit.lab.long_horizon": ("long_horizon_study", "long_horizon_summary"),
-    "memkit.lab.long_horizon_arms": ("memact_study", "memact_summary", "mempo_study", "mempo_summary"),
+    "memkit.lab.long_horizon_arms": (
+        "memact_study",
+        "memact_summary",
+        "mempo_study",
+        "mempo_summary",
+        "memt_study",
+        "memt_summary",
+    ),
     "memkit.lab.recipes": (
         "ensure_lab_clone",
         "ensure_lab_sft",

@@ -123,6 +123,8 @@ def study_gain(record: str, new: str, old: str, what: str, note: Callable[[dict]
     def judge(r) -> Verdict:
         if (h := r.get(record)) is None:
             return NOT_RUN, "-"
+        if h.get(new) is None or h.get(old) is None:  # e.g. a SMOKE clone that wrote no <mem> to score
+            return NOT_REPRODUCED, f"{h['seeds']} seeds: {what} not measured (nothing to score); {note(h)}"
         olds = f"{old}_std" if h.get(f"{old}_std") else None  # a start has one value: no spread of its own
         status, text = gain({**h, "n_seeds": h["seeds"]}, new, old, f"{new}_std", olds, what=what)
         return status, f"{h['seeds']} seeds: {text}; {note(h)}"
@@ -130,17 +132,36 @@ def study_gain(record: str, new: str, old: str, what: str, note: Callable[[dict]
     return judge
 
 
+def _num(x, spec: str) -> str:
+    """``x`` formatted by ``spec``, or "-" where the study measured nothing (a category no question asked)."""
+    return "-" if x is None else format(x, spec)
+
+
 def mempo_k3_note(h) -> str:
-    return (f"searches per task MemPO {h['searches_mempo']:.2f}, GRPO {h['searches_grpo']:.2f} (start "
-            f"{h['searches_start']:.2f}); rollout tokens MemPO {h['rollout_tokens_mempo']:,.0f}, GRPO "
-            f"{h['rollout_tokens_grpo']:,.0f}")  # fmt: skip
+    return (
+        f"searches per task MemPO {_num(h['searches_mempo'], '.2f')}, GRPO {_num(h['searches_grpo'], '.2f')} "
+        f"(start {_num(h['searches_start'], '.2f')}); rollout tokens MemPO {_num(h['rollout_tokens_mempo'], ',.0f')}, "
+        f"GRPO {_num(h['rollout_tokens_grpo'], ',.0f')}"
+    )
 
 
 def memact_limit_note(h) -> str:
-    return (f"limit {h['limit']} tokens; context per call DCPO {h['context_tokens_dcpo']:.1f}, fixed "
-            f"{h['context_tokens_fixed']:.1f}; rollout tokens DCPO {h['rollout_tokens_dcpo']:,.0f}, fixed "
-            f"{h['rollout_tokens_fixed']:,.0f}; invalid start {h['invalid_start']:.2f} -> DCPO {h['invalid_dcpo']:.2f}; "
-            f"the window agent EM {h['em_window']:.3f}, invalid {h['invalid_window']:.2f}")  # fmt: skip
+    return (
+        f"limit {h['limit']} tokens; context per call DCPO {_num(h['context_tokens_dcpo'], '.1f')}, "
+        f"fixed {_num(h['context_tokens_fixed'], '.1f')}; rollout tokens DCPO {_num(h['rollout_tokens_dcpo'], ',.0f')}, "
+        f"fixed {_num(h['rollout_tokens_fixed'], ',.0f')}; invalid start {_num(h['invalid_start'], '.2f')} -> DCPO "
+        f"{_num(h['invalid_dcpo'], '.2f')}; the window agent EM {_num(h['em_window'], '.3f')}, "
+        f"invalid {_num(h['invalid_window'], '.2f')}"
+    )
+
+
+def memt_long_note(h) -> str:
+    return (
+        f"{h['size']} streams, {h['steps']} steps on multi-hop questions, {h['questions']} held-out questions; "
+        f"multi-hop F1 MoT-GRPO {_num(h['f1_multihop_mot'], '.3f')}, GRPO {_num(h['f1_multihop_grpo'], '.3f')} "
+        f"(start {_num(h['f1_multihop_start'], '.3f')}); overall F1 start {_num(h['f1_start'], '.3f')}; "
+        f"rollout tokens MoT-GRPO {_num(h['rollout_tokens_mot'], ',.0f')}, GRPO {_num(h['rollout_tokens_grpo'], ',.0f')}"
+    )
 
 
 def exact_packing(r) -> Verdict:

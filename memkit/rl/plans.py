@@ -29,6 +29,7 @@ from memkit.rl.mot import mot_units, score_query
 from memkit.rollout.engine import ModelPolicy, RolloutConfig
 from memkit.rollout.streams import answer_questions, teacher_built_stores
 from memkit.rollout.trees import TreeConfig, grow_forest
+from memkit.world.conversation import CATEGORIES
 from memkit.world.task_sets import held_out_tasks
 
 
@@ -106,6 +107,7 @@ class TreePlan:
     eval_built: list | None = None
     size: str = "smoke"
     max_context_tokens: int = MAX_CONTEXT_TOKENS
+    categories: tuple[str, ...] | None = None  # LoCoMo categories a step's questions come from (None: all)
 
     def _stores(self, trainer) -> None:
         cfg, kit = trainer.cfg, trainer.kit
@@ -119,9 +121,13 @@ class TreePlan:
             )[1]
 
     def tasks(self, trainer, step: int) -> list:
-        """``(built state, question index)`` pairs drawn without replacement from every stored question."""
+        """``(built state, question index)`` pairs drawn without replacement from every stored question (of
+        :attr:`categories`)."""
         self._stores(trainer)
-        pool = [(b, qi) for b in self.built for qi in range(len(stream_conversation(b).qa))]
+        pool = [(b, qi) for b in self.built for qi, q in enumerate(stream_conversation(b).qa)
+                if self.categories is None or CATEGORIES[q.category] in self.categories]  # fmt: skip
+        if not pool:
+            raise ValueError(f"no training question of categories {self.categories} in the stores")
         return random.Random(f"{trainer.cfg.seed}-{step}").sample(pool, min(trainer.cfg.tasks_per_step, len(pool)))
 
     def _policy(self, trainer, temperature: float, seed: int) -> ModelPolicy:

@@ -418,10 +418,10 @@ def test_only_the_full_study_trains_the_head_to_heads_own_clones(tmp_path):
 
 @pytest.mark.slow
 def test_the_hour_long_lab_run_skips_the_long_horizon_studies_and_07s_sft_unless_full(tmp_path):
-    """``make reproduce`` gives notebooks 02, 04 and 05 ``LONG_HORIZON = False`` (their long-horizon studies,
+    """``make reproduce`` gives notebooks 02, 04-06 ``LONG_HORIZON = False`` (their long-horizon studies,
     ~40-50 minutes each) and 07 ``SFT_MINUTES = 0`` (its SmolLM2 SFT on CPU, which no claim reads); FULL=1 keeps
     the notebooks' own values (memkit.lab.recipes.LAB_NOTEBOOK_PARAMS)."""
-    nbs, stems = tmp_path / "nbs", ("02_mem1", "04_mempo", "05_memact", "07_real_data")
+    nbs, stems = tmp_path / "nbs", ("02_mem1", "04_mempo", "05_memact", "06_memt", "07_real_data")
     for stem in stems:
         name, value = ("SFT_MINUTES", 12) if stem == "07_real_data" else ("LONG_HORIZON", True)
         make_notebook(
@@ -429,7 +429,7 @@ def test_the_hour_long_lab_run_skips_the_long_horizon_studies_and_07s_sft_unless
             [f"import memkit.course.nb as nb; nb.record('value', {name})"],
             parameters=DEFAULT_PARAMS + f"{name} = {value}\n",
         )
-    for full, values in ((False, (False, False, False, 0)), (True, (True, True, True, 12))):
+    for full, values in ((False, (False,) * 4 + (0,)), (True, (True,) * 4 + (12,))):
         run = reproduce(
             smoke=False, out_root=tmp_path / f"runs{full}", notebooks_dir=nbs, stream=io.StringIO(), full=full
         )
@@ -764,4 +764,23 @@ def test_mempo_and_memact_long_horizon_claims_judge_their_study_records():
     assert "rollout tokens DCPO 164,000, fixed 165,000" in rows[3]["measured"]
     assert judged({"mempo_k3": {**mp, "em_mempo": 0.60}})[0]["status"] == REPRODUCED
     assert judged({"memact_limit": {**ma, "em_fixed": 0.39}})[3]["status"] == NOT_REPRODUCED  # +0.03 inside 0.04
+    assert {r["status"] for r in judged({})} == {NOT_RUN}
+
+
+def test_memt_longer_stream_claims_judge_notebook_06s_study():
+    """Notebook 06's ``memt_long`` record (memkit.lab.long_horizon_arms.memt_summary) judges Tab. 2 on longer
+    streams, overall and multi-hop F1, each against the sum of the two arms' stds."""
+    h = {"size": "medium", "steps": 14, "questions": 290, "seeds": 3, "f1_start": 0.5, "f1_start_std": 0.0,
+         "f1_mot": 0.60, "f1_mot_std": 0.01, "f1_grpo": 0.55, "f1_grpo_std": 0.01, "f1_multihop_start": 0.15,
+         "f1_multihop_start_std": 0.0, "f1_multihop_mot": 0.30, "f1_multihop_mot_std": 0.05, "f1_multihop_grpo": 0.28,
+         "f1_multihop_grpo_std": 0.05, "rollout_tokens_mot": 40_000, "rollout_tokens_grpo": 38_000}  # fmt: skip
+
+    def judged(records):
+        rows = judge_all({"06_memt_tree_backprop": records})
+        return [r for r in rows if "longer streams" in r["source"]]
+
+    rows = judged({"memt_long": h})
+    assert [r["status"] for r in rows] == [REPRODUCED, NOT_REPRODUCED]  # +0.05 > 0.02; +0.02 inside 0.10
+    assert "medium streams, 14 steps on multi-hop questions, 290 held-out questions" in rows[0]["measured"]
+    assert "rollout tokens MoT-GRPO 40,000, GRPO 38,000" in rows[1]["measured"]
     assert {r["status"] for r in judged({})} == {NOT_RUN}

@@ -17,6 +17,8 @@ from memkit.lab.long_horizon_arms import (
     memact_summary,
     mempo_study,
     mempo_summary,
+    memt_study,
+    memt_summary,
 )
 from memkit.metrics.efficiency import rollout_tokens
 from tests.rl.test_trainer import _loop_cfg
@@ -75,3 +77,13 @@ def test_both_studies_run_end_to_end_at_smoke_size(kit, tmp_path):
     for run in ("DCPO-s0", "fixed interval-s0", "sliding window-s0"):
         config = json.loads((latest_checkpoint(tmp_path / "ma" / run / "checkpoints") / "memkit.json").read_text())
         assert config["config"]["max_context_tokens"] == MEMACT_LIMIT
+
+
+def test_the_memt_study_runs_end_to_end_at_smoke_size(kit):
+    """SMOKE: the lab's small retrieval clone on small stores, one step per arm; the start and both arms are
+    scored on every held-out question and summarised for the results page."""
+    st = memt_study(kit, [0], smoke=True)
+    assert [r["arm"] for r in st["rows"]] == ["SFT start", "MoT-GRPO", "GRPO"] and st["questions"] > 0
+    s = memt_summary(st)
+    assert s["rollout_tokens_mot"] > 0 and s["rollout_tokens_grpo"] > 0 and s["rollout_tokens_start"] == 0
+    assert all(0.0 <= s[f"f1_{a}"] <= 1.0 for a in ("start", "mot", "grpo"))

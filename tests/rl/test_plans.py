@@ -71,6 +71,21 @@ def test_memt_trains_trees_or_chains_through_the_trainer(kit, monkeypatch):
     assert grpo.plan.tasks(grpo, 5) == grpo.plan.tasks(grpo, 5)  # a function of (seed, step): resumable
 
 
+def test_a_tree_plan_draws_only_the_categories_it_is_given(kit):
+    """``TreePlan.categories`` (Mem-T's longer-stream study trains on multi-hop questions only): every drawn
+    question is of those categories; a category the stores do not ask is refused by name."""
+    from memkit.agents.memt_tools import stream_conversation
+    from memkit.world.conversation import CATEGORIES
+
+    tr = _memt_trainer(kit, tasks_per_step=3, n_train_tasks=3)
+    tr.plan.categories = ("multi-hop",)
+    drawn = [CATEGORIES[stream_conversation(b).qa[qi].category] for s in range(4) for b, qi in tr.plan.tasks(tr, s)]
+    assert len(drawn) == 12 and set(drawn) == {"multi-hop"}
+    tr.plan.categories = ("no such category",)
+    with pytest.raises(ValueError, match="no such category"):
+        tr.plan.tasks(tr, 0)
+
+
 def test_wiki_methods_keep_the_chain_plan(kit):
     from memkit.lab.policies import fresh_tiny
     from memkit.rl.trainer import Trainer

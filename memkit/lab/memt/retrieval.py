@@ -46,6 +46,11 @@ class MemTLab:
     """Where the clone's SFT starts (``SFTConfig.init``): the pretrained base; SMOKE starts from
     "scratch" so a fresh cache does not pretrain the base (~8 minutes) for a pipeline check."""
 
+    @classmethod
+    def smoke(cls) -> "MemTLab":
+        """SMOKE's sizes: a 200-step clone (45 s at most) of 12 conversations, from scratch."""
+        return cls(size="smoke", train_conversations=12, sft_seconds=45, sft_steps=200, init="scratch")
+
 
 def built_stores(kit, n: int, seed: int, size: str, progress: bool = False):
     """``n`` conversations (seeds ``seed..``) and their stores built by the perfect teacher
@@ -182,12 +187,14 @@ def run_arm(
     tree_cfg: TreeConfig = TreeConfig(3, 1, 2),
     chains: int = 7,
     temperature: float = 1.0,
+    categories: tuple[str, ...] | None = None,
     log=None,
 ):
     """Train a copy of ``start`` for ``steps`` RL steps of arm ``arm`` (:data:`RETRIEVAL_ARMS`) through the
     :class:`~memkit.rl.trainer.Trainer` (Mem-T's :class:`~memkit.rl.plans.TreePlan` over ``built``):
     ``queries`` questions a step, ``tree_cfg.trees`` trees each (MoT-GRPO arms) or ``chains`` chains
-    (GRPO, about as many rollout tokens). Returns ``(step rows, F1 by category after)``."""
+    (GRPO, about as many rollout tokens), of the LoCoMo ``categories`` given (None: every question). Returns
+    ``(step rows, F1 by category after)``."""
     import copy
 
     from memkit.rl.config import TrainConfig
@@ -210,7 +217,7 @@ def run_arm(
         eval=EvalConfig(every=0),
         **{**over, "mot": replace(over.get("mot", MoTConfig()), rounds=tree_cfg.rounds, pivots=tree_cfg.pivots)},
     )
-    plan = TreePlan(built, eval_built)
+    plan = TreePlan(built, eval_built, categories=categories)
     trainer = Trainer(cfg, copy.deepcopy(start), kit.tokenizer, memt_wrap(kit), kit, plan=plan)
     rows = []
     for step in range(steps):
