@@ -106,6 +106,17 @@ def start_row(summary: dict, mem_p: float | None = None) -> dict:
             "minutes": 0.0}  # fmt: skip
 
 
+def _over_seeds(per: list[dict], keys) -> dict:
+    """Each of ``keys`` as the mean over the seeds' rows ``per`` that have it and ``<key>_std``, the sample std
+    (0 for one seed; both None where no seed has it)."""
+    out = {}
+    for key in keys:
+        xs = [float(r[key]) for r in per if r.get(key) is not None]
+        out[key] = statistics.fmean(xs) if xs else None
+        out[f"{key}_std"] = (statistics.stdev(xs) if len(xs) > 1 else 0.0) if xs else None
+    return out
+
+
 def arm_rows(starts: dict[str, dict], runs: dict, k: int) -> list[dict]:
     """One row per start (one value, std 0) and per arm: each :data:`RUN_KEYS` as mean and ``_std`` (sample std
     over the seeds that have it; 0 for one, None for none), ``em_seeds`` the per-seed EM, ``seeds`` how many."""
@@ -114,11 +125,7 @@ def arm_rows(starts: dict[str, dict], runs: dict, k: int) -> list[dict]:
     for arm in dict.fromkeys(a for a, _ in runs):
         per = [run_row(res, k) for (a, _), res in runs.items() if a == arm]
         row = {"arm": arm, "seeds": len(per), "em_seeds": [r["em"] for r in per]}
-        for key in RUN_KEYS:
-            xs = [float(r[key]) for r in per if r[key] is not None]
-            row[key] = statistics.fmean(xs) if xs else None
-            row[f"{key}_std"] = (statistics.stdev(xs) if len(xs) > 1 else 0.0) if xs else None
-        rows.append(row)
+        rows.append(row | _over_seeds(per, RUN_KEYS))
     return rows
 
 
@@ -227,12 +234,7 @@ def memt_study(kit, seeds, smoke: bool = False, steps: int = 14, n_eval: int = 1
             steps_rows, f1 = run_arm(kit, start, train, held, arm, 1 if smoke else steps, seed=seed,
                                      queries=2 if smoke else 4, categories=MEMT_TRAIN_CATEGORIES)  # fmt: skip
             per.append({**f1, "rollout_tokens": sum(r["rollout_tokens"] for r in steps_rows)})
-        row = {"arm": arm, "seeds": len(per)}
-        for key in MEMT_KEYS:
-            xs = [float(p[key]) for p in per if p.get(key) is not None]
-            row[key] = statistics.fmean(xs) if xs else None
-            row[f"{key}_std"] = (statistics.stdev(xs) if len(xs) > 1 else 0.0) if xs else None
-        rows.append(row)
+        rows.append({"arm": arm, "seeds": len(per)} | _over_seeds(per, MEMT_KEYS))
     return {"rows": rows, "seeds": list(seeds), "size": size, "steps": 1 if smoke else steps, "questions": len(first)}
 
 
