@@ -24,6 +24,11 @@ def cache_dir() -> Path:
     return path
 
 
+#: the environment variable naming who builds cache entries in this process (``memkit reproduce`` sets it to
+#: the notebook's record path for its kernel); :func:`build_lock` writes it beside each entry it saw built
+BUILT_BY_ENV = "MEMKIT_BUILT_BY"
+
+
 @contextmanager
 def build_lock(path: str | Path):
     """Hold an exclusive lock on ``<path>.lock`` (beside ``path``) for the block: one process at a time
@@ -36,20 +41,39 @@ def build_lock(path: str | Path):
         with build_lock(path):
             if not path.exists():
                 train_into(path)
+
+    An entry the block built (absent before, present after) gets ``<path>.built``: who built it
+    (:data:`BUILT_BY_ENV`, else ``pid N``; :func:`built_by`), so a report can credit the entry to the
+    notebook that paid for it and not to another process that ran beside it.
     """
+    path = Path(path)
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not POSIX
+        existed = path.exists()
         yield
+        _mark_built(path, existed)
         return
-    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(path.name + ".lock"), "a") as f:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX)
         try:
+            existed = path.exists()
             yield
+            _mark_built(path, existed)
         finally:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _mark_built(path: Path, existed: bool) -> None:
+    if not existed and path.exists():
+        atomic_write_text(path.with_name(path.name + ".built"), os.environ.get(BUILT_BY_ENV) or f"pid {os.getpid()}")
+
+
+def built_by(path: str | Path) -> str | None:
+    """Who built the cache entry ``path`` under :func:`build_lock` (its ``.built`` file), None when unrecorded."""
+    marker = Path(path).with_name(Path(path).name + ".built")
+    return marker.read_text() if marker.is_file() else None
 
 
 def read_jsonl(path: str | Path, parse, what: str, how_to_make: str) -> list:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memkit.core.io import BUILT_BY_ENV
 from memkit.course.nb import PAPERMILL_ENV, RECORD_ENV, declared_parameters, load_records, resolve_kernel
 
 
@@ -51,6 +52,30 @@ def _fd2_to(path: Path):
         sys.stderr.flush()
         os.dup2(saved, 2)
         os.close(saved)
+
+
+def builder_tag(out_dir: str | Path, stem: str) -> str:
+    """What a notebook run executed into ``out_dir`` writes beside the cache entries it builds
+    (:data:`memkit.core.io.BUILT_BY_ENV`): its executed path, one per run and notebook."""
+    return str((Path(out_dir) / f"{stem}.ipynb").resolve())
+
+
+def own_builds(entries, tag: str) -> list[str]:
+    """The cache ``entries`` (relative to the cache) that ``tag``'s notebook built: those whose
+    :func:`memkit.core.io.built_by` (of the entry or the nearest folder above it that recorded one) is ``tag``,
+    or unrecorded (built outside :func:`~memkit.core.io.build_lock`). An entry another process built
+    meanwhile (a second notebook, a background job) is not this one's."""
+    from memkit.core.io import built_by, cache_dir
+
+    root = cache_dir()
+
+    def builder(entry: str) -> str | None:
+        parts = Path(entry).parts
+        return next(
+            (b for i in range(len(parts), 0, -1) if (b := built_by(root.joinpath(*parts[:i]))) is not None), None
+        )
+
+    return [e for e in entries if builder(e) in (None, tag)]
 
 
 def execute_notebook(
@@ -91,9 +116,10 @@ def execute_notebook(
     rec.unlink(missing_ok=True)  # never report numbers from an earlier run
     kernel_name = resolve_kernel(kernel)
 
-    saved = {k: os.environ.get(k) for k in (RECORD_ENV, PAPERMILL_ENV)}
+    saved = {k: os.environ.get(k) for k in (RECORD_ENV, PAPERMILL_ENV, BUILT_BY_ENV)}
     os.environ[RECORD_ENV] = str(rec.resolve())
     os.environ[PAPERMILL_ENV] = "1"  # the kernel inherits this environment
+    os.environ[BUILT_BY_ENV] = builder_tag(out_dir, path.stem)  # cache entries the kernel builds name this run
     error = None
     t0 = time.perf_counter()
     try:

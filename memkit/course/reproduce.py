@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from memkit.core.io import atomic_write_text
-from memkit.course.execute import NotebookRun, execute_notebook, render_report
+from memkit.course.execute import NotebookRun, builder_tag, execute_notebook, own_builds, render_report
 from memkit.course.nb import repo_root, resolve_kernel
 
 
@@ -160,7 +160,7 @@ def _notebook_task(
             {},
             f"{type(e).__name__}: {e}",
         )
-    r.trained = sorted(cache_checkpoints() - cached)
+    r.trained = sorted(own_builds(cache_checkpoints() - cached, builder_tag(run_dir, path.stem)))
     return r
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from memkit.core.io import build_lock
+from memkit.core.io import BUILT_BY_ENV, build_lock, built_by
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="fcntl locks: POSIX only")
 
@@ -72,3 +72,24 @@ def test_a_killed_holder_leaves_the_entry_unlocked(tmp_path):
         pass
     assert time.perf_counter() - t0 < 5
     assert not entry.exists() and (tmp_path / "model.lock").exists()
+
+
+def test_an_entry_built_under_the_lock_names_its_builder(tmp_path, monkeypatch):
+    """``<entry>.built`` says who built it (``memkit reproduce`` credits a notebook with its own builds only):
+    the environment's tag, else the pid; an entry that was there already, or that the block did not build,
+    gets no marker."""
+    entry, other, absent = tmp_path / "model", tmp_path / "other", tmp_path / "absent"
+    monkeypatch.setenv(BUILT_BY_ENV, "run/07_real_data.ipynb")
+    with build_lock(entry):
+        entry.mkdir()
+    assert built_by(entry) == "run/07_real_data.ipynb"
+    other.mkdir()
+    with build_lock(other):  # found built: nothing to record
+        pass
+    with build_lock(absent):  # not built: nothing either
+        pass
+    assert built_by(other) is None and built_by(absent) is None
+    monkeypatch.delenv(BUILT_BY_ENV)
+    with build_lock(tmp_path / "m2"):
+        (tmp_path / "m2").mkdir()
+    assert built_by(tmp_path / "m2") == f"pid {os.getpid()}"

@@ -582,7 +582,8 @@ def test_reproduce_reports_failure_and_continues(tmp_path, out_dir):
 @pytest.mark.slow
 def test_reproduce_names_the_checkpoints_each_notebook_trained(tmp_path, monkeypatch):
     """The report's minutes table says which notebook paid for which cached model: a checkpoint
-    that appears in the cache during a notebook is listed on its row, one already there is not."""
+    that appears in the cache during a notebook is listed on its row, one already there is not, nor one
+    that another process built meanwhile (its ``.built`` marker names that process)."""
     cache = tmp_path / "cache"
     (cache / "sft" / "old").mkdir(parents=True)
     (cache / "sft" / "old" / "memkit.json").write_text("{}")
@@ -592,7 +593,12 @@ def test_reproduce_names_the_checkpoints_each_notebook_trained(tmp_path, monkeyp
         nbs / "00_trains.ipynb",
         [
             "from memkit.core.io import cache_dir\nd = cache_dir() / 'sft' / 'new'\nd.mkdir(parents=True)\n"
-            "(d / 'memkit.json').write_text('{}')"
+            "(d / 'memkit.json').write_text('{}')",
+            "from memkit.core.io import build_lock\ne = cache_dir() / 'sft' / 'locked'\nwith build_lock(e):\n"
+            "    e.mkdir()\n    (e / 'memkit.json').write_text('{}')",
+            # a background job's entry, built under its own lock while this notebook ran
+            "f = cache_dir() / 'sft' / 'foreign'\nf.mkdir()\n(f / 'memkit.json').write_text('{}')\n"
+            "(cache_dir() / 'sft' / 'foreign.built').write_text('pid 1')",
         ],
     )
     make_notebook(nbs / "01_reads.ipynb", ["x = 1"])
@@ -602,10 +608,10 @@ def test_reproduce_names_the_checkpoints_each_notebook_trained(tmp_path, monkeyp
         for ln in (run / "REPORT.md").read_text().splitlines()
         if ln.startswith("| 0")
     }
-    assert "`sft/new`" in rows["00_trains"] and "old" not in rows["00_trains"]
+    assert "`sft/new`" in rows["00_trains"] and "old" not in rows["00_trains"] and "foreign" not in rows["00_trains"]
     assert rows["01_reads"].rstrip().endswith("| - |")
     summary = json.loads((run / "summary.json").read_text())
-    assert [n["trained"] for n in summary["notebooks"]] == [["sft/new"], []]
+    assert [n["trained"] for n in summary["notebooks"]] == [["sft/locked", "sft/new"], []]
 
 
 def test_results_page_judges_claims_on_a_reproduce_run(tmp_path):
