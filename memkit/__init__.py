@@ -127,7 +127,7 @@ _EXPORTS = {
         "question_split",
     ),
     "memkit.world.streams": ("make_conversations",),
-    "memkit.world.task_sets": ("held_out_tasks",),
+    "memkit.world.task_sets": ("held_out_tasks", "training_tasks"),
     "memkit.metrics.qa": ("f1", "format_table", "summarize"),
     "memkit.metrics.efficiency": ("context_tokens_per_turn", "dependency", "peak_tokens"),
     "memkit.models": ("load_policy", "LoadedModel", "sequence_logprobs", "trained_k_docs", "is_chat"),
@@ -177,6 +177,7 @@ _EXPORTS = {
     "memkit.lab.policies": ("fresh_tiny", "load_init", "prompt_wrap"),
     "memkit.lab.evaluation": ("compare_engines", "evaluate", "measure_headroom", "same_ids"),
     "memkit.lab.compare": (
+        "SFT_TAG",
         "by_method",
         "compare_runs",
         "draw_pareto",
@@ -188,6 +189,7 @@ _EXPORTS = {
     ),
     "memkit.lab.runs": ("arm_table", "ensure_sft", "train_arms"),
     "memkit.lab.real": ("data_kit", "question_set", "REAL_K_DOCS"),
+    "memkit.lab.real_compare": ("real_h2h", "real_sft_config"),
     "memkit.lab.long_horizon": ("long_horizon_study", "long_horizon_summary"),
     "memkit.lab.long_horizon_arms": (
         "memact_study",

@@ -43,6 +43,7 @@ from memkit.course.judges import (  # noqa: F401  (the statuses: this page's voc
     tokens_vs_react,
 )
 from memkit.lab.compare import results_section
+from memkit.lab.real_compare import real_results_section
 
 
 @dataclass(frozen=True)
@@ -201,6 +202,7 @@ def render_results(records_by_notebook: dict[str, dict], metas: list[dict]) -> s
     ]
     lines += [
         *results_section(records_by_notebook.get("08_head_to_head", {})),
+        *real_results_section(records_by_notebook.get("07_real_data", {})),
         "",
         "## Runs",
         "",

@@ -27,11 +27,33 @@ from memkit.metrics.efficiency import rollout_tokens
 #: per-k columns of a compare row: summary key -> column prefix
 PER_K = {
     "em": "em",
+    "f1": "f1",
     "peak_tokens": "peak",
     "dependency": "dep",
     "invalid_rate": "invalid",
     "seconds": "sec_per_episode",
 }
+
+
+#: the row-label suffix of a pretrained model's SFT-only row (no RL: the budget is SFT minutes)
+SFT_TAG = " (SFT only)"
+
+
+def sft_budget(sft_dir) -> dict:
+    """``{steps, train_minutes, examples, rollout_tokens}`` an SFT checkpoint spent (its ``memkit.json``):
+    logged optimizer steps, wall minutes of the optimisation, calls cloned; rollout tokens are 0, no policy
+    rolled out."""
+    meta_path = Path(sft_dir) / "memkit.json"
+    if not meta_path.is_file():
+        raise ValueError(f"{sft_dir} is not an SFT checkpoint (no memkit.json); give a `memkit sft --out` directory")
+    meta = json.loads(meta_path.read_text())
+    history = meta.get("history") or []
+    return {
+        "steps": history[-1]["step"] + 1 if history else 0,
+        "train_minutes": history[-1]["seconds"] / 60 if history else 0.0,
+        "examples": meta.get("n_examples", 0),
+        "rollout_tokens": 0,
+    }
 
 
 def method_label(method: str, method_kwargs: dict | None = None) -> str:
@@ -48,8 +70,17 @@ def method_label(method: str, method_kwargs: dict | None = None) -> str:
 def run_budget(run_dir) -> dict:
     """``{run, method, format, method_kwargs, algo, seed, context_limit, steps, train_minutes, rollout_tokens}`` of
     a ``memkit train`` run directory (``method``: :func:`method_label`, the row's name; ``format``: the registry's;
-    ``context_limit``: the ``max_context_tokens`` it trained under)."""
+    ``context_limit``: the ``max_context_tokens`` it trained under). A ``memkit sft`` checkpoint is a row too:
+    its SFT budget (:func:`sft_budget`), ``algo`` "sft", its label tagged "(SFT only)"."""
     run = Path(run_dir)
+    meta = run / "memkit.json"
+    if meta.is_file() and "sft" in (sft := json.loads(meta.read_text())):  # a `memkit sft --out` checkpoint
+        cfg = sft["sft"]
+        return {
+            "run": str(run), "method": method_label(cfg["method"], cfg.get("method_kwargs")) + SFT_TAG,
+            "format": cfg["method"], "method_kwargs": cfg.get("method_kwargs") or {}, "algo": "sft",
+            "seed": cfg.get("seed"), "context_limit": None, **sft_budget(run),
+        }  # fmt: skip
     ckpt = latest_checkpoint(run / "checkpoints")
     metrics = run / "metrics.jsonl"
     if ckpt is None or not metrics.is_file():
@@ -70,11 +101,11 @@ def run_budget(run_dir) -> dict:
     }
 
 
-def compare_runs(run_dirs, kit, objectives=(1, 2, 4), n_tasks: int = 50, seed: int = 1000) -> list[dict]:
+def compare_runs(run_dirs, kit, objectives=(1, 2, 4), n_tasks: int = 50, seed: int = 1000, **rollout_kw) -> list[dict]:
     """One row per run: :func:`run_budget` and, at each k, ``em@k``, ``peak@k``, ``invalid@k`` and
     ``sec_per_episode@k`` of its final policy on ``held_out_tasks(kit.world, n_tasks, k, seed)``, under its
     method options and the context limit it trained under (a call over it ends the episode as invalid, as in
-    the trainer's own evaluations: MemAct's limit that binds)."""
+    the trainer's own evaluations: MemAct's limit that binds). ``rollout_kw``: as :func:`evaluated`'s."""
     rows = []
     for run_dir in run_dirs:
         row = run_budget(run_dir)
@@ -84,22 +115,25 @@ def compare_runs(run_dirs, kit, objectives=(1, 2, 4), n_tasks: int = 50, seed: i
                 "`memkit eval --method memt --policy RUN`"
             )
         kw, limit = row["method_kwargs"], row["context_limit"]
-        rows.append(row | evaluated(row["format"], str(run_dir), kit, objectives, n_tasks, seed, kw, limit))
+        rows.append(
+            row | evaluated(row["format"], str(run_dir), kit, objectives, n_tasks, seed, kw, limit, **rollout_kw)
+        )
     return rows
 
 
 def evaluated(
-    method: str, policy, kit, objectives, n_tasks: int, seed: int, method_kwargs=None, context_limit=None
+    method: str, policy, kit, objectives, n_tasks: int, seed: int, method_kwargs=None, context_limit=None, **rollout_kw
 ) -> dict:
-    """``em@k``, ``peak@k``, ``dep@k`` (MEM1's dependency), ``invalid@k``, ``sec_per_episode@k`` of
+    """``em@k``, ``f1@k``, ``peak@k``, ``dep@k`` (MEM1's dependency), ``invalid@k``, ``sec_per_episode@k`` of
     ``policy`` (any policy spec, a run directory, a loaded model) greedily on the held-out tasks of
     :func:`compare_runs`: the columns of a start that had no RL (a baseline's row, budget 0) as well as a run's.
-    ``context_limit``: the longest context a call may have (None: the model's window)."""
+    ``context_limit``: the longest context a call may have (None: the model's window); ``rollout_kw``: more
+    options of :func:`memkit.lab.evaluation.rollout` (a pretrained model's ``min_new_tokens``)."""
     from memkit.lab.evaluation import evaluate
 
     res = evaluate(
         method, kit, objectives, n_tasks, policy=policy, seed=seed, method_kwargs=method_kwargs or {},
-        max_context_tokens=context_limit,
+        max_context_tokens=context_limit, **rollout_kw,
     )  # fmt: skip
     return {f"{col}@{k}": summary[key] for k, (summary, _) in res.items() for key, col in PER_K.items()}
 
@@ -228,6 +262,7 @@ def results_section(records: dict) -> list[str]:
 
 __all__ = [
     "PER_K",
+    "SFT_TAG",
     "START",
     "by_method",
     "compare_runs",
@@ -239,4 +274,5 @@ __all__ = [
     "plot_pareto",
     "results_section",
     "run_budget",
+    "sft_budget",
 ]

@@ -113,8 +113,8 @@ LAB_NOTEBOOK_MINUTES = {"00": 0.3, "01": 5.3, "02": 7.2, "03": 6.5, "04": 10.7, 
 #: parameters the lab mode gives a notebook unless ``memkit reproduce --full`` (``make reproduce FULL=1``):
 #: the long-horizon studies (02 §9: a 3,000-step clone and 3 RL seeds, ~40 minutes on one core; 04 §8 and 05 §8,
 #: :mod:`memkit.lab.long_horizon_arms`: a 3,000-step clone and 3 seeds per arm, ~45 and ~40 minutes; 06 §8, Mem-T on
-#: longer streams) and notebook 07's SmolLM2 SFT on CPU (26 minutes on 2 cores, a correctness run no claim rests
-#: on) are skipped
+#: longer streams) and notebook 07's SmolLM2 SFT on CPU (26 minutes on 2 cores for MEM1's, a correctness run no claim
+#: rests on, and §7's head-to-head: five more formats' SFT of ``SFT_MINUTES`` each) are skipped
 LAB_NOTEBOOK_PARAMS = {**{nb: {"LONG_HORIZON": False} for nb in ("02", "04", "05", "06")}, "07": {"SFT_MINUTES": 0}}
 
 #: notebooks the lab mode runs only with ``memkit reproduce --full`` (``make reproduce FULL=1``) or when

@@ -165,6 +165,10 @@ EXPECTATIONS: dict[str, dict] = {
         "sft_examples_min": 8,
         "sft_steps_eq": 3,
         "sft_valid_k2_max": 1.0,
+        # §7, every format's SFT (SMOKE: 3 steps on the stand-in); the teacher's costs are real at any size
+        "real_window_same_share_eq": 1.0,
+        "real_h2h_contestants_eq": 6,
+        "real_teacher_peak_ratio_k2_max": 0.75,
         "solution_1_peak_gap_max": 1e-9,
         "solution_2_top1_gap_max": 1e-9,
     },
