@@ -75,6 +75,15 @@ def memkit_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def kit():
+    """The synthetic world of seed 0 with its tokenizer (``memkit.lab.kit.load_kit``), once per module; a module
+    that needs another kit (real data, a chat model's) defines its own ``kit``."""
+    from memkit.lab.kit import load_kit
+
+    return load_kit(0)
+
+
+@pytest.fixture(scope="module")
 def one_thread():
     """Tiny matmuls gain nothing from 2 threads, and on a shared 2-core box OpenMP spin-waits
     made model tests ~10x slower; restore the setting afterwards."""

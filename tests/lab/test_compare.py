@@ -21,13 +21,6 @@ from tests.rl.test_trainer import _loop_cfg
 
 
 @pytest.fixture(scope="module")
-def kit():
-    from memkit.lab.kit import load_kit
-
-    return load_kit(0)
-
-
-@pytest.fixture(scope="module")
 def runs(kit, tmp_path_factory):
     """Two GRPO steps each of MEM1 (2 seeds) and MemSearcher (1 seed) from the random tiny model."""
     from memkit.lab.runs import train

@@ -24,13 +24,6 @@ from memkit.metrics.efficiency import rollout_tokens
 from tests.rl.test_trainer import _loop_cfg
 
 
-@pytest.fixture(scope="module")
-def kit():
-    from memkit.lab.kit import load_kit
-
-    return load_kit(0)
-
-
 def test_the_baseline_trains_until_it_has_the_paper_arms_tokens(kit, tmp_path):
     """The paper's arm trains its steps; the baseline (here: half the tasks per step, so half the tokens per
     step) trains until it has generated as many tokens, which takes it more steps, at most twice as many."""

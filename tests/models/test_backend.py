@@ -41,13 +41,6 @@ class CopyingBackend:
             self.copy.load_state_dict(model.state_dict())
 
 
-@pytest.fixture(scope="module")
-def kit():
-    from memkit.lab.kit import load_kit
-
-    return load_kit(0)
-
-
 def _cfg(out=None, **over) -> TrainConfig:
     kw = dict(
         algo="ppo",

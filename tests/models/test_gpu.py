@@ -28,13 +28,6 @@ def no_tf32():
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
 
 
-@pytest.fixture(scope="module")
-def kit():
-    from memkit.lab.kit import load_kit
-
-    return load_kit(0)
-
-
 @pytest.mark.parametrize("algo", sorted(dw.CASES))
 def test_cuda_update_matches_the_cpu_update(algo):
     """``Learner.update`` on the GPU (accelerate's device placement, packed masks built on the GPU)

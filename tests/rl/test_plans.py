@@ -14,13 +14,6 @@ from memkit.rl.plans import PLANS, ChainPlan, TreePlan
 from memkit.rl.rules import MoTConfig
 
 
-@pytest.fixture(scope="module")
-def kit():
-    from memkit.lab.kit import load_kit
-
-    return load_kit(0)
-
-
 def test_every_method_declares_a_plan_the_trainer_knows():
     assert {get_method(m).rollout_plan for m in METHODS} == {"chains"}
     assert get_method("memt").rollout_plan == "trees" and set(PLANS) == {"chains", "trees"}

@@ -322,13 +322,6 @@ def test_trajectory_gae_is_the_same_for_every_packing():
 
 
 # ============================================================================ the loop
-@pytest.fixture(scope="module")
-def kit():
-    from memkit.lab.kit import load_kit
-
-    return load_kit(0)
-
-
 def _loop_cfg(out: Path, steps: int, **over) -> TrainConfig:
     kw = dict(
         algo="ppo",

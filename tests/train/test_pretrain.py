@@ -7,7 +7,6 @@ from dataclasses import asdict, replace
 import pytest
 import torch
 
-from memkit.lab.kit import load_kit
 from memkit.models import TAGS, load_policy
 from memkit.train import pretrain
 from memkit.train.pretrain import (
@@ -34,11 +33,6 @@ TINY = PretrainConfig(
     cpu_attention="eager",
     log_every=1,
 )
-
-
-@pytest.fixture(scope="module")
-def kit():
-    return load_kit(0)
 
 
 @pytest.fixture(autouse=True)
