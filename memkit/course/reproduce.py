@@ -238,7 +238,8 @@ def reproduce(
     declare it (04-06, 08: seeds per arm, one by default; 02: §9's RL seeds, three by default). ``full``: the lab mode also runs the
     full-study notebooks (:data:`memkit.lab.recipes.FULL_STUDY_NOTEBOOKS`: 08), which otherwise run only
     when ``notebooks`` names them, and the parts the hour-long run leaves out
-    (:data:`memkit.lab.recipes.LAB_NOTEBOOK_PARAMS`: notebook 02's long-horizon study, 07's SmolLM2 SFT). ``resume``: an earlier run directory;
+    (:data:`memkit.lab.recipes.LAB_NOTEBOOK_PARAMS`: notebook 02's long-horizon study, 07's SmolLM2 SFT), with
+    SmolLM2 as 07's model when ``model`` is "tiny" (:data:`~memkit.lab.recipes.FULL_STUDY_PARAMS`). ``resume``: an earlier run directory;
     its notebooks that finished ok are kept and the others run again (the report and summary are
     rewritten after every notebook). ``results``: also write the claims page (:mod:`memkit.course.results`)
     there; ``RESULTS.md`` in the run directory is always written.
@@ -298,6 +299,8 @@ def reproduce(
     lab_params = {}
     if hour_run:
         from memkit.lab.recipes import LAB_NOTEBOOK_PARAMS as lab_params
+    elif not smoke and model == "tiny":
+        from memkit.lab.recipes import FULL_STUDY_PARAMS as lab_params
 
     def params(p: Path) -> dict[str, Any]:
         return {

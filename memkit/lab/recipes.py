@@ -117,6 +117,11 @@ LAB_NOTEBOOK_MINUTES = {"00": 0.3, "01": 5.3, "02": 7.2, "03": 6.5, "04": 10.7, 
 #: rests on, and §7's head-to-head: five more formats' SFT of ``SFT_MINUTES`` each) are skipped
 LAB_NOTEBOOK_PARAMS = {**{nb: {"LONG_HORIZON": False} for nb in ("02", "04", "05", "06")}, "07": {"SFT_MINUTES": 0}}
 
+#: parameters the lab mode gives a notebook in the full study (``--full``, or notebooks named with ``--only``) when
+#: the run's model is the default tiny one: notebook 07 SFTs a pretrained chat model, and its ``MODEL = "tiny"`` is
+#: SMOKE's random 2-layer stand-in on SmolLM2's tokenizer, whose lab-mode minutes of SFT would measure nothing
+FULL_STUDY_PARAMS = {"07": {"MODEL": "smollm2-135m"}}
+
 #: notebooks the lab mode runs only with ``memkit reproduce --full`` (``make reproduce FULL=1``) or when
 #: named with ``--only``: the head-to-head spends RL minutes on eight contestants and needs the ReAct, A-MEM and
 #: summarisation clones

@@ -424,13 +424,13 @@ def test_only_the_full_study_trains_the_head_to_heads_own_clones(tmp_path):
 def test_the_hour_long_lab_run_skips_the_long_horizon_studies_and_07s_sft_unless_full(tmp_path):
     """``make reproduce`` gives notebooks 02, 04-06 ``LONG_HORIZON = False`` (their long-horizon studies,
     ~40-50 minutes each) and 07 ``SFT_MINUTES = 0`` (its SmolLM2 SFT on CPU, which no claim reads); FULL=1 keeps
-    the notebooks' own values (memkit.lab.recipes.LAB_NOTEBOOK_PARAMS)."""
+    the notebooks' own values (memkit.lab.recipes.LAB_NOTEBOOK_PARAMS) and gives 07 SmolLM2 (FULL_STUDY_PARAMS)."""
     nbs, stems = tmp_path / "nbs", ("02_mem1", "04_mempo", "05_memact", "06_memt", "07_real_data")
     for stem in stems:
         name, value = ("SFT_MINUTES", 12) if stem == "07_real_data" else ("LONG_HORIZON", True)
         make_notebook(
             nbs / f"{stem}.ipynb",
-            [f"import memkit.course.nb as nb; nb.record('value', {name})"],
+            [f"import memkit.course.nb as nb; nb.record('value', {name}); nb.record('model', MODEL)"],
             parameters=DEFAULT_PARAMS + f"{name} = {value}\n",
         )
     for full, values in ((False, (False,) * 4 + (0,)), (True, (True,) * 4 + (12,))):
@@ -439,6 +439,9 @@ def test_the_hour_long_lab_run_skips_the_long_horizon_studies_and_07s_sft_unless
         )
         got = tuple(mnb.load_records(run / f"{stem}.record.json")["value"] for stem in stems)
         assert got == values
+        # 07's SFT in the full study is SmolLM2's, not SMOKE's random stand-in ("tiny"); the hour run keeps "tiny"
+        model = mnb.load_records(run / "07_real_data.record.json")["model"]
+        assert model == ("smollm2-135m" if full else "tiny")
 
 
 def test_select_notebooks(tmp_path):
