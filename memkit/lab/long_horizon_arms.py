@@ -210,7 +210,16 @@ MEMT_SIZE, MEMT_TRAIN_CATEGORIES = "medium", ("multi-hop",)
 #: streams, so a tree's leaves were all wrong alike; docs/findings.md, 'Mem-T on longer streams')
 MEMT_CLONE = dict(size=MEMT_SIZE, train_conversations=150, sft_steps=3000, sft_seconds=None)
 #: F1 columns of the Mem-T study (``f1_by_category``'s keys that a medium stream asks)
-MEMT_KEYS = ("overall", "multi-hop", "single-hop", "temporal", "open-domain", "invalid", "rollout_tokens")
+MEMT_KEYS = (
+    "overall",
+    "multi-hop",
+    "single-hop",
+    "temporal",
+    "open-domain",
+    "invalid",
+    "rollout_tokens",
+    "mixed_groups",
+)
 
 
 def memt_study(kit, seeds, smoke: bool = False, steps: int = 14, n_eval: int = 12, progress: bool = False) -> dict:
@@ -233,17 +242,20 @@ def memt_study(kit, seeds, smoke: bool = False, steps: int = 14, n_eval: int = 1
         for seed in seeds:
             steps_rows, f1 = run_arm(kit, start, train, held, arm, 1 if smoke else steps, seed=seed,
                                      queries=2 if smoke else 4, categories=MEMT_TRAIN_CATEGORIES)  # fmt: skip
-            per.append({**f1, "rollout_tokens": sum(r["rollout_tokens"] for r in steps_rows)})
+            per.append({**f1, "rollout_tokens": sum(r["rollout_tokens"] for r in steps_rows),
+                        "mixed_groups": sum(r["mixed_groups"] for r in steps_rows) / len(steps_rows)})  # fmt: skip
         rows.append({"arm": arm, "seeds": len(per)} | _over_seeds(per, MEMT_KEYS))
     return {"rows": rows, "seeds": list(seeds), "size": size, "steps": 1 if smoke else steps, "questions": len(first)}
 
 
 def memt_summary(study: dict) -> dict:
-    """What ``docs/results.md`` judges (record ``memt_long``): overall and multi-hop F1 (mean, std) and rollout
-    tokens of MoT-GRPO, GRPO and the start, with the stream size, steps and held-out questions."""
+    """What ``docs/results.md`` judges (record ``memt_long``): overall and multi-hop F1 (mean, std), rollout
+    tokens and the share of training questions with mixed leaves (``mixed_groups``: the ones with any advantage;
+    None for the start) of MoT-GRPO, GRPO and the start, with the stream size, steps and held-out questions."""
     a = _by_arm(study)
     out = {k: study[k] for k in ("size", "steps", "questions")} | {"seeds": len(study["seeds"])}
     for key, arm in (("start", "SFT start"), ("mot", "MoT-GRPO"), ("grpo", "GRPO")):
-        for m, name in (("f1", "overall"), ("f1_multihop", "multi-hop"), ("rollout_tokens", "rollout_tokens")):
-            out[f"{m}_{key}"], out[f"{m}_{key}_std"] = a[arm][name], a[arm][f"{name}_std"]
+        for m, name in (("f1", "overall"), ("f1_multihop", "multi-hop"), ("rollout_tokens", "rollout_tokens"),
+                        ("mixed_groups", "mixed_groups")):  # fmt: skip
+            out[f"{m}_{key}"], out[f"{m}_{key}_std"] = a[arm].get(name), a[arm].get(f"{name}_std")
     return out

@@ -61,6 +61,7 @@ def test_memt_trains_trees_or_chains_through_the_trainer(kit, monkeypatch):
     grpo = _memt_trainer(kit, credit="grpo", n_samples=3)
     trajs, units = grpo.plan.rollout(grpo, grpo.plan.tasks(grpo, 0), 0)
     assert len(trajs) == 2 * 3 and all("leaf_outcomes" not in t.info for t in trajs)
+    assert 0.0 <= row["mixed_groups"] <= 1.0
     assert grpo.plan.tasks(grpo, 5) == grpo.plan.tasks(grpo, 5)  # a function of (seed, step): resumable
 
 
@@ -138,3 +139,30 @@ def test_cli_train_memt_runs_the_mot_grpo_step(tmp_path, capsys):
     assert len(evals) == 1 and evals[0]["questions"] > 0 and 0.0 <= evals[0]["f1"] <= 1.0
     assert (out / "checkpoints" / "step-000001").is_dir()
     assert "questions): F1" in capsys.readouterr().out
+
+
+def test_mixed_groups_counts_the_questions_whose_leaves_differ(kit):
+    """``TreePlan.stats``' ``mixed_groups`` against a loop over real rollouts (2 questions, 2 trees each; then
+    3 chains each) whose leaf rewards are set by hand: one question all-equal, one mixed -> 0.5."""
+    import copy
+
+    for credit, n in (("mot", 2), ("grpo", 3)):
+        tr = _memt_trainer(kit, credit=credit, n_samples=n)
+        trajs, _ = tr.plan.rollout(tr, tr.plan.tasks(tr, 0), 0)
+        by_q = {}
+        for t in trajs:
+            by_q.setdefault(t.task_id, []).append(t)
+        assert len(by_q) == 2 and all(len(g) == n for g in by_q.values())
+        for q, (tid, group) in enumerate(by_q.items()):
+            for j, t in enumerate(group):
+                value = 1.0 if q == 1 and j == 0 else 0.0  # question 1: one leaf right, the rest wrong
+                if t.is_tree:
+                    t.info = copy.deepcopy(t.info)
+                    for o in t.info["leaf_outcomes"]:
+                        o["reward"] = 0.0
+                    t.info["leaf_outcomes"][0]["reward"] = value
+                else:
+                    t.reward = value
+        loop = sum(len({o for t in g for o in ([x.reward for x in t.leaf_outcomes()] or [t.reward])}) > 1
+                   for g in by_q.values()) / len(by_q)  # fmt: skip
+        assert tr.plan.stats(trajs)["mixed_groups"] == loop == 0.5

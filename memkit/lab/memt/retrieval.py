@@ -229,6 +229,7 @@ def run_arm(
                 "rollout": kind,
                 "seed": seed,
                 "reward": r["leaf_reward"],
+                "mixed_groups": r["mixed_groups"],
                 "rollout_tokens": r["rollout_tokens"],
                 "rollout_s": r["seconds_rollout"],
                 **{k: r[k] for k in ("pg_loss", "kl", "trained_tokens")},
