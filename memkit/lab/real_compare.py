@@ -1,5 +1,5 @@
 """The head-to-head on real composites: one pretrained chat model behaviour-cloned into every memory format
-(SFT only), scored on the same held-out real questions (notebook 08 §6; issue 59's last item).
+(SFT only), scored on the same held-out real questions (notebook 07 §7; issue 59's last item).
 
 Notebook 08's tiny-model head to head gives each format an RL budget. A pretrained model on this CPU
 trains at ~110 tokens a second, so here each format gets what notebook 07 gives MEM1: LoRA SFT of

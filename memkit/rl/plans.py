@@ -173,13 +173,13 @@ class TreePlan:
         ``mixed_groups``: the share of the step's questions (a group: one ``task_id``) whose leaves, over all
         its trees or chains, do not all score alike. Only those carry an advantage: equal leaves give equal
         node rewards (eq. 10), so MoT-GRPO's eq. 11-13 and GRPO's group-normalised rewards are all zero."""
-        leaves = {id(t): [r or 0.0 for r in ([o.reward for o in t.leaf_outcomes()] or [t.reward])] for t in trajs}
-        groups: dict = defaultdict(set)
+        leaves, groups = [], defaultdict(set)
         for t in trajs:
-            groups[t.task_id].update(leaves[id(t)])
-        flat = [r for rs in leaves.values() for r in rs]
+            rs = [r or 0.0 for r in ([o.reward for o in t.leaf_outcomes()] or [t.reward])]
+            leaves += rs
+            groups[t.task_id].update(rs)
         return {
-            "leaf_reward": sum(flat) / max(len(flat), 1),
+            "leaf_reward": sum(leaves) / max(len(leaves), 1),
             "rollout_tokens": sum(c.n_output for t in trajs for c in t.calls if c.role == "act"),
             "mixed_groups": sum(len(g) > 1 for g in groups.values()) / max(len(groups), 1),
         }

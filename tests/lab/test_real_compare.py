@@ -59,8 +59,8 @@ def test_every_format_gets_the_same_sft_and_is_scored_on_the_same_tasks(h2h):
 
 def test_teacher_peaks_are_counted_in_the_models_tokens(h2h):
     """The teacher's peak is in SmolLM2's chat template (the calls SFT cloned), not the kit's tokens: MEM1's
-    state keeps it below ReAct's whole history at k = 2, and both exceed the kit-token count of the same calls
-    only by the chat template's wrapping (a different tokenizer gives different counts)."""
+    state keeps it below ReAct's whole history at k = 2, and ReAct's differs from the kit-token count of the same
+    teacher's calls (another tokenizer, another prompt)."""
     from memkit.lab.compare import evaluated
 
     kit, rows = h2h
