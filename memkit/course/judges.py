@@ -161,6 +161,13 @@ def memt_long_note(h) -> str:
         f"multi-hop F1 MoT-GRPO {_num(h['f1_multihop_mot'], '.3f')}, GRPO {_num(h['f1_multihop_grpo'], '.3f')} "
         f"(start {_num(h['f1_multihop_start'], '.3f')}); overall F1 start {_num(h['f1_start'], '.3f')}; "
         f"rollout tokens MoT-GRPO {_num(h['rollout_tokens_mot'], ',.0f')}, GRPO {_num(h['rollout_tokens_grpo'], ',.0f')}"
+        + (f" in {_num(h['steps_grpo'], '.1f')} steps" if h.get("steps_grpo") is not None else "")
+        + (
+            f"; training questions with mixed leaves MoT-GRPO {_num(h['mixed_groups_mot'], '.2f')}, GRPO "
+            f"{_num(h['mixed_groups_grpo'], '.2f')}"
+            if h.get("mixed_groups_mot") is not None
+            else ""
+        )
     )
 
 

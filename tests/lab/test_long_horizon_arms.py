@@ -73,10 +73,13 @@ def test_both_studies_run_end_to_end_at_smoke_size(kit, tmp_path):
 
 
 def test_the_memt_study_runs_end_to_end_at_smoke_size(kit):
-    """SMOKE: the lab's small retrieval clone on small stores, one step per arm; the start and both arms are
-    scored on every held-out question and summarised for the results page."""
+    """SMOKE: the lab's small retrieval clone on small stores, one MoT-GRPO step and GRPO to its tokens; the start
+    and both arms are scored on every held-out question and summarised for the results page."""
     st = memt_study(kit, [0], smoke=True)
     assert [r["arm"] for r in st["rows"]] == ["SFT start", "MoT-GRPO", "GRPO"] and st["questions"] > 0
     s = memt_summary(st)
     assert s["rollout_tokens_mot"] > 0 and s["rollout_tokens_grpo"] > 0 and s["rollout_tokens_start"] == 0
+    # GRPO trains until it has MoT-GRPO's rollout tokens, at most twice MoT-GRPO's steps
+    assert s["steps_mot"] == 1 and s["steps_grpo"] in (1, 2)
+    assert s["rollout_tokens_grpo"] >= s["rollout_tokens_mot"] or s["steps_grpo"] == 2
     assert all(0.0 <= s[f"f1_{a}"] <= 1.0 for a in ("start", "mot", "grpo"))

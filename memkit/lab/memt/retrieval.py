@@ -189,12 +189,14 @@ def run_arm(
     temperature: float = 1.0,
     categories: tuple[str, ...] | None = None,
     log=None,
+    max_rollout_tokens: int | None = None,
 ):
     """Train a copy of ``start`` for ``steps`` RL steps of arm ``arm`` (:data:`RETRIEVAL_ARMS`) through the
     :class:`~memkit.rl.trainer.Trainer` (Mem-T's :class:`~memkit.rl.plans.TreePlan` over ``built``):
     ``queries`` questions a step, ``tree_cfg.trees`` trees each (MoT-GRPO arms) or ``chains`` chains
-    (GRPO, about as many rollout tokens), of the LoCoMo ``categories`` given (None: every question). Returns
-    ``(step rows, F1 by category after)``."""
+    (GRPO, about as many rollout tokens), of the LoCoMo ``categories`` given (None: every question). With
+    ``max_rollout_tokens`` the run stops after the step that brings its rollout tokens to that budget (``steps``
+    is then the most it may take). Returns ``(step rows, F1 by category after)``."""
     import copy
 
     from memkit.rl.config import TrainConfig
@@ -237,4 +239,6 @@ def run_arm(
         )
         if log:
             log(rows[-1])
+        if max_rollout_tokens is not None and sum(row["rollout_tokens"] for row in rows) >= max_rollout_tokens:
+            break
     return rows, f1_by_category(plan.answer(trainer, eval_built))
