@@ -14,7 +14,7 @@ recipe is the one measured in docs/findings.md, 'Long horizons: a turn limit per
 * SFT (:func:`long_horizon_sft`): the teacher with the ``stop_early`` flaw (a bridge question answered
   with its first hop's answer, a habit RL can train away; with committed answers ``forget_earlier`` has
   nothing to forget), 1-3-question tasks, 3,000 steps from scratch;
-* RL (:func:`long_horizon_rl`): GRPO with notebook 02's lab settings on 2-question tasks, 60 steps per seed,
+* RL (:func:`long_horizon_rl`): GRPO with notebook 02's lab settings on 2-question tasks, 90 steps per seed,
   with a cost of 0.5 per verbatim repeated query (``repeat_penalty``, training reward only: a MEM1 context is
   the last output and observation, so a repeated greedy call is a fixed point that runs a question out of
   turns; docs/findings.md, 'Long horizons: a cost for a repeated query').
@@ -55,7 +55,7 @@ def long_horizon_rl(init, out_dir, smoke: bool = False, n_tasks: int = 50) -> Tr
     sizes = (
         dict(steps=1, tasks_per_step=2, n_samples=2, n_train_tasks=50, log_entropy=False)
         if smoke
-        else dict(steps=60, tasks_per_step=8, n_samples=4)
+        else dict(steps=90, tasks_per_step=8, n_samples=4)
     )
     return TrainConfig.from_flags(
         method="mem1", method_kwargs=EACH | {"repeat_penalty": REPEAT_PENALTY}, init=str(init), packing="mem1_exact",

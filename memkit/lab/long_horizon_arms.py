@@ -230,7 +230,7 @@ MEMT_KEYS = (
 )
 
 
-def memt_study(kit, seeds, smoke: bool = False, steps: int = 14, n_eval: int = 24, progress: bool = False) -> dict:
+def memt_study(kit, seeds, smoke: bool = False, steps: int = 56, n_eval: int = 24, progress: bool = False) -> dict:
     """A retrieval clone of :data:`MEMT_TEACHER` on :data:`MEMT_SIZE` streams (cached): its F1 on ``n_eval``
     held-out streams, then per seed MoT-GRPO for ``steps`` steps of 4 :data:`MEMT_TRAIN_CATEGORIES` questions and
     GRPO until it has rolled out as many tokens (at most twice the steps; :func:`equal_token_arms`' rule)
