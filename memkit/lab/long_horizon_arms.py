@@ -235,7 +235,8 @@ def memt_study(kit, seeds, smoke: bool = False, steps: int = 56, n_eval: int = 2
     held-out streams, then per seed MoT-GRPO for ``steps`` steps of 4 :data:`MEMT_TRAIN_CATEGORIES` questions and
     GRPO until it has rolled out as many tokens (at most twice the steps; :func:`equal_token_arms`' rule)
     (SMOKE: the lab's small clone and stores, one step of 2). -> ``{"rows", "seeds", "size", "steps",
-    "questions"}``; rows "SFT start", "MoT-GRPO", "GRPO" with each of :data:`MEMT_KEYS` as mean and ``_std``."""
+    "questions"}``; rows "SFT start", "MoT-GRPO", "GRPO" with each of :data:`MEMT_KEYS` as mean and ``_std``, and
+    the arms' per-seed ``overall_seeds`` and ``multi-hop_seeds``."""
     from memkit.lab.memt.retrieval import MemTLab, answer_with, built_stores, ensure_memt_clone, f1_by_category, run_arm
 
     lab = MemTLab.smoke() if smoke else MemTLab(**MEMT_CLONE)
@@ -257,7 +258,9 @@ def memt_study(kit, seeds, smoke: bool = False, steps: int = 56, n_eval: int = 2
             per[arm].append({**f1, "rollout_tokens": tokens, "steps": len(steps_rows),
                              "mixed_groups": sum(r["mixed_groups"] for r in steps_rows) / len(steps_rows)})  # fmt: skip
             budget = max(tokens, 1)
-    rows += [{"arm": arm, "seeds": len(p)} | _over_seeds(p, MEMT_KEYS) for arm, p in per.items()]
+    rows += [{"arm": arm, "seeds": len(p)} | _over_seeds(p, MEMT_KEYS)
+             | {f"{key}_seeds": [r.get(key) for r in p] for key in ("overall", "multi-hop")}
+             for arm, p in per.items()]  # fmt: skip
     return {"rows": rows, "seeds": list(seeds), "size": size, "steps": steps, "questions": len(first)}
 
 

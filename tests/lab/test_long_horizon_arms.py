@@ -77,6 +77,7 @@ def test_the_memt_study_runs_end_to_end_at_smoke_size(kit):
     and both arms are scored on every held-out question and summarised for the results page."""
     st = memt_study(kit, [0], smoke=True)
     assert [r["arm"] for r in st["rows"]] == ["SFT start", "MoT-GRPO", "GRPO"] and st["questions"] > 0
+    assert all(len(r["overall_seeds"]) == 1 == len(r["multi-hop_seeds"]) for r in st["rows"][1:])
     s = memt_summary(st)
     assert s["rollout_tokens_mot"] > 0 and s["rollout_tokens_grpo"] > 0 and s["rollout_tokens_start"] == 0
     # GRPO trains until it has MoT-GRPO's rollout tokens, at most twice MoT-GRPO's steps
