@@ -84,3 +84,21 @@ def test_the_memt_study_runs_end_to_end_at_smoke_size(kit):
     assert s["steps_mot"] == 1 and s["steps_grpo"] in (1, 2)
     assert s["rollout_tokens_grpo"] >= s["rollout_tokens_mot"] or s["steps_grpo"] == 2
     assert all(0.0 <= s[f"f1_{a}"] <= 1.0 for a in ("start", "mot", "grpo"))
+
+
+def test_run_arm_stops_at_its_rollout_token_budget(kit):
+    """``run_arm(max_rollout_tokens=B)`` stops after the step whose rollout tokens bring the run to B: with B = 1
+    one step, with B = the first two steps' tokens two steps of the three allowed, without B all three."""
+    from memkit.lab.memt.retrieval import MemTLab, built_stores, ensure_memt_clone, run_arm
+
+    lab = MemTLab.smoke()
+    start = ensure_memt_clone(kit, lab)
+    _, train = built_stores(kit, 4, seed=20_000, size=lab.size)
+    _, held = built_stores(kit, 1, seed=30_000, size=lab.size)
+    free, _ = run_arm(kit, start, train, held, "GRPO", 3, seed=0, queries=2, chains=2)
+    assert len(free) == 3
+    one, _ = run_arm(kit, start, train, held, "GRPO", 3, seed=0, queries=2, chains=2, max_rollout_tokens=1)
+    two, _ = run_arm(kit, start, train, held, "GRPO", 3, seed=0, queries=2, chains=2,
+                     max_rollout_tokens=free[0]["rollout_tokens"] + free[1]["rollout_tokens"])  # fmt: skip
+    assert len(one) == 1 and len(two) == 2
+    assert [r["rollout_tokens"] for r in two] == [r["rollout_tokens"] for r in free[:2]]  # the same seeded steps
