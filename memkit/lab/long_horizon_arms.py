@@ -31,8 +31,8 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
-from memkit.agents.base import OracleConfig
 from memkit.lab.evaluation import evaluate
+from memkit.lab.memt.retrieval import LAB_TEACHER
 from memkit.lab.recipes import LAB_WINDOW, lab_sft_config, lab_window_sft_config
 from memkit.lab.runs import ensure_sft, train_arms
 from memkit.metrics.efficiency import rollout_tokens
@@ -207,11 +207,11 @@ def memact_summary(study: dict) -> dict:
 
 #: Mem-T's longer streams (:data:`memkit.world.streams.SIZES`) and the questions its RL trains on
 MEMT_SIZE, MEMT_TRAIN_CATEGORIES = "medium", ("multi-hop",)
-#: the teacher the study's clone copies: the lab's (:class:`memkit.lab.memt.retrieval.MemTLab`) with its
+#: the teacher the study's clone copies: the lab's (:data:`memkit.lab.memt.retrieval.LAB_TEACHER`) with its
 #: ``stop_early`` habit on multi-hop questions at 0.3 instead of 0.65. With the lab's rate the clone answers 3.6%
 #: of multi-hop F1 on these streams, so a tree's leaves were nearly always all wrong alike and eq. 10's node
 #: rewards had nothing to back up (docs/findings.md, 'Mem-T on longer streams'); a deviation of notebook 06
-MEMT_TEACHER = OracleConfig(flaw="stop_early", flaw_rate=0.3, p_wasted_search=0.05, quote_source=True)
+MEMT_TEACHER = replace(LAB_TEACHER, flaw_rate=0.3)
 #: the study's retrieval clone: that teacher on 150 longer streams for 3,000 steps (the lab's clone has 300
 #: 4-session streams and a 300-second budget, ~880 steps on one core: overall F1 0.20, multi-hop 0.05 on these
 #: streams)

@@ -29,6 +29,10 @@ from memkit.train.config import resolve_sft
 from memkit.train.sft import SFTConfig, train_sft
 from memkit.world.streams import make_conversations
 
+#: the lab's retrieval teacher: answers a multi-hop question with its first hop's answer in 65% of them
+#: (``stop_early``, the habit RL can train away), wastes 5% of searches, quotes its source line before answering
+LAB_TEACHER = OracleConfig(flaw="stop_early", flaw_rate=0.65, p_wasted_search=0.05, quote_source=True)
+
 
 @dataclass(frozen=True)
 class MemTLab:
@@ -36,9 +40,7 @@ class MemTLab:
 
     size: str = "smoke"  # conversation size (memkit.world.streams.SIZES)
     train_conversations: int = 300  # ~7,700 teacher retrieval calls to clone
-    teacher: OracleConfig = field(
-        default_factory=lambda: OracleConfig(flaw="stop_early", flaw_rate=0.65, p_wasted_search=0.05, quote_source=True)
-    )
+    teacher: OracleConfig = field(default_factory=lambda: replace(LAB_TEACHER))
     sft_steps: int = 6000
     sft_seconds: float | None = 300.0
     seed: int = 0
@@ -239,6 +241,9 @@ def run_arm(
         )
         if log:
             log(rows[-1])
+        # not TrainConfig.budget.rollout_tokens: the Trainer counts every call's output in a trajectory, and a Mem-T
+        # tree also carries the teacher-built store's formation and evolution calls; the budget is the policy's
+        # retrieval tokens, TreePlan.stats' "rollout_tokens"
         if max_rollout_tokens is not None and sum(row["rollout_tokens"] for row in rows) >= max_rollout_tokens:
             break
     return rows, f1_by_category(plan.answer(trainer, eval_built))
